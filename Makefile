@@ -1,0 +1,90 @@
+# kubeloop: `make demo` runs the loop on this machine, `make test` runs the tests.
+# Both set up what they need first (idempotently): see `make setup`.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+include tools/versions.env
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
+BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
+              $(KUBELOOP_CACHE)/bin/kwok-$(KWOK_VERSION)/.complete \
+              $(KUBELOOP_CACHE)/bin/helm-$(HELM_VERSION)/.complete
+DEBS := prometheus prometheus-alertmanager
+# The editable install links each file of the mapped folders into a tree of
+# its own, so it is refreshed whenever the set of package files changes.
+PKG_FILES_HASH := $(shell find src operator pipelines components featurestore monitoring \
+  -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
+  | sort | md5sum | cut -c1-12)
+
+.PHONY: help setup python binaries debs link test test-unit test-e2e lint bench demo crds lock clean
+
+help:
+	@echo "make demo   - bring the platform up on this machine and run the loop"
+	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
+	@echo "make bench  - run the benchmarks and print their tables"
+	@echo "make setup  - install everything the above need (done by them when needed)"
+	@echo "make crds   - regenerate charts/kubeloop/crds from the typed models"
+	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
+
+setup: python link binaries debs
+
+python: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements/constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]' --config-settings editable_mode=strict
+	@rm -f $(VENV)/.linked-*
+	touch $@
+
+link: $(VENV)/.linked-$(PKG_FILES_HASH)
+
+$(VENV)/.linked-$(PKG_FILES_HASH): $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+	@rm -f $(VENV)/.linked-*
+	touch $@
+
+binaries: $(BIN_STAMPS)
+
+$(BIN_STAMPS): tools/versions.env
+	tools/build-binaries.sh
+
+debs:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  echo "installing Debian packages:$$missing"; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+lint: setup
+	$(VENV)/bin/lint-imports
+
+test: setup lint
+	$(PY) -m pytest tests
+
+test-unit: python link
+	$(PY) -m pytest tests/unit
+
+test-e2e: setup
+	$(PY) -m pytest tests/e2e
+
+bench: setup
+	$(PY) -m tests.bench
+
+demo: setup
+	$(VENV)/bin/kubeloop demo
+
+crds: python link
+	$(VENV)/bin/kubeloop crds --output charts/kubeloop/crds
+
+lock: python
+	{ echo "# Pinned versions of every Python package in .venv; regenerate with 'make lock'."; \
+	  $(PY) -m pip freeze --exclude-editable; } > requirements/constraints.txt
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,42 @@
+"""Pipeline run requests of TrainingJobs and OptimizedModels (pure)."""
+
+from __future__ import annotations
+
+from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.training import TrainingJobSpec
+from kubeloop.operator.builders.meta import content_hash, dns_name
+from kubeloop.pipelines.backends.base import RunRequest
+
+
+def spec_hash(spec: TrainingJobSpec | OptimizedModelSpec) -> str:
+    """What identifies a spec's run: the same spec never trains twice, a changed one does."""
+    return content_hash(spec.to_wire())
+
+
+def run_name(ref: ObjectRef, digest: str) -> str:
+    """Deterministic, so a restarted operator finds the run it started before."""
+    return dns_name(ref.namespace, ref.name, digest[:10])
+
+
+def _labels(ref: ObjectRef) -> dict[str, str]:
+    return {"kubeloop.dev/owner-kind": ref.kind.lower(), "kubeloop.dev/owner-namespace": ref.namespace,
+            "kubeloop.dev/owner-name": ref.name, "kubeloop.dev/owner-uid": ref.uid}
+
+
+def build_training_run(ref: ObjectRef, spec: TrainingJobSpec, digest: str) -> RunRequest:
+    return RunRequest(
+        name=run_name(ref, digest), pipeline="training",
+        arguments={"spec": spec.to_wire(), "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest},
+        labels=_labels(ref),
+    )
+
+
+def build_optimization_run(ref: ObjectRef, spec: OptimizedModelSpec, source_version: str,
+                           digest: str) -> RunRequest:
+    return RunRequest(
+        name=run_name(ref, digest), pipeline="optimization",
+        arguments={"spec": spec.to_wire(), "source_version": source_version,
+                   "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest},
+        labels=_labels(ref),
+    )

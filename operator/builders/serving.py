@@ -1,0 +1,210 @@
+"""Desired Kubernetes objects of an InferenceService (pure).
+
+Each served version (primary, canary, shadow) is a Triton Deployment of its
+own. An init container pulls the registered version from the registry into a
+Triton model repository on an emptyDir, so the Pod never needs write access
+to its image. The canary shares the primary's Service and gets its share of
+requests by replica ratio; the shadow has a Service of its own that the
+router mirrors requests to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kubeloop.api.constants import LABEL_ROLE
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import InferenceServiceSpec
+from kubeloop.gpu.placement import PlacementDecision
+from kubeloop.operator.builders.meta import child_metadata, dns_name, with_input_hash
+from kubeloop.registry.base import ModelVersion
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+MODEL_REPOSITORY = "/models"
+LABEL_SERVING = "kubeloop.dev/inferenceservice"
+LABEL_MODEL_VERSION = "kubeloop.dev/model-version"
+
+
+@dataclass(frozen=True)
+class ServingImages:
+    """Images and endpoints the serving Pods use (operator configuration)."""
+
+    triton: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+    puller: str = "ghcr.io/kubeloop/components:0.1.0"
+    tracking_uri: str = "http://mlflow.mlflow.svc:5000"
+    registry_secret: str | None = None
+    """A Secret whose keys (MLFLOW_TRACKING_USERNAME, ...) the puller gets as env."""
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+def deployment_name(ref: ObjectRef, role: str) -> str:
+    return dns_name(ref.name, "predictor") if role == "primary" else dns_name(ref.name, "predictor", role)
+
+
+def service_name(ref: ObjectRef, role: str = "primary") -> str:
+    return dns_name(ref.name) if role == "primary" else dns_name(ref.name, role)
+
+
+def split_replicas(total: int, canary_percent: int) -> tuple[int, int]:
+    """Primary and canary replicas whose ratio approximates the canary share:
+    at least one canary replica for any non-zero share, never all of them."""
+    if canary_percent <= 0 or total <= 0:
+        return total, 0
+    total = max(total, 2)
+    canary = min(total - 1, max(1, round(total * canary_percent / 100)))
+    return total - canary, canary
+
+
+def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, model: ModelVersion,
+                     replicas: int, placement: PlacementDecision, images: ServingImages) -> dict:
+    labels = {LABEL_SERVING: ref.name, LABEL_ROLE: role, LABEL_MODEL_VERSION: model.version,
+              "app.kubernetes.io/name": "triton", "app.kubernetes.io/instance": ref.name}
+    selector = {LABEL_SERVING: ref.name, LABEL_ROLE: role}
+    resources = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
+    limits = {**resources, **{k: str(v) for k, v in placement.resources.items()}}
+    pod_spec: dict = {
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": [_puller(model, images)],
+        "containers": [_triton(spec, model, images, resources, limits, placement)],
+        "volumes": [{"name": "models", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
+                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
+    }
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(ref, deployment_name(ref, role), {**labels, **images.extra_labels}),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    return with_input_hash(deployment)
+
+
+def _restricted(container: dict) -> dict:
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+    }
+    return container
+
+
+def _puller(model: ModelVersion, images: ServingImages) -> dict:
+    container = {
+        "name": "model-puller",
+        "image": images.puller,
+        "command": ["kubeloop", "serving", "fetch", f"models:/{model.name}/{model.version}",
+                    "--repository", MODEL_REPOSITORY],
+        "env": [{"name": "MLFLOW_TRACKING_URI", "value": images.tracking_uri}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_REPOSITORY},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if images.registry_secret:
+        container["envFrom"] = [{"secretRef": {"name": images.registry_secret}}]
+    return _restricted(container)
+
+
+def _triton(spec: InferenceServiceSpec, model: ModelVersion, images: ServingImages,
+            requests: dict, limits: dict, placement: PlacementDecision) -> dict:
+    container = {
+        "name": "triton",
+        "image": spec.runtime.image or images.triton,
+        "args": [
+            "tritonserver", f"--model-repository={MODEL_REPOSITORY}", "--model-control-mode=explicit",
+            f"--load-model={model.name}", "--strict-readiness=true", "--exit-on-error=false",
+            f"--http-port={HTTP_PORT}", f"--grpc-port={GRPC_PORT}", f"--metrics-port={METRICS_PORT}",
+        ],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT},
+                  {"name": "grpc", "containerPort": GRPC_PORT},
+                  {"name": "metrics", "containerPort": METRICS_PORT}],
+        "readinessProbe": {"httpGet": {"path": f"/v2/models/{model.name}/ready", "port": "http"},
+                           "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
+                          "periodSeconds": 10, "failureThreshold": 6, "initialDelaySeconds": 30},
+        "resources": {"requests": requests, "limits": limits},
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_REPOSITORY, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
+    }
+    if placement.env:
+        container["env"] = [{"name": k, "value": v} for k, v in sorted(placement.env.items())]
+    return _restricted(container)
+
+
+def build_service(ref: ObjectRef, role: str = "primary") -> dict:
+    """The primary Service selects primary and canary Pods (replica-ratio split);
+    the shadow Service selects only the shadow."""
+    selector = {LABEL_SERVING: ref.name}
+    if role != "primary":
+        selector[LABEL_ROLE] = role
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(ref, service_name(ref, role), {LABEL_SERVING: ref.name}),
+        "spec": {
+            "selector": selector,
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                      {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"},
+                      {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        },
+    }
+
+
+def build_autoscaler(ref: ObjectRef, spec: InferenceServiceSpec) -> dict | None:
+    """An HPA on a Triton metric served through the custom metrics API (for
+    example by prometheus-adapter): queue time or inference rate per Pod."""
+    if spec.autoscaling is None:
+        return None
+    metric = {"queue-time": "nv_inference_queue_duration_us_per_request",
+              "inference-rate": "nv_inference_request_success_per_second"}[spec.autoscaling.metric]
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": child_metadata(ref, deployment_name(ref, "primary")),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                               "name": deployment_name(ref, "primary")},
+            "minReplicas": max(1, spec.autoscaling.min_replicas),
+            "maxReplicas": spec.autoscaling.max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": metric},
+                "target": {"type": "AverageValue", "averageValue": str(spec.autoscaling.target)},
+            }}],
+        },
+    }
+
+
+def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[str, tuple[ModelVersion, int]],
+                   placement: PlacementDecision, images: ServingImages) -> list[dict]:
+    """Every object an InferenceService needs, for the roles present in
+    versions (role -> (model version, traffic percent))."""
+    total = spec.autoscaling.min_replicas if spec.autoscaling else spec.replicas
+    canary_percent = versions["canary"][1] if "canary" in versions else 0
+    primary_replicas, canary_replicas = split_replicas(total, canary_percent)
+    replicas = {"primary": primary_replicas, "canary": canary_replicas,
+                "shadow": max(1, min(total, 1)) if total else 0}
+    children: list[dict] = []
+    for role, (model, _percent) in versions.items():
+        children.append(build_deployment(ref, spec, role, model, replicas[role], placement, images))
+    children.append(build_service(ref))
+    if "shadow" in versions:
+        children.append(build_service(ref, "shadow"))
+    autoscaler = build_autoscaler(ref, spec)
+    if autoscaler:
+        children.append(autoscaler)
+    return children

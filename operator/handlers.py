@@ -1,0 +1,144 @@
+"""kopf handlers: one thin handler per kind.
+
+Each parses the body into the typed spec and status, calls its reconciler,
+writes the returned status, posts events, and turns "try again later" into a
+kopf.TemporaryError. The same handler serves create, update, resume and the
+periodic timer, so the operator converges from whatever state it finds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import kopf
+from pydantic import BaseModel, ValidationError
+
+from kubeloop.api.constants import FINALIZER, GROUP, VERSION
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
+from kubeloop.operator.conditions import INVALID_SPEC, Observation, merge_conditions, now
+from kubeloop.operator.ports import Ports
+from kubeloop.operator.reconcilers.common import Event, Outcome, transition_events
+from kubeloop.operator.reconcilers.optimization import reconcile_optimized_model
+from kubeloop.operator.reconcilers.serving import reconcile_inference_service
+from kubeloop.operator.reconcilers.training import reconcile_training_job
+from kubeloop.operator.settings import OperatorConfig
+
+log = logging.getLogger("kubeloop.operator")
+Reconciler = Callable[..., Outcome]
+
+
+def reconcile(kind: Kind, reconciler: Reconciler, meta: dict, spec: dict, status: dict | None,
+              ports: Ports, retry: int = 0) -> Outcome:
+    """Parse, reconcile, and map an invalid spec to a condition (no handler I/O)."""
+    ref = ObjectRef.from_meta(kind.kind, meta)
+    current = parse_status(kind, status)
+    try:
+        parsed = kind.spec.model_validate(spec)
+    except ValidationError as exc:
+        message = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        conditions = merge_conditions(current.conditions, [Observation("Ready", "False", INVALID_SPEC, message)],
+                                      ref.generation, now())
+        new = current.model_copy(update={"conditions": conditions, "phase": "Failed",
+                                         "observed_generation": ref.generation})
+        return Outcome(new, [Event("Warning", INVALID_SPEC, message)])
+    outcome = reconciler(ref, parsed, current, ports, attempt=retry)
+    outcome.events = outcome.events + transition_events(kind.kind, current, outcome.status)
+    return outcome
+
+
+def parse_status(kind: Kind, status: dict | None) -> BaseModel:
+    """The typed status; a status written by an incompatible version starts afresh."""
+    try:
+        return kind.status.model_validate(status or {})
+    except ValidationError:
+        return kind.status()
+
+
+def apply_outcome(outcome: Outcome, status: dict | None, patch: kopf.Patch, body: kopf.Body) -> None:
+    """Write the status fields that changed and post the outcome's events."""
+    old = status or {}
+    new = outcome.status.to_wire()
+    for key in set(old) | set(new):
+        if key in new and old.get(key) != new[key]:
+            patch.status[key] = new[key]
+        elif key not in new and old.get(key) is not None:
+            patch.status[key] = None
+    for event in outcome.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+    if outcome.retry_after is not None:
+        raise kopf.TemporaryError(outcome.retry_reason or "an external system is unavailable",
+                                  delay=outcome.retry_after)
+
+
+def _unfinished(status: dict, **_: Any) -> bool:
+    """Finished runs have nothing left to converge; the timer leaves them alone."""
+    return (status or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """Every handler of the operator, in a registry of its own."""
+    registry = kopf.OperatorRegistry()
+    # In-cluster service account or the kubeconfig, as the kubernetes client finds them.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        # kopf's own bookkeeping lives under our API group, not kopf.zalando.org.
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration")
+        settings.posting.level = logging.WARNING
+        settings.execution.max_workers = 16
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 60
+        if getattr(memo, "ports", None) is None:
+            from kubeloop.operator.wiring import build_ports
+
+            memo.ports = build_ports(config)
+
+    for kind, reconciler, timer_when in (
+        (TRAINING_JOB, reconcile_training_job, _unfinished),
+        (OPTIMIZED_MODEL, reconcile_optimized_model, _unfinished),
+        (INFERENCE_SERVICE, reconcile_inference_service, None),
+    ):
+        _register(registry, config, kind, reconciler, timer_when)
+
+    @kopf.on.delete(GROUP, VERSION, TRAINING_JOB.plural, id="cancel-run", registry=registry)
+    @kopf.on.delete(GROUP, VERSION, OPTIMIZED_MODEL.plural, id="cancel-run", registry=registry)
+    def cancel_run(status: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
+        """A deleted object's pipeline run is cancelled if it is still going."""
+        status = status or {}
+        backend = memo.ports.pipelines.get(status.get("backend") or spec.get("backend")
+                                           or memo.ports.default_pipeline_backend)
+        if backend and status.get("runId") and status.get("phase") == "Running":
+            backend.cancel(status["runId"])
+
+    @kopf.on.delete(GROUP, VERSION, INFERENCE_SERVICE.plural, id="stop-serving", registry=registry)
+    def stop_serving(meta: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
+        """Backends that run processes outside Kubernetes stop them here."""
+        backend = memo.ports.serving.get(spec.get("backend") or memo.ports.default_serving_backend)
+        if backend:
+            backend.delete(ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta))
+
+    return registry
+
+
+def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kind,
+              reconciler: Reconciler, timer_when: Callable[..., bool] | None) -> None:
+    resource = (GROUP, VERSION, kind.plural)
+
+    def handler(meta: dict, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
+                memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
+        outcome = reconcile(kind, reconciler, meta, spec, status, memo.ports, retry)
+        apply_outcome(outcome, status, patch, body)
+
+    handler.__name__ = f"reconcile_{kind.singular}"
+    kopf.on.create(*resource, id="reconcile", registry=registry)(handler)
+    kopf.on.update(*resource, id="reconcile", field="spec", registry=registry)(handler)
+    kopf.on.resume(*resource, id="reconcile", registry=registry)(handler)
+    kopf.timer(*resource, id="resync", interval=config.resync_seconds, initial_delay=config.resync_seconds,
+               when=timer_when, registry=registry)(handler)

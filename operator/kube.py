@@ -1,0 +1,279 @@
+"""The one module that talks to the Kubernetes API.
+
+Everything else builds plain dicts and hands them here. Writes are
+server-side apply: one idempotent request that creates the object or brings
+the fields kubeloop owns to the desired value, and is a no-op when nothing
+changed; that is what makes every reconcile safe to repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import kubernetes
+import urllib3
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.exceptions import ApiException
+
+from kubeloop.api.resources import KINDS
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "kubeloop"
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """Where a kind lives in the REST API."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        return f"{base}/{name}" if name else base
+
+
+_TYPES = [
+    ResourceType("v1", "Namespace", "namespaces", namespaced=False),
+    ResourceType("v1", "Node", "nodes", namespaced=False),
+    ResourceType("v1", "Pod", "pods"),
+    ResourceType("v1", "Service", "services"),
+    ResourceType("v1", "ConfigMap", "configmaps"),
+    ResourceType("v1", "Secret", "secrets"),
+    ResourceType("v1", "ServiceAccount", "serviceaccounts"),
+    ResourceType("v1", "Event", "events"),
+    ResourceType("apps/v1", "Deployment", "deployments"),
+    ResourceType("batch/v1", "Job", "jobs"),
+    ResourceType("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    ResourceType("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    ResourceType("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    ResourceType("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    ResourceType("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
+    ResourceType("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings",
+                 namespaced=False),
+    ResourceType("apiextensions.k8s.io/v1", "CustomResourceDefinition",
+                 "customresourcedefinitions", namespaced=False),
+    ResourceType("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+] + [ResourceType(k.api_version, k.kind, k.plural) for k in KINDS]
+RESOURCE_TYPES = {(t.api_version, t.kind): t for t in _TYPES}
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Conflicts, throttling and server errors are worth retrying."""
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+def resource_type(api_version: str, kind: str) -> ResourceType:
+    try:
+        return RESOURCE_TYPES[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"kubeloop does not manage {kind} in {api_version}") from None
+
+
+class Kube:
+    """A small, typed-by-convention client: objects are plain dicts."""
+
+    def __init__(self, api_client: ApiClient):
+        # Failures surface at once; callers decide about retrying (kopf's
+        # backoff in the operator, polling loops elsewhere).
+        api_client.configuration.retries = 0
+        api_client.rest_client.pool_manager.connection_pool_kw["retries"] = 0
+        self._api = api_client
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> "Kube":
+        config = Configuration()
+        kubernetes.config.load_kube_config(config_file=path, context=context,
+                                           client_configuration=config)
+        return cls(ApiClient(config))
+
+    @classmethod
+    def in_cluster(cls) -> "Kube":
+        config = Configuration()
+        kubernetes.config.load_incluster_config(client_configuration=config)
+        return cls(ApiClient(config))
+
+    @classmethod
+    def from_environment(cls) -> "Kube":
+        """In-cluster credentials inside a Pod, else the kubeconfig ($KUBECONFIG)."""
+        try:
+            return cls.in_cluster()
+        except kubernetes.config.ConfigException:
+            return cls.from_kubeconfig()
+
+    @classmethod
+    def from_token(cls, server: str, token: str, ca_file: str | None) -> "Kube":
+        config = Configuration()
+        config.host = server
+        config.api_key = {"authorization": f"Bearer {token}"}
+        config.ssl_ca_cert = ca_file
+        config.verify_ssl = ca_file is not None
+        return cls(ApiClient(config))
+
+    @property
+    def server(self) -> str:
+        return self._api.configuration.host
+
+    def close(self) -> None:
+        self._api.close()
+
+    # -- raw -------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None, *,
+                query: Iterable[tuple[str, str]] = (), content_type: str | None = None,
+                timeout: float = 30) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        try:
+            data = self._api.call_api(
+                path, method, query_params=list(query), header_params=headers, body=body,
+                auth_settings=["BearerToken"], response_type="object",
+                _return_http_data_only=True, _preload_content=False, _request_timeout=timeout,
+            )
+        except ApiException as exc:
+            raise _kube_error(exc) from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, timeout
+            raise KubeError(0, "Unreachable", str(exc)) from None
+        raw = data.data
+        return json.loads(raw) if raw else None
+
+    # -- objects ---------------------------------------------------------
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        rtype = resource_type(api_version, kind)
+        try:
+            return self.request("GET", rtype.path(namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None,
+             label_selector: str | None = None) -> list[dict]:
+        rtype = resource_type(api_version, kind)
+        query = [("labelSelector", label_selector)] if label_selector else []
+        items: list[dict] = []
+        token = None
+        while True:
+            page = query + ([("continue", token)] if token else []) + [("limit", "500")]
+            result = self.request("GET", rtype.path(namespace), query=page)
+            for item in result.get("items", []):
+                item.setdefault("apiVersion", api_version)
+                item.setdefault("kind", kind)
+                items.append(item)
+            token = result.get("metadata", {}).get("continue")
+            if not token:
+                return items
+
+    def watch(self, api_version: str, kind: str, namespace: str | None = None,
+              resource_version: str | None = None, timeout: int = 300) -> Iterator[tuple[str, dict]]:
+        """Stream (event type, object) pairs until the server ends the watch."""
+        rtype = resource_type(api_version, kind)
+        query = [("watch", "true"), ("timeoutSeconds", str(timeout)), ("allowWatchBookmarks", "false")]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        try:
+            response = self._api.call_api(
+                rtype.path(namespace), "GET", query_params=query, header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"], _return_http_data_only=True, _preload_content=False,
+                _request_timeout=timeout + 10,
+            )
+        except ApiException as exc:
+            raise _kube_error(exc) from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise KubeError(0, "Unreachable", str(exc)) from None
+        buffer = b""
+        try:
+            for chunk in response.stream(65536):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        yield event["type"], event["object"]
+        finally:
+            response.release_conn()
+
+    def apply(self, obj: dict, field_manager: str = FIELD_MANAGER, subresource: str | None = None) -> dict:
+        """Server-side apply: create the object or converge the fields we own."""
+        rtype = resource_type(obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        path = rtype.path(meta.get("namespace"), meta["name"])
+        if subresource:
+            path += f"/{subresource}"
+        return self.request(
+            "PATCH", path, obj, content_type="application/apply-patch+yaml",
+            query=[("fieldManager", field_manager), ("force", "true")],
+        )
+
+    def create(self, obj: dict) -> dict:
+        rtype = resource_type(obj["apiVersion"], obj["kind"])
+        return self.request("POST", rtype.path(obj["metadata"].get("namespace")), obj)
+
+    def merge_patch(self, api_version: str, kind: str, name: str, patch: dict,
+                    namespace: str | None = None, subresource: str | None = None) -> dict:
+        rtype = resource_type(api_version, kind)
+        path = rtype.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        return self.request("PATCH", path, patch, content_type="application/merge-patch+json")
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
+               propagation: str = "Background") -> bool:
+        """Delete if present; True when something was deleted."""
+        rtype = resource_type(api_version, kind)
+        try:
+            self.request("DELETE", rtype.path(namespace, name),
+                         {"propagationPolicy": propagation})
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def healthy(self) -> bool:
+        try:
+            return self._raw_get("/readyz") == "ok"
+        except KubeError:
+            return False
+
+    def version(self) -> dict:
+        return self.request("GET", "/version")
+
+    def _raw_get(self, path: str) -> str:
+        try:
+            data = self._api.call_api(path, "GET", auth_settings=["BearerToken"],
+                                      _return_http_data_only=True, _preload_content=False,
+                                      _request_timeout=5)
+        except ApiException as exc:
+            raise _kube_error(exc) from None
+        except (OSError, urllib3.exceptions.HTTPError) as exc:
+            raise KubeError(0, "Unreachable", str(exc)) from None
+        return data.data.decode()
+
+
+def _kube_error(exc: ApiException) -> KubeError:
+    message = exc.body.decode() if isinstance(exc.body, bytes) else (exc.body or "")
+    try:
+        message = json.loads(message).get("message", message)
+    except (ValueError, AttributeError):
+        pass
+    return KubeError(exc.status or 0, exc.reason or "", message)

@@ -1,0 +1,109 @@
+"""OptimizedModel: resolve the source version, check the techniques against
+the target, run the optimisation pipeline and report its variants table."""
+
+from __future__ import annotations
+
+from kubeloop.api.base import RegisteredModel
+from kubeloop.api.optimization import ChosenVariant, OptimizedModelSpec, OptimizedModelStatus, Variant
+from kubeloop.api.refs import ObjectRef
+from kubeloop.gpu.catalog import gpu_model
+from kubeloop.operator.builders.pipelines import build_optimization_run, spec_hash
+from kubeloop.operator.conditions import Observation
+from kubeloop.operator.ports import Ports
+from kubeloop.operator.reconcilers.common import Outcome, backoff, finish, follow_run
+from kubeloop.registry.base import RegistryUnavailable
+
+KIND = "OptimizedModel"
+
+
+def required_conditions(backend: str) -> list[str]:
+    return ["SourceResolved", "TechniquesSupported", "RunSubmitted", "RunSucceeded"] + (
+        [] if backend == "noop" else ["ModelRegistered"])
+
+
+def unsupported_techniques(spec: OptimizedModelSpec) -> list[str]:
+    """Why each requested technique cannot run on the target, if it cannot (pure)."""
+    problems = []
+    if spec.target.device == "cpu":
+        return problems  # CEL already rejects GPU-only techniques on a CPU target.
+    product = spec.target.gpu_product
+    model = gpu_model(product) if product else None
+    if product and model is None:
+        return [f"target.gpuProduct {product} is not a GPU kubeloop knows; see `kubeloop gpus`"]
+    if model is None:
+        return problems
+    if "bf16" in spec.techniques and not model.supports_bf16:
+        problems.append(f"bf16 needs compute capability 8.0 or newer; {model.product} has "
+                        f"{model.compute_capability[0]}.{model.compute_capability[1]}")
+    if "sparsity-2to4" in spec.techniques and not model.supports_sparsity_2to4:
+        problems.append(f"sparsity-2to4 needs sparse tensor cores (Ampere or newer); {model.product} is "
+                        f"{model.family}")
+    return problems
+
+
+def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: OptimizedModelStatus,
+                              ports: Ports, attempt: int = 0) -> Outcome[OptimizedModelStatus]:
+    backend_name = spec.backend or ports.default_pipeline_backend
+    required = required_conditions(backend_name)
+    try:
+        source = ports.registry.resolve(spec.source.name, spec.source.version, spec.source.alias)
+    except RegistryUnavailable as exc:
+        obs = [Observation("SourceResolved", "Unknown", "RegistryUnavailable", str(exc))]
+        return Outcome(finish(status, obs, ref.generation, required), retry_after=backoff(attempt),
+                       retry_reason=str(exc))
+    if source is None:
+        # Pending, not Failed: the source may be registered later (a TrainingJob
+        # applied together with this object is still training).
+        obs = [Observation("SourceResolved", "False", "SourceNotFound",
+                           f"{spec.source.uri} does not exist in the registry: register it first "
+                           "(a TrainingJob does) or fix spec.source")]
+        new = finish(status, obs, ref.generation, required, phase="Pending")
+        return Outcome(new)
+    observations = [Observation("SourceResolved", "True", "Resolved",
+                                f"{spec.source.uri} is version {source.version}")]
+    problems = unsupported_techniques(spec)
+    if problems:
+        observations.append(Observation("TechniquesSupported", "False", "UnsupportedTechnique",
+                                        "; ".join(problems)))
+        new = finish(status, observations, ref.generation, required, phase="Failed",
+                     source_version=source.version)
+        return Outcome(new)
+    observations.append(Observation("TechniquesSupported", "True", "Supported", ", ".join(spec.techniques)))
+
+    backend = ports.pipelines.get(backend_name)
+    if backend is None:
+        observations.append(Observation("RunSubmitted", "False", "BackendNotConfigured",
+                                        f"the operator has no '{backend_name}' pipeline backend"))
+        new = finish(status, observations, ref.generation, required, phase="Failed")
+        return Outcome(new)
+    # The source version is part of the run's identity: an alias that moved
+    # means a new source and so a new optimisation.
+    digest = spec_hash(spec) + "-" + source.version
+    progress = follow_run(backend, status.run_id, status.spec_hash, digest,
+                          lambda: build_optimization_run(ref, spec, source.version, digest))
+    observations += progress.observations
+    if progress.unavailable:
+        return Outcome(finish(status, observations, ref.generation, required), retry_after=backoff(attempt),
+                       retry_reason=progress.unavailable)
+    run = progress.run
+    fields: dict = {"run_id": run.run_id, "spec_hash": digest, "source_version": source.version}
+    phase = {"Succeeded": "Succeeded", "Failed": "Failed"}.get(run.phase, "Running")
+    if run.run_id != status.run_id:
+        fields.update(variants=[], chosen=None, model=None, gpu_memory_mib=None)
+    if run.phase == "Succeeded" and not run.outputs.get("noop"):
+        out = run.outputs
+        fields["variants"] = [Variant.model_validate(v) for v in out.get("variants", [])]
+        if out.get("chosen"):
+            fields["chosen"] = ChosenVariant.model_validate(out["chosen"])
+        if out.get("model"):
+            fields["model"] = RegisteredModel.model_validate(out["model"])
+            observations.append(Observation("ModelRegistered", "True", "Registered",
+                                            f"{out['model']['name']} version {out['model']['version']}"))
+        else:
+            observations.append(Observation("ModelRegistered", "False", "NoModel",
+                                            "the run succeeded but registered no model"))
+            phase = "Failed"
+        fields["gpu_memory_mib"] = out.get("gpu_memory_mib")
+    elif backend_name != "noop":
+        observations.append(Observation("ModelRegistered", "Unknown", "AwaitingRun", ""))
+    return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields))

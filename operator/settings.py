@@ -1,0 +1,69 @@
+"""Operator configuration, read once at start-up from the environment (the
+Helm chart sets it; `kubeloop operator` maps its options onto it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    namespaces: list[str] = field(default_factory=list)
+    """Namespaces to watch; empty means the whole cluster."""
+    pipeline_backends: list[str] = field(default_factory=lambda: ["local", "noop"])
+    """Pipeline backends to enable (local, kfp, noop)."""
+    default_pipeline_backend: str = "local"
+    serving_backends: list[str] = field(default_factory=lambda: ["kubernetes"])
+    """Serving backends to enable (kubernetes, local)."""
+    default_serving_backend: str = "kubernetes"
+    registry: str = "mlflow"
+    """mlflow, or memory (an empty in-process registry, for tests and benchmarks)."""
+    tracking_uri: str | None = None
+    kfp_endpoint: str | None = None
+    kfp_ui: str | None = None
+    feast_repo: Path | None = None
+    state_dir: Path = Path("/tmp/kubeloop")
+    """Where the local backends keep runs, model repositories and logs."""
+    resync_seconds: float = 15.0
+    """How often every object is reconciled again, whatever happened."""
+    triton_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+    components_image: str = "ghcr.io/kubeloop/components:0.1.0"
+    cluster_tracking_uri: str | None = None
+    """The tracking URI as Pods in the cluster reach it (defaults to tracking_uri)."""
+    registry_secret: str | None = None
+    """Name of a Secret with registry credentials, handed to Pods by reference."""
+    webhook_port: int = 0
+    """Port of the Alertmanager webhook and /metrics (0: not served)."""
+    webhook_token_file: Path | None = None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
+        env = dict(os.environ if env is None else env)
+        get = env.get
+        defaults = cls()
+        return cls(
+            namespaces=_list(get("KUBELOOP_NAMESPACES", "")),
+            pipeline_backends=_list(get("KUBELOOP_PIPELINE_BACKENDS", "local,noop")),
+            default_pipeline_backend=get("KUBELOOP_PIPELINE_BACKEND", defaults.default_pipeline_backend),
+            serving_backends=_list(get("KUBELOOP_SERVING_BACKENDS", "kubernetes")),
+            default_serving_backend=get("KUBELOOP_SERVING_BACKEND", defaults.default_serving_backend),
+            registry=get("KUBELOOP_REGISTRY", defaults.registry),
+            tracking_uri=get("MLFLOW_TRACKING_URI"),
+            kfp_endpoint=get("KUBELOOP_KFP_ENDPOINT"),
+            kfp_ui=get("KUBELOOP_KFP_UI"),
+            feast_repo=Path(get("KUBELOOP_FEAST_REPO")) if get("KUBELOOP_FEAST_REPO") else None,
+            state_dir=Path(get("KUBELOOP_WORK_DIR", str(defaults.state_dir))),
+            resync_seconds=float(get("KUBELOOP_RESYNC_SECONDS", defaults.resync_seconds)),
+            triton_image=get("KUBELOOP_TRITON_IMAGE", defaults.triton_image),
+            components_image=get("KUBELOOP_COMPONENTS_IMAGE", defaults.components_image),
+            cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
+            registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
+            webhook_port=int(get("KUBELOOP_WEBHOOK_PORT", "0")),
+            webhook_token_file=Path(get("KUBELOOP_WEBHOOK_TOKEN_FILE")) if get("KUBELOOP_WEBHOOK_TOKEN_FILE") else None,
+        )

@@ -1,0 +1,79 @@
+"""The composition root: the real ports from the operator's configuration."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from kubeloop.operator.builders.serving import ServingImages
+from kubeloop.operator.fleet import observe_fleet
+from kubeloop.operator.kube import Kube
+from kubeloop.operator.ports import Ports
+from kubeloop.operator.settings import OperatorConfig
+from kubeloop.pipelines.backends.base import PipelineBackend
+from kubeloop.pipelines.backends.noop import NoopBackend
+from kubeloop.registry.base import ModelRegistry
+from kubeloop.serving.base import ServingBackend
+from kubeloop.serving.kubernetes import KubernetesServing
+
+
+class ConfigurationError(Exception):
+    """The operator's configuration is incomplete; the message says what to set."""
+
+
+def build_registry(config: OperatorConfig) -> ModelRegistry:
+    if config.registry == "memory":
+        from kubeloop.registry.memory import InMemoryRegistry
+
+        return InMemoryRegistry()
+    if not config.tracking_uri:
+        raise ConfigurationError("set MLFLOW_TRACKING_URI (or --tracking-uri) to the MLflow server")
+    from kubeloop.registry.mlflow import MlflowRegistry, fail_fast
+
+    fail_fast()
+    return MlflowRegistry(config.tracking_uri)
+
+
+def build_pipeline_backends(config: OperatorConfig) -> dict[str, PipelineBackend]:
+    backends: dict[str, PipelineBackend] = {}
+    for name in config.pipeline_backends:
+        if name == "noop":
+            backends[name] = NoopBackend()
+        elif name in ("local", "kfp"):
+            backends.update(_pipeline_backend(name, config))
+        else:
+            raise ConfigurationError(f"unknown pipeline backend {name}; use local, kfp or noop")
+    return backends
+
+
+def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBackend]:
+    # The real backends arrive with the training pipeline; until then the
+    # operator simply has no such backend and says so in a condition.
+    return {}
+
+
+def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, ServingBackend]:
+    backends: dict[str, ServingBackend] = {}
+    for name in config.serving_backends:
+        if name == "kubernetes":
+            images = ServingImages(
+                triton=config.triton_image, puller=config.components_image,
+                tracking_uri=config.cluster_tracking_uri or config.tracking_uri or "",
+                registry_secret=config.registry_secret,
+            )
+            backends[name] = KubernetesServing(kube, images)
+        else:
+            raise ConfigurationError(f"unknown serving backend {name}; use kubernetes or local")
+    return backends
+
+
+def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
+    kube = kube or Kube.from_environment()
+    return Ports(
+        registry=build_registry(config),
+        pipelines=build_pipeline_backends(config),
+        serving=build_serving_backends(config, kube),
+        fleet=partial(observe_fleet, kube),
+        default_pipeline_backend=config.default_pipeline_backend,
+        default_serving_backend=config.default_serving_backend,
+        tracking_ui=config.tracking_uri,
+    )

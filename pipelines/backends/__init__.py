@@ -1,0 +1,1 @@
+"""Where pipelines run: a Kubeflow Pipelines server, kfp's local runner, or nowhere."""

@@ -1,0 +1,17 @@
+"""Names shared by the API, the operator and the chart."""
+
+GROUP = "kubeloop.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CATEGORY = "kubeloop"
+
+# Annotations and labels the operator owns. kopf's own bookkeeping is moved
+# under the same group (see kubeloop.operator.handlers.configure).
+FINALIZER = f"{GROUP}/finalizer"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "kubeloop"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_OWNER_KIND = f"{GROUP}/owner-kind"
+LABEL_OWNER_NAME = f"{GROUP}/owner-name"
+LABEL_ROLE = f"{GROUP}/role"
+ANNOTATION_INPUT_HASH = f"{GROUP}/input-hash"

@@ -1,0 +1,186 @@
+"""OptimizedModel: build faster variants of a registered model, measure each,
+and register the fastest one that stays within the accuracy budget."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from kubeloop.api.base import BaseStatus, KubeModel, ModelRef, RegisteredModel
+from kubeloop.api.schema import cel, cel_list
+
+OptimizationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+Technique = Literal[
+    "dynamic-int8",
+    "static-int8",
+    "structured-pruning",
+    "unstructured-pruning",
+    "distillation",
+    "onnx",
+    "onnx-int8",
+    "torch-compile",
+    "fp16",
+    "bf16",
+    "tensorrt-fp16",
+    "tensorrt-int8",
+    "sparsity-2to4",
+]
+# Techniques that need a GPU target; the rest run on CPU as well.
+GPU_ONLY_TECHNIQUES = ("fp16", "bf16", "tensorrt-fp16", "tensorrt-int8", "sparsity-2to4")
+
+
+class OptimizationTarget(KubeModel):
+    """The hardware the model will be served on; variants are measured there."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("self.device == 'gpu' || !has(self.gpuProduct)",
+             "gpuProduct applies only to device gpu", "gpuProduct"),
+        )
+    )
+
+    device: Literal["cpu", "gpu"] = "cpu"
+    """cpu, or gpu (the variants are built and measured on a GPU)."""
+    gpu_product: str | None = Field(default=None, max_length=128)
+    """The GPU product (its nvidia.com/gpu.product label) the model will serve
+    on; decides precision support (bf16, 2:4 sparsity, TensorRT)."""
+
+
+class AccuracyBudget(KubeModel):
+    """How much accuracy a variant may lose."""
+
+    metric: Literal["auc", "average_precision", "accuracy"] = "auc"
+    """The held-out metric compared against the source model."""
+    max_drop: float = Field(default=0.01, ge=0, le=1)
+    """The largest acceptable drop (source minus variant); 0 accepts only lossless variants."""
+
+
+class LatencySLO(KubeModel):
+    """The latency the served model must meet; it picks the winner."""
+
+    percentile: Literal["p50", "p99"] = "p99"
+    """Which latency percentile the objective applies to."""
+    milliseconds: float = Field(default=10.0, gt=0, le=60000)
+    """The latency bound per batch."""
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    """The batch size at which the bound applies."""
+
+
+class PruningSettings(KubeModel):
+    """Settings of the pruning techniques."""
+
+    sparsity: float = Field(default=0.5, gt=0, lt=1)
+    """Fraction of weights (unstructured) or hidden channels (structured) removed."""
+    finetune_epochs: int = Field(default=2, ge=0, le=100)
+    """Epochs of fine-tuning after pruning."""
+
+
+class DistillationSettings(KubeModel):
+    """Knowledge distillation into a smaller student network."""
+
+    temperature: float = Field(default=4.0, gt=0, le=100)
+    """Softening temperature of the teacher's logits."""
+    alpha: float = Field(default=0.5, ge=0, le=1)
+    """Weight of the distillation loss against the hard-label loss."""
+    width_ratio: float = Field(default=0.25, gt=0, le=1)
+    """Student hidden widths as a fraction of the teacher's."""
+    epochs: int = Field(default=5, ge=1, le=1000)
+    """Student training epochs."""
+
+
+class OptimizedModelSpec(KubeModel):
+    """A source model and how to look for a faster equivalent."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (f"self.target.device == 'gpu' || !self.techniques.exists(t, t in {cel_list(GPU_ONLY_TECHNIQUES)})",
+             f"{', '.join(GPU_ONLY_TECHNIQUES)} need target.device gpu", "techniques"),
+            ("self.latencySLO.batchSize in self.batchSizes",
+             "latencySLO.batchSize must be one of batchSizes", "latencySLO.batchSize"),
+        )
+    )
+
+    source: ModelRef
+    """The registered model version (or alias) to optimise."""
+    target: OptimizationTarget = Field(default_factory=OptimizationTarget)
+    """Where the model will be served."""
+    techniques: list[Technique] = Field(
+        default_factory=lambda: ["dynamic-int8", "static-int8", "onnx", "onnx-int8",
+                                 "structured-pruning", "distillation"],
+        min_length=1, max_length=13,
+    )
+    """Techniques to try; each yields one measured variant."""
+    accuracy_budget: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    """Variants that lose more than this are rejected."""
+    latency_slo: LatencySLO = Field(default_factory=LatencySLO, alias="latencySLO")
+    """The latency objective that chooses among accepted variants."""
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1, max_length=8)
+    """Batch sizes to profile."""
+    calibration_samples: int = Field(default=2048, ge=16, le=1_000_000)
+    """Rows of training data used to calibrate static quantisation."""
+    pruning: PruningSettings = Field(default_factory=PruningSettings)
+    """Pruning settings."""
+    distillation: DistillationSettings = Field(default_factory=DistillationSettings)
+    """Distillation settings."""
+    registered_name: str | None = Field(default=None, max_length=253)
+    """Registered model name for the winner; omitted means the source's name."""
+    backend: Literal["local", "kfp", "noop"] | None = None
+    """Where the optimisation pipeline runs; omitted means the operator's default."""
+
+
+class Variant(KubeModel):
+    """One measured variant."""
+
+    technique: str
+    """The technique that built it (source is the unmodified model)."""
+    latency_p50_ms: float | None = None
+    """Median latency at the SLO batch size."""
+    latency_p99_ms: float | None = None
+    """99th-percentile latency at the SLO batch size."""
+    speedup: float | None = None
+    """Source latency over variant latency at the SLO percentile and batch size."""
+    throughput: float | None = None
+    """Rows per second at the SLO batch size."""
+    size_mb: float | None = None
+    """Serialized model size."""
+    accuracy_delta: float | None = None
+    """Variant metric minus source metric on the held-out set."""
+    accepted: bool = False
+    """Whether the variant is within the accuracy budget."""
+    reason: str | None = None
+    """Why it was rejected, or not built."""
+
+
+class ChosenVariant(KubeModel):
+    """The winner."""
+
+    technique: str
+    """The winning variant's technique."""
+    speedup: float
+    """Its speedup against the source."""
+    meets_slo: bool
+    """Whether it meets the latency SLO."""
+
+
+class OptimizedModelStatus(BaseStatus):
+    """What the optimisation measured and chose."""
+
+    phase: OptimizationPhase = "Pending"
+    """Pending, Running, Succeeded or Failed."""
+    run_id: str | None = None
+    """The optimisation pipeline run."""
+    spec_hash: str | None = None
+    """Hash of the spec the run was submitted for."""
+    source_version: str | None = None
+    """The concrete source version the alias resolved to."""
+    variants: list[Variant] = Field(default_factory=list, max_length=32)
+    """Every variant with its measurements."""
+    chosen: ChosenVariant | None = None
+    """The variant that was registered."""
+    model: RegisteredModel | None = None
+    """The registered version of the winner."""
+    gpu_memory_mib: int | None = None
+    """The winner's GPU memory footprint (measured on GPU, estimated on CPU);
+    serving places the model by it."""

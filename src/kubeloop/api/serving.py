@@ -1,0 +1,253 @@
+"""InferenceService: serve a registered model on Triton, on the right slice of
+a GPU, with canary and shadow traffic, drift monitoring and retraining."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from kubeloop.api.base import BaseStatus, Duration, KubeModel, ModelRef, VersionSelector
+from kubeloop.api.optimization import AccuracyBudget, LatencySLO, Technique
+from kubeloop.api.promotion import PromotionPolicy
+from kubeloop.api.schema import cel
+from kubeloop.api.training import TimeWindow, TrainingJobSpec
+from kubeloop.gpu.catalog import mig_profile_rule
+
+ServingPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
+SharingPolicy = Literal["exclusive", "mig", "mps", "auto"]
+
+
+class ServingRuntime(KubeModel):
+    """The model server."""
+
+    name: Literal["triton"] = "triton"
+    """The runtime; Triton Inference Server."""
+    protocol: Literal["v2"] = "v2"
+    """The inference protocol (KServe v2 / Open Inference Protocol)."""
+    image: str | None = Field(default=None, max_length=512)
+    """Override of the Triton server image (Kubernetes backend)."""
+    max_queue_delay_microseconds: int | None = Field(default=None, ge=0, le=10_000_000)
+    """Override of the dynamic batcher's queue delay; omitted means the value
+    chosen from the OptimizedModel's latency profile."""
+
+
+class MIGSharing(KubeModel):
+    """A Multi-Instance GPU slice."""
+
+    profile: str = Field(default="auto", max_length=32)
+    """A MIG profile such as 1g.10gb or 3g.40gb, or auto for the smallest profile
+    that holds the model's measured GPU memory footprint."""
+
+
+class MPSSharing(KubeModel):
+    """A share of a GPU under the Multi-Process Service."""
+
+    active_thread_percentage: int = Field(default=25, ge=1, le=100)
+    """Compute share; becomes CUDA_MPS_ACTIVE_THREAD_PERCENTAGE."""
+    memory_limit_mib: int | None = Field(default=None, ge=64)
+    """Pinned device memory limit; becomes CUDA_MPS_PINNED_DEVICE_MEM_LIMIT.
+    Omitted means the model's footprint with headroom."""
+
+
+class ServingGPU(KubeModel):
+    """How the model gets GPU capacity."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("!has(self.mig) || self.sharing in ['mig', 'auto']",
+             "mig settings need sharing mig or auto", "mig"),
+            ("!has(self.mps) || self.sharing in ['mps', 'auto']",
+             "mps settings need sharing mps or auto", "mps"),
+            mig_profile_rule(),
+        )
+    )
+
+    sharing: SharingPolicy = "auto"
+    """exclusive (whole GPUs), mig (a MIG slice), mps (an MPS share), or auto:
+    the smallest slice, share or GPU of the fleet that fits the footprint and
+    the latency SLO."""
+    product: str | None = Field(default=None, max_length=128)
+    """Restrict placement to one GPU product (its nvidia.com/gpu.product label,
+    for example NVIDIA-H100-80GB-HBM3)."""
+    count: int = Field(default=1, ge=1, le=8)
+    """Whole GPUs per replica with sharing exclusive."""
+    mig: MIGSharing | None = None
+    """MIG settings."""
+    mps: MPSSharing | None = None
+    """MPS settings."""
+    memory_mib: int | None = Field(default=None, ge=1)
+    """The model's GPU memory footprint; omitted means the value measured by its
+    OptimizedModel and recorded in the registry."""
+
+
+class ServingResources(KubeModel):
+    """CPU and memory per replica."""
+
+    cpu: int | str = "1"
+    """CPU request, as a Kubernetes quantity."""
+    memory: int | str = "2Gi"
+    """Memory request, as a Kubernetes quantity."""
+
+
+class Autoscaling(KubeModel):
+    """Horizontal scaling on a Triton metric."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas",
+             "minReplicas"),
+        )
+    )
+
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest replicas."""
+    max_replicas: int = Field(default=4, ge=1, le=1000)
+    """Most replicas."""
+    metric: Literal["queue-time", "inference-rate"] = "queue-time"
+    """queue-time: average microseconds a request waits in Triton's queue;
+    inference-rate: inferences per second per replica."""
+    target: int = Field(default=2000, ge=1)
+    """The per-replica target value of the metric."""
+
+
+class TrafficSplit(VersionSelector):
+    """Another version of the same model that receives a share of the traffic."""
+
+    percent: int = Field(ge=0, le=100)
+    """Share of requests, 0 to 100."""
+
+
+class RequestLogging(KubeModel):
+    """Log requests and predictions for drift monitoring."""
+
+    enabled: bool = True
+    """Whether to log."""
+    sample_rate: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of requests logged."""
+    destination: str | None = Field(default=None, max_length=1024)
+    """Where logs go (a folder, or an object-store URI on a real cluster);
+    omitted means the operator's default."""
+
+
+class DriftMonitoring(KubeModel):
+    """Compare recent requests with the training data (Evidently)."""
+
+    schedule: Duration = "5m"
+    """How often the drift job runs."""
+    window: Duration = "1h"
+    """How far back the request log is read."""
+    reference: TimeWindow = Field(default_factory=TimeWindow)
+    """Which training rows of the Feast offline store form the reference."""
+    features: list[str] = Field(default_factory=list, max_length=64)
+    """Features to compare; empty means every model input."""
+    drift_share_threshold: float = Field(default=0.3, gt=0, le=1)
+    """The dataset counts as drifted when this share of features drift."""
+    min_rows: int = Field(default=200, ge=1)
+    """Windows with fewer logged rows are not evaluated."""
+
+
+class RetrainOptimization(KubeModel):
+    """How the retrained model is optimised before serving."""
+
+    techniques: list[Technique] = Field(default_factory=lambda: ["dynamic-int8", "onnx"], max_length=13)
+    """Techniques to try."""
+    accuracy_budget: AccuracyBudget = Field(default_factory=AccuracyBudget)
+    """Accuracy budget."""
+    latency_slo: LatencySLO = Field(default_factory=LatencySLO, alias="latencySLO")
+    """Latency objective."""
+
+
+class Retraining(KubeModel):
+    """Retrain when drift is detected."""
+
+    template: TrainingJobSpec
+    """The TrainingJob spec of a retrain; its time window is moved to end now."""
+    cooldown: Duration = "1h"
+    """No new retrain starts within this long of the previous one."""
+    max_concurrent: int = Field(default=1, ge=1, le=10)
+    """Most retrains of this service running at once."""
+    optimization: RetrainOptimization | None = None
+    """Optimise the retrained model before it is canaried; omitted serves it as trained."""
+    canary_percent: int = Field(default=20, ge=0, le=100)
+    """Traffic the challenger gets while it is evaluated."""
+    promotion: PromotionPolicy = Field(default_factory=lambda: PromotionPolicy(promote_to="champion"))
+    """Aliases and gates for the retrained version."""
+
+
+class InferenceServiceSpec(KubeModel):
+    """A model to serve."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("!has(self.retraining) || has(self.monitoring)",
+             "retraining is triggered by drift: set monitoring too", "retraining"),
+        )
+    )
+
+    model: ModelRef
+    """The registered model, by alias (follows the alias as it moves) or version."""
+    backend: Literal["kubernetes", "local"] | None = None
+    """kubernetes (Deployments on the cluster) or local (tritonserver processes
+    on the operator's machine); omitted means the operator's default."""
+    runtime: ServingRuntime = Field(default_factory=ServingRuntime)
+    """The model server."""
+    resources: ServingResources = Field(default_factory=ServingResources)
+    """CPU and memory per replica."""
+    gpu: ServingGPU | None = None
+    """GPU capacity and sharing; omitted serves on CPU."""
+    replicas: int = Field(default=1, ge=0, le=1000)
+    """Replicas when autoscaling is off."""
+    autoscaling: Autoscaling | None = None
+    """Horizontal autoscaling."""
+    latency_slo: LatencySLO | None = Field(default=None, alias="latencySLO")
+    """The latency the service must meet; guides placement."""
+    canary: TrafficSplit | None = None
+    """A second version that receives a share of requests."""
+    shadow: TrafficSplit | None = None
+    """A version that receives a mirrored share of requests; its responses are
+    logged, never returned."""
+    request_logging: RequestLogging = Field(default_factory=RequestLogging)
+    """Request logging for drift monitoring."""
+    monitoring: DriftMonitoring | None = None
+    """Drift monitoring; omitted means none."""
+    retraining: Retraining | None = None
+    """Retrain on drift; needs monitoring."""
+
+
+class Placement(KubeModel):
+    """Where and on what the model runs, and why."""
+
+    mode: Literal["cpu", "exclusive", "mig", "mps"]
+    """The kind of capacity chosen."""
+    resource: str | None = None
+    """The extended resource requested, for example nvidia.com/mig-1g.10gb."""
+    product: str | None = None
+    """The GPU product selected."""
+    nodes: list[str] = Field(default_factory=list)
+    """Nodes that can host it."""
+    reason: str
+    """Why this placement was chosen."""
+
+
+class InferenceServiceStatus(BaseStatus):
+    """What is served, where, and how well."""
+
+    phase: ServingPhase = "Pending"
+    """Pending, Ready, Degraded or Failed."""
+    url: str | None = None
+    """The endpoint clients call (KServe v2 protocol)."""
+    model_version: str | None = None
+    """The registered version serving the main traffic."""
+    canary_version: str | None = None
+    """The version receiving the canary share."""
+    shadow_version: str | None = None
+    """The version receiving mirrored traffic."""
+    placement: Placement | None = None
+    """The placement decision."""
+    ready_replicas: int = 0
+    """Replicas passing readiness."""
+    last_retrain_at: str | None = None
+    """When the last retrain started (RFC 3339)."""
+    retrains: list[str] = Field(default_factory=list, max_length=64)
+    """TrainingJobs started by drift, newest last."""

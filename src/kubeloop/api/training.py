@@ -1,0 +1,204 @@
+"""TrainingJob: train a model on Feast features through a Kubeflow pipeline and
+register it in the model registry."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from kubeloop.api.base import BaseStatus, KubeModel, RegisteredModel
+from kubeloop.api.gpu import GPURequest
+from kubeloop.api.promotion import PromotionPolicy
+from kubeloop.api.schema import cel
+
+TrainingPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+PipelineBackendName = Literal["local", "kfp", "noop"]
+
+
+class LabelSource(KubeModel):
+    """Where the labelled entity rows come from."""
+
+    source: str = Field(default="transactions", min_length=1, max_length=128)
+    """A data source of the feature repository that holds entity keys, event
+    timestamps and the label; its rows are the entity rows of the point-in-time
+    join."""
+    column: str = Field(default="is_fraud", min_length=1, max_length=128)
+    """The label column (binary: 0 or 1)."""
+
+
+class TimeWindow(KubeModel):
+    """A half-open interval of event timestamps."""
+
+    start: str | None = Field(default=None, max_length=64)
+    """First event time included (RFC 3339); omitted means the oldest row."""
+    end: str | None = Field(default=None, max_length=64)
+    """First event time excluded (RFC 3339); omitted means up to now."""
+
+
+class FeatureSelection(KubeModel):
+    """The training data: Feast feature views joined point-in-time onto labelled
+    entity rows."""
+
+    project: str | None = Field(default=None, max_length=128)
+    """The Feast project; omitted means the operator's configured repository."""
+    feature_views: list[str] = Field(min_length=1, max_length=32)
+    """Feature views (or on-demand feature views) whose features the model uses,
+    for example [card_stats, merchant_risk]."""
+    labels: LabelSource = Field(default_factory=LabelSource)
+    """The entity rows and the label."""
+    window: TimeWindow = Field(default_factory=TimeWindow)
+    """Which entity rows to train and evaluate on, by event time."""
+
+
+class Hyperparameters(KubeModel):
+    """Optimiser and network settings of the torch trainer."""
+
+    epochs: int = Field(default=5, ge=1, le=1000)
+    """Passes over the training split."""
+    batch_size: int = Field(default=256, ge=1, le=65536)
+    """Examples per optimiser step and process (before gradient accumulation)."""
+    learning_rate: float = Field(default=1e-3, gt=0, le=10)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=1e-4, ge=0, le=1)
+    """AdamW weight decay."""
+    hidden_units: list[int] = Field(default_factory=lambda: [64, 32], min_length=1, max_length=8)
+    """Widths of the hidden layers of the multi-layer perceptron."""
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+    """Dropout probability after each hidden layer."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
+    """Micro-batches whose gradients are summed before one optimiser step."""
+    activation_checkpointing: bool = False
+    """Recompute hidden activations in the backward pass to save memory."""
+
+
+class DistributedTraining(KubeModel):
+    """Data-parallel training (torch DistributedDataParallel through torchrun)."""
+
+    nodes: int = Field(default=1, ge=1, le=64)
+    """Machines (Pods) taking part; more than one needs a real cluster with the
+    Kubeflow Trainer."""
+    processes_per_node: int = Field(default=1, ge=1, le=16)
+    """Worker processes per node; with GPUs, one per GPU."""
+
+
+class SearchDimension(KubeModel):
+    """One hyper-parameter the tuner varies: a range or a list of choices."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("has(self.choices) != (has(self.min) && has(self.max))",
+             "give either choices or both min and max", "choices"),
+            ("!has(self.min) || !has(self.max) || self.min < self.max",
+             "min must be smaller than max", "min"),
+        )
+    )
+
+    min: float | None = None
+    """Lower bound of a continuous range."""
+    max: float | None = None
+    """Upper bound of a continuous range."""
+    log: bool = False
+    """Sample the range on a log scale (learning rates)."""
+    choices: list[float] | None = Field(default=None, min_length=1, max_length=32)
+    """Discrete values to choose from (layer widths, batch sizes)."""
+
+
+class Tuning(KubeModel):
+    """Hyper-parameter search: each trial is a nested MLflow run; the best trial's
+    model is the one registered."""
+
+    trials: int = Field(default=1, ge=1, le=200)
+    """How many trials to run; 1 means no search."""
+    algorithm: Literal["tpe", "random", "grid"] = "tpe"
+    """Optuna's sampler: tpe (Bayesian), random, or grid over choices."""
+    metric: Literal["auc", "average_precision", "log_loss"] = "auc"
+    """The evaluation metric the search optimises."""
+    parameters: dict[str, SearchDimension] = Field(default_factory=dict, max_length=16)
+    """Hyper-parameters to vary, keyed by their field name in hyperparameters
+    (learningRate, dropout, batchSize, weightDecay)."""
+
+
+class Evaluation(KubeModel):
+    """How the trained model is judged on held-out data."""
+
+    holdout_fraction: float = Field(default=0.2, gt=0, lt=1)
+    """The most recent fraction of entity rows, by event time, kept for evaluation."""
+    threshold: float = Field(default=0.5, gt=0, lt=1)
+    """Score above which a row is predicted positive (for precision and recall)."""
+    slice_column: str | None = Field(default=None, max_length=128)
+    """A sensitive or business column whose values get metrics of their own."""
+
+
+class TrainingResources(KubeModel):
+    """What each training process needs."""
+
+    cpu: int | str = Field(default="1")
+    """CPU request per process, as a Kubernetes quantity."""
+    memory: int | str = Field(default="2Gi")
+    """Memory request per process, as a Kubernetes quantity."""
+    gpu: GPURequest | None = None
+    """GPUs per node; omitted trains on CPU."""
+
+
+class TrainingJobSpec(KubeModel):
+    """A model to train on Feast features and register."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("!has(self.resources.gpu) || self.resources.gpu.count == 0 || "
+             "self.distributed.processesPerNode <= self.resources.gpu.count",
+             "with GPUs, processesPerNode must not exceed resources.gpu.count (one process per GPU)",
+             "distributed.processesPerNode"),
+            ("self.tuning.trials == 1 || size(self.tuning.parameters) > 0",
+             "tuning.trials > 1 needs at least one entry in tuning.parameters",
+             "tuning.parameters"),
+        )
+    )
+
+    model_name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The registered model name the result is registered under, for example fraud-detector."""
+    backend: PipelineBackendName | None = None
+    """Where the pipeline runs: local (kfp's local runner on the operator's
+    machine), kfp (a Kubeflow Pipelines API server) or noop (no training; for
+    tests and benchmarks). Omitted means the operator's default."""
+    features: FeatureSelection
+    """The training data."""
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    """Trainer settings."""
+    resources: TrainingResources = Field(default_factory=TrainingResources)
+    """Compute per process."""
+    distributed: DistributedTraining = Field(default_factory=DistributedTraining)
+    """Data-parallel training settings."""
+    tuning: Tuning = Field(default_factory=Tuning)
+    """Hyper-parameter search."""
+    evaluation: Evaluation = Field(default_factory=Evaluation)
+    """Held-out evaluation."""
+    seed: int = Field(default=42, ge=0, le=2**31 - 1)
+    """Seed for data splits, initialisation and data order: the same spec and
+    data give the same model."""
+    promotion: PromotionPolicy | None = None
+    """Aliases to give the registered version, and the gates it must pass first."""
+
+
+class TrainingJobStatus(BaseStatus):
+    """What the operator observed of the training run."""
+
+    phase: TrainingPhase = "Pending"
+    """Pending, Running, Succeeded or Failed."""
+    backend: PipelineBackendName | None = None
+    """The backend the run was submitted to."""
+    run_id: str | None = None
+    """The pipeline run's id on its backend."""
+    run_url: str | None = None
+    """Where to watch the run (the KFP UI, or the local run's folder)."""
+    spec_hash: str | None = None
+    """Hash of the spec the run was submitted for; a new hash means a new run."""
+    started_at: str | None = None
+    """When the run was submitted (RFC 3339)."""
+    completed_at: str | None = None
+    """When the run finished (RFC 3339)."""
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=64)
+    """Held-out evaluation metrics of the registered model."""
+    model: RegisteredModel | None = None
+    """The model version the run registered."""

@@ -1,0 +1,15 @@
+"""The kubeloop command line."""
+
+from __future__ import annotations
+
+import typer
+
+from kubeloop.cli import api, demo, dev, operator
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="kubeloop: train, optimise, serve and retrain models from Kubernetes resources.")
+app.add_typer(dev.app, name="dev")
+app.command("operator")(operator.run)
+app.command("crds")(api.crds)
+app.command("gpus")(api.gpus)
+app.command("demo")(demo.demo)

@@ -1,0 +1,58 @@
+"""Where the Go-built platform binaries are cached, keyed by version."""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+GROUPS = {
+    "etcd": "KUBERNETES_VERSION",
+    "kube-apiserver": "KUBERNETES_VERSION",
+    "kube-controller-manager": "KUBERNETES_VERSION",
+    "kube-scheduler": "KUBERNETES_VERSION",
+    "kubectl": "KUBERNETES_VERSION",
+    "kwok": "KWOK_VERSION",
+    "helm": "HELM_VERSION",
+}
+_GROUP_DIR = {"KUBERNETES_VERSION": "kubernetes", "KWOK_VERSION": "kwok", "HELM_VERSION": "helm"}
+
+
+class MissingBinary(RuntimeError):
+    """A platform binary has not been built on this machine yet."""
+
+
+def repo_root() -> Path:
+    """The checkout this package was installed from (editable installs link
+    back to it), or $KUBELOOP_REPO."""
+    if "KUBELOOP_REPO" in os.environ:
+        return Path(os.environ["KUBELOOP_REPO"])
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "tools" / "versions.env").exists():
+            return parent
+    raise FileNotFoundError(f"no kubeloop checkout above {here}; set KUBELOOP_REPO")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KUBELOOP_CACHE", Path.home() / ".cache" / "kubeloop"))
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    text = (repo_root() / "tools" / "versions.env").read_text()
+    return dict(re.findall(r"^([A-Z_]+)=(\S+)$", text, flags=re.M))
+
+
+def binary(name: str) -> Path:
+    """The cached binary, or MissingBinary saying how to build it."""
+    key = GROUPS[name]
+    version = versions()[key]
+    path = cache_dir() / "bin" / f"{_GROUP_DIR[key]}-{version}" / name
+    if not path.exists():
+        raise MissingBinary(
+            f"{name} {version} is not built on this machine ({path} is missing); "
+            "run `make setup` (it runs tools/build-binaries.sh once per version)"
+        )
+    return path

@@ -1,0 +1,124 @@
+"""Certificates and credentials of the local control plane.
+
+A private CA signs the API server's serving certificate, so clients verify
+TLS instead of skipping it; one RSA key signs service-account tokens; static
+bearer tokens identify the admin, the controller manager and the scheduler.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+# Static identities (user, groups). The controller manager and the scheduler
+# get exactly the identities Kubernetes' bootstrap RBAC policy grants roles to.
+IDENTITIES = {
+    "admin": ("kubeloop-admin", "system:masters"),
+    "controller-manager": ("system:kube-controller-manager", ""),
+    "scheduler": ("system:kube-scheduler", ""),
+    "kwok": ("kubeloop-kwok", "system:masters"),
+}
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the generated material."""
+
+    dir: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.dir / "ca.crt"
+
+    @property
+    def serving_cert(self) -> Path:
+        return self.dir / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.dir / "apiserver.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.dir / "sa.key"
+
+    @property
+    def token_file(self) -> Path:
+        return self.dir / "tokens.csv"
+
+    def token(self, identity: str) -> str:
+        for line in self.token_file.read_text().splitlines():
+            token, user, _uid, *_ = line.split(",")
+            if user == IDENTITIES[identity][0]:
+                return token
+        raise KeyError(identity)
+
+
+def create_pki(directory: Path) -> Pki:
+    """Generate a CA, the API server's certificate, the SA key and tokens."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = Pki(directory)
+    ca_key = _rsa_key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubeloop-dev-ca")])
+    ca = (
+        _builder(ca_name, ca_name, ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    server_key = _rsa_key()
+    names = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
+                                       "kubernetes.default.svc")]
+    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "10.96.0.1")]
+    server = (
+        _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+                 ca_name, server_key.public_key())
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    pki.serving_cert.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.serving_key, server_key)
+    _write_key(pki.service_account_key, _rsa_key())
+    rows = [f"{secrets.token_urlsafe(32)},{user},{user}" + (f',"{group}"' if group else "")
+            for user, group in IDENTITIES.values()]
+    pki.token_file.write_text("\n".join(rows) + "\n")
+    pki.token_file.chmod(0o600)
+    return pki
+
+
+def _rsa_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, public_key) -> x509.CertificateBuilder:  # noqa: ANN001
+    now = dt.datetime.now(dt.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+    )
+
+
+def _write_key(path: Path, key: rsa.RSAPrivateKey) -> None:
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.TraditionalOpenSSL,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)

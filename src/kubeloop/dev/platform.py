@@ -1,0 +1,359 @@
+"""The local platform: a real Kubernetes control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) with KWOK faking a GPU fleet, and an
+MLflow tracking server, run as background processes on 127.0.0.1 from a state
+directory.
+
+`up` is idempotent: a platform whose processes all run is left alone, one that
+is half dead is torn down and started again. `down` stops every process `up`
+started and removes the state directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from kubeloop.api.resources import KINDS, build_crd
+from kubeloop.dev import processes
+from kubeloop.dev.binaries import binary
+from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
+from kubeloop.dev.pki import Pki, create_pki
+from kubeloop.operator.kube import Kube, KubeError
+
+Progress = Callable[[str], None]
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+SERVICE_CIDR = "10.96.0.0/12"
+POD_CIDR = "10.244.0.0/16"
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME", str(Path.home() / ".local" / "state"))
+    return Path(os.environ.get("KUBELOOP_STATE_DIR", Path(base) / "kubeloop" / "dev"))
+
+
+@dataclass
+class PlatformState:
+    """What `up` started, as written to state.json."""
+
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: list[processes.ProcessRecord] = field(default_factory=list)
+    urls: dict[str, str] = field(default_factory=dict)
+    started_at: float = 0.0
+    ready_seconds: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "ports": self.ports, "urls": self.urls, "started_at": self.started_at,
+            "ready_seconds": self.ready_seconds,
+            "processes": [p.to_dict() for p in self.processes],
+        }, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PlatformState":
+        data = json.loads(text)
+        return cls(ports=data["ports"], urls=data["urls"], started_at=data["started_at"],
+                   ready_seconds=data.get("ready_seconds", 0.0),
+                   processes=[processes.ProcessRecord(**p) for p in data["processes"]])
+
+
+class PlatformError(RuntimeError):
+    """The platform could not be brought up; the message carries the log tail."""
+
+
+class Platform:
+    """The local platform rooted at one state directory."""
+
+    def __init__(self, state_dir: Path | None = None, fleet_file: Path = DEFAULT_FLEET):
+        self.dir = Path(state_dir or default_state_dir())
+        self.fleet_file = fleet_file
+
+    # -- paths -------------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.dir / "pki")
+
+    def state(self) -> PlatformState | None:
+        if not self.state_file.exists():
+            return None
+        return PlatformState.from_json(self.state_file.read_text())
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def running(self) -> bool:
+        """Whether every process `up` started still runs (the operator and other
+        processes started later may come and go)."""
+        state = self.state()
+        core = [p for p in state.processes if p.name in CORE] if state else []
+        return bool(core) and all(p.running() for p in core)
+
+    def up(self, progress: Progress = lambda _: None) -> PlatformState:
+        if self.running():
+            progress("the platform is already up")
+            return self.state()
+        if self.dir.exists():
+            progress("clearing a stale platform state")
+            self.down()
+        started = time.monotonic()
+        state = PlatformState(started_at=time.time())
+        try:
+            self._start_control_plane(state, progress)
+            self._install(state, progress)
+        except BaseException:
+            self._save(state)
+            self.down()
+            raise
+        state.ready_seconds = round(time.monotonic() - started, 1)
+        self._save(state)
+        progress(f"platform ready in {state.ready_seconds} s")
+        return state
+
+    def down(self) -> None:
+        state = self.state()
+        if state:
+            for record in reversed(state.processes):
+                processes.stop(record)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def status(self) -> dict[str, dict]:
+        state = self.state()
+        if not state:
+            return {}
+        return {p.name: {"running": p.running(), "pid": p.pid, "log": p.log}
+                for p in state.processes}
+
+    def env(self) -> dict[str, str]:
+        state = self.state()
+        if not state:
+            return {}
+        out = {"KUBECONFIG": str(self.kubeconfig)}
+        out.update({name: url for name, url in state.urls.items()})
+        return out
+
+    def tool_path(self) -> str:
+        """PATH with the pinned kubectl and helm first."""
+        dirs = [str(binary("kubectl").parent), str(binary("helm").parent)]
+        return ":".join(dirs + [os.environ.get("PATH", "")])
+
+    def kube(self) -> Kube:
+        return Kube.from_kubeconfig(str(self.kubeconfig))
+
+    def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.ProcessRecord:
+        """Start (or restart) a process that `down` will stop with the rest,
+        such as the operator in `kubeloop demo`."""
+        state = self.state()
+        if state is None:
+            raise PlatformError("the platform is not up")
+        self.stop_process(name)
+        state = self.state()
+        record = processes.start(name, argv, self.logs, env={**self.env(), **(env or {})}, cwd=self.dir)
+        state.processes.append(record)
+        self._save(state)
+        return record
+
+    def stop_process(self, name: str) -> None:
+        state = self.state()
+        if state is None:
+            return
+        for record in [p for p in state.processes if p.name == name]:
+            processes.stop(record)
+        state.processes = [p for p in state.processes if p.name != name]
+        self._save(state)
+
+    # -- steps -------------------------------------------------------------
+
+    def _start_control_plane(self, state: PlatformState, progress: Progress) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        pki = create_pki(self.dir / "pki")
+        ports = state.ports
+        for name in ("etcd", "etcd-peer", "apiserver", "mlflow"):
+            ports[name] = processes.free_port()
+        api = f"https://127.0.0.1:{ports['apiserver']}"
+        for identity in ("admin", "controller-manager", "scheduler", "kwok"):
+            name = "kubeconfig" if identity == "admin" else f"{identity}.kubeconfig"
+            (self.dir / name).write_text(
+                yaml.safe_dump(build_kubeconfig(api, pki.ca_cert, pki.token(identity), identity)))
+            (self.dir / name).chmod(0o600)
+
+        progress("starting etcd")
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        self._spawn(state, "etcd", [
+            str(binary("etcd")), "--name=kubeloop", f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+            f"--initial-cluster=kubeloop=http://127.0.0.1:{ports['etcd-peer']}",
+            "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
+        ])
+        self._start_mlflow(state)
+        self._wait(state, "etcd", lambda: _http_ok(f"{etcd_url}/health"), 30)
+
+        progress("starting kube-apiserver")
+        self._spawn(state, "kube-apiserver", [
+            str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['apiserver']}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}", f"--token-auth-file={pki.token_file}",
+            "--authorization-mode=RBAC", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.service_account_key}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--disable-admission-plugins=ServiceAccount",
+            # The loopback address may not be an Endpoints IP; nothing in the
+            # platform reaches the API server through the kubernetes Service.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false", "--v=0",
+        ])
+        kube = self.kube()
+        self._wait(state, "kube-apiserver", kube.healthy, 60)
+
+        progress("starting kube-controller-manager, kube-scheduler and KWOK")
+        self._spawn(state, "kube-controller-manager", [
+            str(binary("kube-controller-manager")),
+            f"--kubeconfig={self.dir / 'controller-manager.kubeconfig'}",
+            "--secure-port=0", "--leader-elect=false", "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            f"--root-ca-file={pki.ca_cert}", "--cluster-name=kubeloop",
+            "--concurrent-deployment-syncs=10", "--concurrent-replicaset-syncs=10",
+            "--node-monitor-grace-period=60s", "--v=0",
+        ])
+        self._spawn(state, "kube-scheduler", [
+            str(binary("kube-scheduler")), f"--kubeconfig={self.dir / 'scheduler.kubeconfig'}",
+            "--secure-port=0", "--leader-elect=false", "--v=0",
+        ])
+        self._spawn(state, "kwok", [
+            str(binary("kwok")), f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+            f"--config={KWOK_STAGES}", "--node-lease-duration-seconds=40",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--cidr={POD_CIDR}", "--node-ip=10.0.0.1",
+        ], cwd=self.dir)
+        state.urls["KUBELOOP_APISERVER"] = api
+
+    def _install(self, state: PlatformState, progress: Progress) -> None:
+        kube = self.kube()
+        progress("installing the kubeloop CRDs")
+        for kind in KINDS:
+            kube.apply(build_crd(kind), field_manager="kubeloop-dev")
+        progress("registering the fake GPU fleet")
+        nodes = build_nodes(load_fleet(self.fleet_file))
+        for node in nodes:
+            status = node.pop("status")
+            kube.apply(node, field_manager="kubeloop-dev")
+            kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node["metadata"]["name"]},
+                        "status": status}, field_manager="kubeloop-dev", subresource="status")
+
+        def crds_established() -> bool:
+            for kind in KINDS:
+                crd = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", kind.crd_name)
+                conditions = {c["type"]: c["status"] for c in crd.get("status", {}).get("conditions", [])}
+                if conditions.get("Established") != "True":
+                    return False
+            return True
+
+        def nodes_ready() -> bool:
+            for node in kube.list("v1", "Node"):
+                conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+                if conditions.get("Ready") != "True":
+                    return False
+            return True
+
+        def controllers_running() -> bool:
+            return kube.get("v1", "ServiceAccount", "default", "default") is not None
+
+        self._wait(state, "kube-apiserver", crds_established, 30)
+        self._wait(state, "kwok", nodes_ready, 30)
+        self._wait(state, "kube-controller-manager", controllers_running, 30)
+        progress("waiting for MLflow")
+        self._wait(state, "mlflow", lambda: _http_ok(f"{state.urls['MLFLOW_TRACKING_URI']}/health"), 60)
+
+    def _start_mlflow(self, state: PlatformState) -> None:
+        """MLflow's tracking server and model registry on sqlite, with a local
+        artifact store it serves itself (clients never need the folder)."""
+        root = self.dir / "mlflow"
+        root.mkdir(parents=True, exist_ok=True)
+        port = state.ports["mlflow"]
+        self._spawn(state, "mlflow", [
+            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts", "--workers", "1",
+        ], env={
+            # Job workers cost ~2.4 GB and nothing here uses them.
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+        })
+        state.urls["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+
+    # -- helpers -----------------------------------------------------------
+
+    def _spawn(self, state: PlatformState, name: str, argv: list[str], cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> None:
+        state.processes.append(processes.start(name, argv, self.logs, env=env, cwd=cwd))
+        self._save(state)
+
+    def _save(self, state: PlatformState) -> None:
+        if self.dir.exists():
+            self.state_file.write_text(state.to_json())
+
+    def _wait(self, state: PlatformState, component: str, ready: Callable[[], bool],
+              timeout: float) -> None:
+        """Poll until ready() or fail with the component's log tail."""
+        record = next(p for p in state.processes if p.name == component)
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while time.monotonic() < deadline:
+            if not record.running():
+                raise PlatformError(f"{component} exited:\n{processes.log_tail(record.log)}")
+            try:
+                if ready():
+                    return
+            except (KubeError, OSError):
+                pass
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        raise PlatformError(f"{component} not ready after {timeout:.0f} s:\n{processes.log_tail(record.log)}")
+
+
+def build_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict:
+    """A kubeconfig that verifies the server against our CA and sends a token."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kubeloop", "cluster": {"server": server,
+                                                      "certificate-authority": str(ca_file)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "kubeloop", "context": {"cluster": "kubeloop", "user": user,
+                                                      "namespace": "default"}}],
+        "current-context": "kubeloop",
+    }
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False

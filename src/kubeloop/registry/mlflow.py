@@ -1,0 +1,59 @@
+"""The model registry on an MLflow tracking server."""
+
+from __future__ import annotations
+
+import os
+
+import requests
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
+from mlflow.exceptions import MlflowException, RestException
+
+from kubeloop.registry.base import ModelRegistry, ModelVersion, RegistryUnavailable
+
+# Codes MLflow answers with when a name, version or alias does not exist.
+_NOT_FOUND = {"RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"}
+
+
+def fail_fast() -> None:
+    """Make the MLflow client give up on an unreachable server within seconds
+    (its default retries for minutes), so callers back off on their own terms."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+
+
+class MlflowRegistry(ModelRegistry):
+    def __init__(self, tracking_uri: str):
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def get_version(self, name: str, version: str) -> ModelVersion | None:
+        return self._call(lambda: self.client.get_model_version(name, str(version)), missing_ok=True)
+
+    def get_alias(self, name: str, alias: str) -> ModelVersion | None:
+        return self._call(lambda: self.client.get_model_version_by_alias(name, alias), missing_ok=True)
+
+    def set_alias(self, name: str, alias: str, version: str) -> None:
+        self._call(lambda: self.client.set_registered_model_alias(name, alias, str(version)))
+
+    def delete_alias(self, name: str, alias: str) -> None:
+        self._call(lambda: self.client.delete_registered_model_alias(name, alias), missing_ok=True)
+
+    def _call(self, fn, missing_ok: bool = False):  # noqa: ANN001, ANN202 - thin adapter
+        try:
+            result = fn()
+        except RestException as exc:
+            if missing_ok and (exc.error_code in _NOT_FOUND or "not found" in str(exc).lower()):
+                return None
+            if exc.get_http_status_code() >= 500:
+                raise RegistryUnavailable(f"MLflow at {self.tracking_uri}: {exc}") from exc
+            raise
+        except (MlflowException, requests.RequestException, OSError) as exc:
+            raise RegistryUnavailable(f"MLflow at {self.tracking_uri} is unreachable: {exc}") from exc
+        return _convert(result) if isinstance(result, MlflowModelVersion) else result
+
+
+def _convert(mv: MlflowModelVersion) -> ModelVersion:
+    return ModelVersion(name=mv.name, version=str(mv.version), source=mv.source, run_id=mv.run_id,
+                        tags=dict(mv.tags or {}), aliases=tuple(mv.aliases or ()))

@@ -1,0 +1,71 @@
+"""The serving backend port: make a set of model versions answer requests."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import InferenceServiceSpec
+from kubeloop.gpu.placement import PlacementDecision
+from kubeloop.registry.base import ModelVersion
+
+Role = Literal["primary", "canary", "shadow"]
+
+
+class ServingUnavailable(Exception):
+    """The serving backend cannot act right now (retry with backoff)."""
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """One model version and the share of traffic it gets."""
+
+    role: Role
+    model: ModelVersion
+    percent: int
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    """Everything a backend needs to serve an InferenceService."""
+
+    ref: ObjectRef
+    spec: InferenceServiceSpec
+    versions: tuple[ServedVersion, ...]
+    placement: PlacementDecision
+
+    def version(self, role: Role) -> ServedVersion | None:
+        return next((v for v in self.versions if v.role == role), None)
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What the backend observed after converging."""
+
+    url: str | None
+    ready: dict[str, bool] = field(default_factory=dict)
+    """Readiness per role."""
+    ready_replicas: int = 0
+    message: str = ""
+    rolled_back: tuple[str, ...] = ()
+    """Roles the backend took out of service because they failed readiness."""
+
+    @property
+    def primary_ready(self) -> bool:
+        return self.ready.get("primary", False)
+
+
+class ServingBackend(abc.ABC):
+    """Runs Triton for InferenceServices."""
+
+    name: str
+
+    @abc.abstractmethod
+    def ensure(self, request: ServingRequest) -> ServingState:
+        """Converge the served versions onto the request (idempotent)."""
+
+    @abc.abstractmethod
+    def delete(self, ref: ObjectRef) -> None:
+        """Stop serving the object; a no-op if nothing runs."""

@@ -1,0 +1,68 @@
+"""Serving on the cluster: Triton Deployments, Services and an HPA, owned by
+the InferenceService so that Kubernetes garbage-collects them with it."""
+
+from __future__ import annotations
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.operator.builders.meta import owner_selector
+from kubeloop.operator.builders.serving import ServingImages, build_children, service_name
+from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
+
+# Kinds an InferenceService may own; children of these kinds that the
+# current spec no longer wants are deleted.
+OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("autoscaling/v2", "HorizontalPodAutoscaler"))
+
+
+class KubernetesServing(ServingBackend):
+    name = "kubernetes"
+
+    def __init__(self, kube: Kube, images: ServingImages):
+        self.kube = kube
+        self.images = images
+
+    def ensure(self, request: ServingRequest) -> ServingState:
+        versions = {v.role: (v.model, v.percent) for v in request.versions}
+        desired = build_children(request.ref, request.spec, versions, request.placement, self.images)
+        try:
+            for obj in desired:
+                self.kube.apply(obj)
+            self._delete_unwanted(request.ref, desired)
+            ready, replicas, messages = self._observe(request.ref, desired)
+        except KubeError as exc:
+            if exc.transient:
+                raise ServingUnavailable(str(exc)) from exc
+            raise
+        url = f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local"
+        return ServingState(url=url, ready=ready, ready_replicas=replicas, message="; ".join(messages))
+
+    def delete(self, ref: ObjectRef) -> None:
+        # ownerReferences make the garbage collector remove every child.
+        return None
+
+    def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
+        wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+        for api_version, kind in OWNED:
+            for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
+                if (kind, live["metadata"]["name"]) not in wanted:
+                    self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
+
+    def _observe(self, ref: ObjectRef, desired: list[dict]) -> tuple[dict[str, bool], int, list[str]]:
+        ready: dict[str, bool] = {}
+        total = 0
+        messages = []
+        for obj in desired:
+            if obj["kind"] != "Deployment":
+                continue
+            role = obj["metadata"]["labels"]["kubeloop.dev/role"]
+            live = self.kube.get("apps/v1", "Deployment", obj["metadata"]["name"], ref.namespace) or {}
+            want = obj["spec"]["replicas"]
+            status = live.get("status", {})
+            current = (live.get("metadata", {}).get("generation") == status.get("observedGeneration"))
+            available = status.get("availableReplicas", 0) if current else 0
+            updated = status.get("updatedReplicas", 0) if current else 0
+            ready[role] = available >= want and updated >= want
+            total += available
+            if not ready[role]:
+                messages.append(f"{role}: {available}/{want} replicas available")
+        return ready, total, messages

@@ -1,0 +1,60 @@
+"""`make bench`: run the benchmark suites and print their tables.
+
+    python -m tests.bench                 # every suite
+    python -m tests.bench operator        # some suites
+    python -m tests.bench operator --quick
+
+Each suite measures against a baseline in the same process and reports the
+ratio. Results are also written as JSON under bench-results/ (git-ignored).
+Set KUBELOOP_TEST_STATE_DIR to reuse a running platform.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+
+from kubeloop.dev.platform import Platform
+from tests.bench import operator_suite
+
+SUITES = {"operator": operator_suite.run}
+RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
+
+
+@contextmanager
+def live_platform():
+    reuse = os.environ.get("KUBELOOP_TEST_STATE_DIR")
+    if reuse and Platform(Path(reuse)).running():
+        yield Platform(Path(reuse))
+        return
+    with tempfile.TemporaryDirectory(prefix="kubeloop-bench-") as tmp:
+        platform = Platform(Path(tmp) / "platform")
+        with Console(stderr=True).status("starting the platform"):
+            platform.up()
+        try:
+            yield platform
+        finally:
+            platform.down()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench")
+    parser.add_argument("suites", nargs="*", choices=[*SUITES, []], default=[])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    args = parser.parse_args()
+    console = Console()
+    RESULTS.mkdir(exist_ok=True)
+    with live_platform() as platform:
+        for name in args.suites or list(SUITES):
+            results = SUITES[name](platform, console, quick=args.quick)
+            (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

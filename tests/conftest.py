@@ -1,0 +1,46 @@
+"""Shared fixtures. The live platform (a real control plane with the fake GPU
+fleet) is started once per test session and only when a test asks for it.
+Set KUBELOOP_TEST_STATE_DIR to reuse a platform that is already up (it is
+then left running)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from kubeloop.dev.platform import Platform
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory):
+    reuse = os.environ.get("KUBELOOP_TEST_STATE_DIR")
+    if reuse and Platform(Path(reuse)).running():
+        yield Platform(Path(reuse))
+        return
+    instance = Platform(tmp_path_factory.mktemp("platform"))
+    instance.up()
+    try:
+        yield instance
+    finally:
+        instance.down()
+
+
+@pytest.fixture(scope="session")
+def kube(platform: Platform):
+    client = platform.kube()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(kube) -> str:
+    """A fresh namespace per test, so tests never see each other's objects."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    kube.delete("v1", "Namespace", name)

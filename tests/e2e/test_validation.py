@@ -1,0 +1,56 @@
+"""The API server itself rejects invalid objects (schema and CEL), naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+
+def isvc(**spec) -> dict:
+    return {"apiVersion": "kubeloop.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "bad"}, "spec": {"model": {"name": "m", "alias": "champion"}, **spec}}
+
+
+CASES = [
+    (isvc(gpu={"sharing": "mig", "mig": {"profile": "9g.99gb"}}),
+     ["spec.gpu.mig.profile", "MIG profile 9g.99gb does not exist"]),
+    (isvc(gpu={"sharing": "mig", "product": "NVIDIA-A100-SXM4-40GB", "mig": {"profile": "1g.20gb"}}),
+     ["spec.gpu.mig.profile", "MIG profile 1g.20gb does not exist on NVIDIA-A100-SXM4-40GB"]),
+    (isvc(canary={"alias": "challenger", "percent": 150}),
+     ["spec.canary.percent", "less than or equal to 100"]),
+    (isvc(model={"name": "m", "alias": "champion", "version": "3"}),
+     ["spec.model.version", "set exactly one of version or alias"]),
+    (isvc(autoscaling={"minReplicas": 5, "maxReplicas": 2}),
+     ["spec.autoscaling.minReplicas", "minReplicas must not exceed maxReplicas"]),
+    (isvc(retraining={"template": {"modelName": "m", "features": {"featureViews": ["v"]}}}),
+     ["spec.retraining", "set monitoring too"]),
+    ({"apiVersion": "kubeloop.dev/v1alpha1", "kind": "OptimizedModel", "metadata": {"name": "bad"},
+      "spec": {"source": {"name": "m", "version": "1"}, "accuracyBudget": {"maxDrop": -0.1}}},
+     ["spec.accuracyBudget.maxDrop", "greater than or equal to 0"]),
+    ({"apiVersion": "kubeloop.dev/v1alpha1", "kind": "OptimizedModel", "metadata": {"name": "bad"},
+      "spec": {"source": {"name": "m", "version": "1"}, "target": {"device": "cpu"},
+               "techniques": ["tensorrt-fp16"]}},
+     ["spec.techniques", "need target.device gpu"]),
+    ({"apiVersion": "kubeloop.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bad"},
+      "spec": {"modelName": "m", "features": {"featureViews": ["v"]}, "tuning": {"trials": 5}}},
+     ["spec.tuning.parameters", "needs at least one entry"]),
+]
+
+
+@pytest.mark.parametrize("obj, expected", CASES, ids=[c[1][0] for c in CASES])
+def test_invalid_objects_are_rejected_with_the_field_named(kubectl, namespace, obj, expected):
+    result = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj), check=False)
+    assert result.returncode != 0
+    for text in expected:
+        assert text in result.stderr
+
+
+def test_a_valid_object_is_accepted_and_defaulted(kubectl, kube, namespace):
+    obj = isvc(gpu={"sharing": "mig", "product": "NVIDIA-H100-80GB-HBM3", "mig": {"profile": "1g.10gb"}})
+    kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(obj))
+    stored = kube.get("kubeloop.dev/v1alpha1", "InferenceService", "bad", namespace)
+    assert stored["spec"]["replicas"] == 1
+    assert stored["spec"]["requestLogging"] == {"enabled": True, "sampleRate": 1.0}
+    assert stored["spec"]["runtime"]["protocol"] == "v2"

@@ -1,0 +1,76 @@
+"""Desired objects of an InferenceService, table-driven."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import InferenceServiceSpec, ServingGPU
+from kubeloop.gpu.placement import CPU, plan
+from kubeloop.operator.builders.serving import ServingImages, build_children, split_replicas
+from kubeloop.registry.base import ModelVersion
+from tests.unit.test_placement import fleet
+
+REF = ObjectRef("InferenceService", "ml", "fraud", "uid-9", generation=3)
+V1 = ModelVersion("fraud", "1", "s3://m/1")
+V2 = ModelVersion("fraud", "2", "s3://m/2")
+
+
+def spec(**fields):
+    return InferenceServiceSpec.model_validate({"model": {"name": "fraud", "alias": "champion"}, **fields})
+
+
+@pytest.mark.parametrize("total, percent, expected", [
+    (1, 0, (1, 0)), (1, 20, (1, 1)), (5, 20, (4, 1)), (10, 20, (8, 2)), (4, 50, (2, 2)), (3, 99, (1, 2)),
+    (0, 20, (0, 0)),
+])
+def test_replica_split(total, percent, expected):
+    assert split_replicas(total, percent) == expected
+
+
+def test_pods_run_restricted_and_owned():
+    children = build_children(REF, spec(), {"primary": (V1, 100)}, CPU, ServingImages())
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == "uid-9"
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["containers"] + pod["initContainers"]:
+        ctx = container["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
+        assert ctx["readOnlyRootFilesystem"] is True
+    assert pod["initContainers"][0]["command"][-3:] == ["models:/fraud/1", "--repository", "/models"]
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_placement_becomes_limits_selector_tolerations_and_env():
+    decision = plan(ServingGPU(sharing="mps"), 4096, fleet())
+    children = build_children(REF, spec(), {"primary": (V1, 100)}, decision, ServingImages())
+    pod = children[0]["spec"]["template"]["spec"]
+    triton = pod["containers"][0]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"]["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert {e["name"] for e in triton["env"]} == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                                                   "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}
+
+
+def test_canary_shadow_and_autoscaler_children():
+    s = spec(autoscaling={"minReplicas": 5, "maxReplicas": 10}, shadow={"version": "2", "percent": 10})
+    children = build_children(REF, s, {"primary": (V1, 80), "canary": (V2, 20), "shadow": (V2, 10)},
+                              CPU, ServingImages())
+    names = sorted((c["kind"], c["metadata"]["name"]) for c in children)
+    assert names == [("Deployment", "fraud-predictor"), ("Deployment", "fraud-predictor-canary"),
+                     ("Deployment", "fraud-predictor-shadow"), ("HorizontalPodAutoscaler", "fraud-predictor"),
+                     ("Service", "fraud"), ("Service", "fraud-shadow")]
+    replicas = {c["metadata"]["name"]: c["spec"]["replicas"] for c in children if c["kind"] == "Deployment"}
+    assert replicas == {"fraud-predictor": 4, "fraud-predictor-canary": 1, "fraud-predictor-shadow": 1}
+
+
+def test_children_are_deterministic():
+    a = build_children(REF, spec(), {"primary": (V1, 100)}, CPU, ServingImages())
+    b = build_children(REF, spec(), {"primary": (V1, 100)}, CPU, ServingImages())
+    assert a == b
+    c = build_children(REF, spec(), {"primary": (V2, 100)}, CPU, ServingImages())
+    key = "kubeloop.dev/input-hash"
+    assert a[0]["metadata"]["annotations"][key] != c[0]["metadata"]["annotations"][key]

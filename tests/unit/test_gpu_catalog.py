@@ -1,0 +1,62 @@
+"""The GPU catalogue and MIG geometry."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeloop.gpu.catalog import GPUS, all_mig_profile_names, gpu_model
+from kubeloop.gpu.mig import fits_on_one_gpu, place_on_one_gpu
+
+H100 = gpu_model("NVIDIA-H100-80GB-HBM3")
+A100 = gpu_model("NVIDIA-A100-SXM4-40GB")
+
+
+def profiles(model, *names):
+    return [model.profile(n) for n in names]
+
+
+def test_product_lookup_understands_gfd_suffixes():
+    assert gpu_model("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb") is A100
+    assert gpu_model("NVIDIA-L4-SHARED").product == "NVIDIA-L4"
+    assert gpu_model("NVIDIA-B999") is None
+
+
+def test_limits_per_gpu_match_nvidia_tables():
+    assert {p.name: p.max_per_gpu for p in A100.mig_profiles} == {
+        "1g.5gb": 7, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1}
+    assert {p.name: p.max_per_gpu for p in H100.mig_profiles} == {
+        "1g.10gb": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
+
+
+@pytest.mark.parametrize("layout, fits", [
+    (("1g.10gb",) * 7, True),
+    (("1g.10gb",) * 8, False),                       # only 7 compute slices
+    (("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"), True),   # mig-parted all-balanced
+    (("4g.40gb", "3g.40gb"), True),
+    (("3g.40gb", "3g.40gb"), True),
+    (("3g.40gb", "3g.40gb", "1g.10gb"), False),      # two 3g take all 8 memory slices
+    (("3g.40gb", "3g.40gb", "2g.20gb"), False),      # 8 compute slices
+    (("4g.40gb", "2g.20gb", "2g.20gb"), False),      # 2g cannot start at slot 6
+    (("1g.20gb",) * 4, True),
+    (("1g.20gb",) * 4 + ("1g.10gb",), False),        # all memory slices taken
+    (("7g.80gb",), True),
+    (("7g.80gb", "1g.10gb"), False),
+])
+def test_h100_layouts(layout, fits):
+    assert fits_on_one_gpu(H100, profiles(H100, *layout)) is fits
+
+
+def test_placement_starts_are_valid_and_disjoint():
+    chosen = profiles(H100, "1g.10gb", "3g.40gb", "2g.20gb", "1g.10gb")
+    starts = place_on_one_gpu(H100, chosen)
+    used = []
+    for profile, start in zip(chosen, starts):
+        assert start in profile.starts
+        used += list(range(start, start + profile.memory_slices))
+    assert len(used) == len(set(used))
+
+
+def test_profile_names_are_ordered_and_unique():
+    names = all_mig_profile_names()
+    assert names[0] == "1g.5gb" and "7g.94gb" in names and len(names) == len(set(names))
+    assert all(gpu.memory_mib > 0 for gpu in GPUS)

@@ -1,0 +1,55 @@
+"""The handler's pure part: parsing, invalid specs, status diffs."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from kubeloop.api.resources import TRAINING_JOB
+from kubeloop.operator.handlers import apply_outcome, reconcile
+from kubeloop.operator.ports import Ports
+from kubeloop.operator.reconcilers.training import reconcile_training_job
+from kubeloop.pipelines.backends.noop import NoopBackend
+from kubeloop.registry.memory import InMemoryRegistry
+
+META = {"namespace": "ml", "name": "job", "uid": "u", "generation": 4}
+
+
+def ports():
+    return Ports(registry=InMemoryRegistry(), pipelines={"noop": NoopBackend()}, default_pipeline_backend="noop")
+
+
+def test_an_invalid_spec_becomes_a_condition_not_a_crash():
+    spec = {"modelName": "m", "features": {"featureViews": []}, "hyperparameters": {"epochs": 0}}
+    out = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, None, ports())
+    ready = next(c for c in out.status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "InvalidSpec")
+    assert "spec.features.featureViews" in ready.message and "spec.hyperparameters.epochs" in ready.message
+    assert out.status.phase == "Failed" and out.status.observed_generation == 4
+    assert out.events[0].type == "Warning"
+
+
+def test_status_patch_holds_only_changes(monkeypatch):
+    posted = []
+    monkeypatch.setattr(kopf, "event", lambda *a, **k: posted.append(k))
+    spec = {"modelName": "m", "features": {"featureViews": ["v"]}}
+    p = ports()
+    first = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, None, p)
+    patch = kopf.Patch()
+    apply_outcome(first, None, patch, kopf.Body({}))
+    assert patch["status"]["phase"] == "Succeeded" and posted
+    written = first.status.to_wire()
+    second = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, written, p)
+    patch = kopf.Patch()
+    apply_outcome(second, written, patch, kopf.Body({}))
+    assert dict(patch) == {}, "a converged object needs no write"
+
+
+def test_retry_becomes_a_temporary_error(monkeypatch):
+    from kubeloop.api.training import TrainingJobStatus
+    from kubeloop.operator.reconcilers.common import Outcome
+
+    with pytest.raises(kopf.TemporaryError) as err:
+        apply_outcome(Outcome(TrainingJobStatus(), retry_after=8, retry_reason="kfp down"), {}, kopf.Patch(),
+                      kopf.Body({}))
+    assert err.value.delay == 8

@@ -1,0 +1,88 @@
+"""The placement planner against the fleet file, as plain data."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeloop.api.serving import ServingGPU
+from kubeloop.dev.fleet import build_nodes, load_fleet
+from kubeloop.gpu.placement import NodeInfo, plan
+
+GiB = 1024
+
+
+def fleet(requested: dict[str, dict[str, int]] | None = None) -> list[NodeInfo]:
+    infos = []
+    for node in build_nodes(load_fleet()):
+        name = node["metadata"]["name"]
+        allocatable = {k: int(v) for k, v in node["status"]["allocatable"].items() if k.startswith("nvidia.com/")}
+        infos.append(NodeInfo(name, node["metadata"]["labels"], allocatable, (requested or {}).get(name, {})))
+    return infos
+
+
+def gpu(**fields) -> ServingGPU:
+    return ServingGPU.model_validate(fields)
+
+
+@pytest.mark.parametrize("request_, footprint, resource, selector, node", [
+    ({"sharing": "mig"}, 8 * GiB, "nvidia.com/mig-1g.10gb",
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/mig.strategy": "mixed"}, "gpu-h100-mig-mixed"),
+    ({"sharing": "mig"}, 15 * GiB, "nvidia.com/mig-2g.20gb",
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/mig.strategy": "mixed"}, "gpu-h100-mig-mixed"),
+    ({"sharing": "mig"}, 4 * GiB, "nvidia.com/gpu",
+     {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"}, "gpu-a100-mig-single"),
+    ({"sharing": "mps"}, 4 * GiB, "nvidia.com/gpu",
+     {"nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.sharing-strategy": "mps"}, "gpu-l4-mps"),
+    ({"sharing": "exclusive"}, 30 * GiB, "nvidia.com/gpu",
+     {"nvidia.com/gpu.product": "NVIDIA-L40S"}, "gpu-l40s"),
+    ({"sharing": "auto"}, 30 * GiB, "nvidia.com/mig-3g.40gb",
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/mig.strategy": "mixed"}, "gpu-h100-mig-mixed"),
+    # A 1/7 MIG slice is a smaller share of a GPU than a 1/4 MPS share.
+    ({"sharing": "auto"}, 5 * GiB, "nvidia.com/mig-1g.10gb",
+     {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/mig.strategy": "mixed"}, "gpu-h100-mig-mixed"),
+])
+def test_smallest_fitting_capacity_is_chosen(request_, footprint, resource, selector, node):
+    decision = plan(gpu(**request_), footprint, fleet())
+    assert decision.feasible, decision.reason
+    assert decision.resources == {resource: 1}
+    assert decision.node_selector == selector
+    assert decision.nodes == (node,)
+    assert decision.tolerations[0]["key"] == "nvidia.com/gpu"
+    assert f"{footprint} MiB" in decision.reason
+
+
+def test_mps_placement_sets_the_mps_limits():
+    decision = plan(gpu(sharing="mps", mps={"activeThreadPercentage": 30}), 4 * GiB, fleet())
+    assert decision.env == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+                            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={int(4 * GiB * 1.1)}M"}
+
+
+def test_impossible_request_is_infeasible_with_a_reason():
+    decision = plan(gpu(sharing="mig", mig={"profile": "1g.10gb"}), 80 * GiB, fleet())
+    assert not decision.feasible
+    assert "81920 MiB does not fit MIG profile 1g.10gb" in decision.reason
+    assert "9984 MiB" in decision.reason
+
+
+def test_a_named_product_and_profile_are_honoured():
+    decision = plan(gpu(sharing="mig", product="NVIDIA-H100-80GB-HBM3", mig={"profile": "3g.40gb"}), GiB, fleet())
+    assert decision.resources == {"nvidia.com/mig-3g.40gb": 1}
+    missing = plan(gpu(sharing="mig", product="NVIDIA-A100-SXM4-80GB"), GiB, fleet())
+    assert not missing.feasible and "no MIG slice on NVIDIA-A100-SXM4-80GB" in missing.reason
+
+
+def test_full_nodes_are_avoided_while_others_have_room():
+    full = {"gpu-h100-mig-mixed": {"nvidia.com/mig-1g.10gb": 16}}
+    decision = plan(gpu(sharing="mig"), 8 * GiB, fleet(full))
+    assert decision.resources == {"nvidia.com/mig-2g.20gb": 1}
+    assert not decision.waiting_for_capacity
+
+
+def test_unknown_footprint_is_assumed_and_said():
+    decision = plan(gpu(sharing="mig"), None, fleet())
+    assert "assumed" in decision.reason and decision.footprint_mib == 2048
+
+
+def test_no_gpu_means_cpu():
+    decision = plan(None, None, fleet())
+    assert decision.mode == "cpu" and decision.resources == {}

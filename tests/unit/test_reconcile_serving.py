@@ -1,0 +1,104 @@
+"""The InferenceService reconciler with an in-memory registry and fleet."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus
+from kubeloop.operator.ports import Ports
+from kubeloop.operator.reconcilers.common import transition_events
+from kubeloop.operator.reconcilers.serving import FOOTPRINT_TAG, reconcile_inference_service
+from kubeloop.registry.base import RegistryUnavailable
+from kubeloop.registry.memory import InMemoryRegistry
+from tests.unit.fakes import RecordingServing
+from tests.unit.test_placement import fleet
+
+REF = ObjectRef("InferenceService", "ml", "fraud", "uid-9", generation=1)
+
+
+def spec(**fields) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({"model": {"name": "fraud", "alias": "champion"}, **fields})
+
+
+@pytest.fixture
+def registry():
+    reg = InMemoryRegistry()
+    v1 = reg.add_version("fraud", "s3://m/1", tags={FOOTPRINT_TAG: "8192"})
+    v2 = reg.add_version("fraud", "s3://m/2", tags={FOOTPRINT_TAG: "8192"})
+    reg.set_alias("fraud", "champion", v1.version)
+    reg.set_alias("fraud", "challenger", v2.version)
+    return reg
+
+
+@pytest.fixture
+def serving():
+    return RecordingServing()
+
+
+@pytest.fixture
+def ports(registry, serving):
+    return Ports(registry=registry, serving={"kubernetes": serving}, fleet=fleet)
+
+
+def test_ready_with_url_version_and_placement(ports, serving):
+    out = reconcile_inference_service(REF, spec(gpu={"sharing": "mig"}), InferenceServiceStatus(), ports)
+    assert out.status.phase == "Ready"
+    assert out.status.url == "http://fraud.example" and out.status.model_version == "1"
+    assert out.status.placement.resource == "nvidia.com/mig-1g.10gb"
+    request = serving.requests[-1]
+    assert [(v.role, v.model.version, v.percent) for v in request.versions] == [("primary", "1", 100)]
+
+
+def test_canary_gets_its_share(ports, serving):
+    out = reconcile_inference_service(REF, spec(canary={"alias": "challenger", "percent": 20}),
+                                      InferenceServiceStatus(), ports)
+    versions = {v.role: (v.model.version, v.percent) for v in serving.requests[-1].versions}
+    assert versions == {"primary": ("1", 80), "canary": ("2", 20)}
+    assert out.status.canary_version == "2"
+
+
+def test_alias_move_is_followed(ports, registry, serving):
+    first = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports).status
+    registry.set_alias("fraud", "champion", "2")
+    out = reconcile_inference_service(REF, spec(), first, ports)
+    assert out.status.model_version == "2"
+
+
+def test_missing_model_is_pending_with_a_reason(ports):
+    out = reconcile_inference_service(REF, spec(model={"name": "nope", "alias": "champion"}),
+                                      InferenceServiceStatus(), ports)
+    assert out.status.phase == "Pending"
+    cond = next(c for c in out.status.conditions if c.type == "ModelResolved")
+    assert cond.reason == "ModelNotFound" and "models:/nope@champion" in cond.message
+
+
+def test_impossible_placement_is_a_condition_not_a_silent_pending(ports, serving):
+    out = reconcile_inference_service(
+        REF, spec(gpu={"sharing": "mig", "mig": {"profile": "1g.10gb"}, "memoryMib": 81920}),
+        InferenceServiceStatus(), ports)
+    assert out.status.phase == "Failed"
+    cond = next(c for c in out.status.conditions if c.type == "Placed")
+    assert cond.reason == "NoFittingCapacity" and "does not fit MIG profile 1g.10gb" in cond.message
+    assert serving.requests == [], "nothing is deployed for an impossible request"
+
+
+def test_rolling_out_is_pending_then_ready(ports, serving):
+    serving.ready = False
+    first = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports)
+    assert first.status.phase == "Pending"
+    serving.ready = True
+    second = reconcile_inference_service(REF, spec(), first.status, ports)
+    assert second.status.phase == "Ready"
+    events = transition_events("InferenceService", first.status, second.status)
+    assert [(e.reason, e.message) for e in events][-1] == ("Ready", "InferenceService is Ready")
+    assert transition_events("InferenceService", second.status, second.status) == []
+
+
+def test_registry_outage_retries(ports, registry, monkeypatch):
+    def down(*_a, **_k):
+        raise RegistryUnavailable("mlflow down")
+
+    monkeypatch.setattr(registry, "get_alias", down)
+    out = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports, attempt=0)
+    assert out.retry_after == 2 and "mlflow down" in out.retry_reason
