@@ -23,9 +23,10 @@ def _subpackages(root: Path, prefix: str) -> list[str]:
     return found
 
 
-package_dir = {"kubeloop": "src/kubeloop", **{f"kubeloop.{area}": area for area in AREAS}}
+present = [area for area in AREAS if Path(area).is_dir()]
+package_dir = {"kubeloop": "src/kubeloop", **{f"kubeloop.{area}": area for area in present}}
 packages = _subpackages(Path("src/kubeloop"), "kubeloop")
-for area in AREAS:
+for area in present:
     packages += _subpackages(Path(area), f"kubeloop.{area}")
 
 setup(package_dir=package_dir, packages=packages)
