@@ -258,12 +258,10 @@ class Platform:
         for kind in KINDS:
             kube.apply(build_crd(kind), field_manager="kubeloop-dev")
         progress("registering the fake GPU fleet")
-        nodes = build_nodes(load_fleet(self.fleet_file))
-        for node in nodes:
-            status = node.pop("status")
-            kube.apply(node, field_manager="kubeloop-dev")
-            kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node["metadata"]["name"]},
-                        "status": status}, field_manager="kubeloop-dev", subresource="status")
+        for node in build_nodes(load_fleet(self.fleet_file)):
+            # Created with its status in one request, as a kubelet registers a
+            # node, so KWOK never sees a node without capacity.
+            kube.create(node)
 
         def crds_established() -> bool:
             for kind in KINDS:
@@ -276,7 +274,7 @@ class Platform:
         def nodes_ready() -> bool:
             for node in kube.list("v1", "Node"):
                 conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
-                if conditions.get("Ready") != "True":
+                if conditions.get("Ready") != "True" or not node["status"].get("allocatable"):
                     return False
             return True
 
