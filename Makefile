@@ -20,7 +20,7 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
   -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
   | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python binaries debs link test test-unit test-e2e lint bench demo crds lock clean
+.PHONY: help setup python binaries debs link test test-unit test-e2e lint bench demo crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench  - run the benchmarks and print their tables"
 	@echo "make setup  - install everything the above need (done by them when needed)"
 	@echo "make crds   - regenerate charts/kubeloop/crds from the typed models"
+	@echo "make pipelines - recompile the pipelines' IR under pipelines/compiled"
 	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
 
 setup: python link binaries debs
@@ -81,6 +82,9 @@ demo: setup
 
 crds: python link
 	$(VENV)/bin/kubeloop crds --output charts/kubeloop/crds
+
+pipelines: python link
+	$(VENV)/bin/kubeloop pipelines compile
 
 lock: python
 	{ echo "# Pinned versions of every Python package in .venv; regenerate with 'make lock'."; \

@@ -63,6 +63,7 @@ _TYPES = [
     ResourceType("apiextensions.k8s.io/v1", "CustomResourceDefinition",
                  "customresourcedefinitions", namespaced=False),
     ResourceType("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    ResourceType("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs"),
 ] + [ResourceType(k.api_version, k.kind, k.plural) for k in KINDS]
 RESOURCE_TYPES = {(t.api_version, t.kind): t for t in _TYPES}
 

@@ -27,6 +27,8 @@ class OperatorConfig:
     tracking_uri: str | None = None
     kfp_endpoint: str | None = None
     kfp_ui: str | None = None
+    kfp_namespace: str | None = None
+    """The KFP profile namespace of a multi-user Kubeflow installation."""
     feast_repo: Path | None = None
     state_dir: Path = Path("/tmp/kubeloop")
     """Where the local backends keep runs, model repositories and logs."""
@@ -57,6 +59,7 @@ class OperatorConfig:
             tracking_uri=get("MLFLOW_TRACKING_URI"),
             kfp_endpoint=get("KUBELOOP_KFP_ENDPOINT"),
             kfp_ui=get("KUBELOOP_KFP_UI"),
+            kfp_namespace=get("KUBELOOP_KFP_NAMESPACE"),
             feast_repo=Path(get("KUBELOOP_FEAST_REPO")) if get("KUBELOOP_FEAST_REPO") else None,
             state_dir=Path(get("KUBELOOP_WORK_DIR", str(defaults.state_dir))),
             resync_seconds=float(get("KUBELOOP_RESYNC_SECONDS", defaults.resync_seconds)),

@@ -46,9 +46,25 @@ def build_pipeline_backends(config: OperatorConfig) -> dict[str, PipelineBackend
 
 
 def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBackend]:
-    # The real backends arrive with the training pipeline; until then the
-    # operator simply has no such backend and says so in a condition.
-    return {}
+    if name == "local":
+        from kubeloop.pipelines.backends.local import LocalBackend, LocalContext
+        from kubeloop.version import git_sha
+
+        if not config.feast_repo or not config.tracking_uri:
+            raise ConfigurationError("the local pipeline backend needs KUBELOOP_FEAST_REPO and MLFLOW_TRACKING_URI "
+                                     "(`kubeloop dev env` prints both)")
+        context = LocalContext(feast_repo=str(config.feast_repo), tracking_uri=config.tracking_uri,
+                               git_sha=git_sha())
+        return {name: LocalBackend(config.state_dir, context)}
+    from kubeloop.pipelines.backends.kfp import KfpBackend
+    from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
+
+    if not config.kfp_endpoint or not config.tracking_uri:
+        raise ConfigurationError("the kfp pipeline backend needs KUBELOOP_KFP_ENDPOINT and MLFLOW_TRACKING_URI")
+    return {name: KfpBackend(config.kfp_endpoint, mlflow_outcomes(config.tracking_uri), ui=config.kfp_ui,
+                             feast_repo=str(config.feast_repo or ""),
+                             tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
+                             namespace=config.kfp_namespace)}
 
 
 def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, ServingBackend]:

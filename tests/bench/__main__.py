@@ -15,16 +15,30 @@ import argparse
 import json
 import os
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 from kubeloop.dev.platform import Platform
-from tests.bench import operator_suite
+from tests.bench import operator_suite, training_suite
 
-SUITES = {"operator": operator_suite.run}
+SUITES = {"operator": operator_suite.run, "training": training_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
+
+
+class Context:
+    """What suites share: the live platform, started on first use only."""
+
+    def __init__(self, stack: ExitStack):
+        self._stack = stack
+        self._platform: Platform | None = None
+
+    @property
+    def platform(self) -> Platform:
+        if self._platform is None:
+            self._platform = self._stack.enter_context(live_platform())
+        return self._platform
 
 
 @contextmanager
@@ -48,11 +62,12 @@ def main() -> None:
     parser.add_argument("suites", nargs="*", choices=[*SUITES, []], default=[])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=160)
     RESULTS.mkdir(exist_ok=True)
-    with live_platform() as platform:
+    with ExitStack() as stack:
+        context = Context(stack)
         for name in args.suites or list(SUITES):
-            results = SUITES[name](platform, console, quick=args.quick)
+            results = SUITES[name](context, console, quick=args.quick)
             (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2))
 
 

@@ -36,7 +36,7 @@ def measure(platform, count: int, workdir) -> dict:
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     op = OperatorProcess(platform.kubeconfig, workdir, {
-        "KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKEND": "noop",
+        "KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKENDS": "noop", "KUBELOOP_PIPELINE_BACKEND": "noop",
         "KUBELOOP_RESYNC_SECONDS": "600", "KUBELOOP_WORK_DIR": str(workdir)}, [namespace]).start()
     op.wait_for_log("Initial authentication has finished", timeout=60)
 
@@ -95,7 +95,7 @@ def measure(platform, count: int, workdir) -> dict:
     }
 
 
-def run(platform, console: Console, quick: bool = False) -> list[dict]:
+def run(context, console: Console, quick: bool = False) -> list[dict]:
     import tempfile
     from pathlib import Path
 
@@ -104,7 +104,7 @@ def run(platform, console: Console, quick: bool = False) -> list[dict]:
     for count in sizes:
         with console.status(f"operator: {count} TrainingJobs"):
             with tempfile.TemporaryDirectory() as tmp:
-                rows.append(measure(platform, count, Path(tmp)))
+                rows.append(measure(context.platform, count, Path(tmp)))
     table = Table(title="Operator: TrainingJob apply -> first status (noop pipeline backend)")
     for column in ("objects", "apply s", "status p50 ms", "status p99 ms", "throughput /s",
                    "API create p50 ms", "p50 / create", "operator RSS MiB"):

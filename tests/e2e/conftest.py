@@ -31,7 +31,8 @@ def start_operator(platform, tmp_path):
     started: list[OperatorProcess] = []
 
     def start(namespaces: list[str], **env: str) -> OperatorProcess:
-        defaults = {"KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKEND": "noop",
+        defaults = {"KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKENDS": "noop",
+                    "KUBELOOP_PIPELINE_BACKEND": "noop",
                     "KUBELOOP_RESYNC_SECONDS": "2", "KUBELOOP_WORK_DIR": str(tmp_path / "work")}
         op = OperatorProcess(platform.kubeconfig, tmp_path / "operator", {**defaults, **env}, namespaces)
         started.append(op.start())

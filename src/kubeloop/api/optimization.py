@@ -36,7 +36,7 @@ class OptimizationTarget(KubeModel):
 
     model_config = ConfigDict(
         json_schema_extra=cel(
-            ("self.device == 'gpu' || !has(self.gpuProduct)",
+            ("!has(self.gpuProduct) || self.device == 'gpu'",
              "gpuProduct applies only to device gpu", "gpuProduct"),
         )
     )

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 from kubeloop.api.base import BaseStatus, KubeModel, RegisteredModel
 from kubeloop.api.gpu import GPURequest
 from kubeloop.api.promotion import PromotionPolicy
-from kubeloop.api.schema import cel
+from kubeloop.api.schema import cel, cel_list
 
 TrainingPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 PipelineBackendName = Literal["local", "kfp", "noop"]
@@ -104,9 +104,24 @@ class SearchDimension(KubeModel):
     """Discrete values to choose from (layer widths, batch sizes)."""
 
 
+# Hyper-parameters a tuning search may vary (the scalar ones).
+TUNABLE = ("learningRate", "weightDecay", "dropout", "batchSize", "epochs", "gradientAccumulationSteps")
+
+
 class Tuning(KubeModel):
     """Hyper-parameter search: each trial is a nested MLflow run; the best trial's
     model is the one registered."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            # has(): the API server also checks these rules against the {} default.
+            (f"!has(self.parameters) || self.parameters.all(k, k in {cel_list(TUNABLE)})",
+             f"tuning.parameters keys must be among {', '.join(TUNABLE)}", "parameters"),
+            ("!has(self.algorithm) || self.algorithm != 'grid' || !has(self.parameters) || "
+             "self.parameters.all(k, has(self.parameters[k].choices))",
+             "algorithm grid needs choices (not ranges) for every parameter", "algorithm"),
+        )
+    )
 
     trials: int = Field(default=1, ge=1, le=200)
     """How many trials to run; 1 means no search."""

@@ -78,6 +78,8 @@ def demo(
         examples = load_examples(repo_root() / "examples")
         timeline.step(f"apply examples/ to namespace {namespace}", lambda: _apply(kube, namespace, examples))
         timeline.step("operator reports status on every object", lambda: _reported(kube, namespace, examples))
+        timeline.step("train: Feast features -> torch -> MLflow (kfp local runner)",
+                      lambda: _trained(kube, namespace, examples))
     except StepFailed:
         console.print(f"operator log: {platform.logs / 'operator.log'}")
         raise typer.Exit(1)
@@ -92,7 +94,8 @@ def demo(
 def _start_operator(platform: Platform) -> str:
     record = platform.start_process("operator", [sys.executable, "-m", "kubeloop.cli", "operator"], env={
         "KUBELOOP_REGISTRY": "mlflow",
-        "KUBELOOP_PIPELINE_BACKEND": "noop",
+        "KUBELOOP_PIPELINE_BACKENDS": "local,noop",
+        "KUBELOOP_PIPELINE_BACKEND": "local",
         "KUBELOOP_WORK_DIR": str(platform.dir / "operator"),
         "KUBELOOP_RESYNC_SECONDS": "5",
     })
@@ -115,6 +118,23 @@ def _reported(kube, namespace: str, examples: list[dict]) -> str:  # noqa: ANN00
 
     wait_until(all_reported, 60, "status on every example")
     return f"{len(examples)} objects"
+
+
+def _trained(kube, namespace: str, examples: list[dict]) -> str:  # noqa: ANN001
+    doc = next(d for d in examples if d["kind"] == "TrainingJob")
+    name = doc["metadata"]["name"]
+
+    def done():
+        obj = kube.get(doc["apiVersion"], "TrainingJob", name, namespace)
+        phase = obj.get("status", {}).get("phase")
+        return obj if phase in ("Succeeded", "Failed") else None
+
+    status = wait_until(done, 900, f"TrainingJob {name} finishing", interval=2)["status"]
+    if status["phase"] != "Succeeded":
+        reasons = "; ".join(c["message"] for c in status["conditions"] if c["status"] == "False")
+        raise StepFailed(f"TrainingJob {name} failed: {reasons}")
+    model = status["model"]
+    return f"{model['name']} version {model['version']}, hold-out AUC {status['metrics'].get('auc', 0):.3f}"
 
 
 def _show(kube, namespace: str, examples: list[dict]) -> None:  # noqa: ANN001

@@ -5,10 +5,14 @@ from __future__ import annotations
 import typer
 
 from kubeloop.cli import api, demo, dev, operator
+from kubeloop.featurestore import cli as features
+from kubeloop.pipelines import cli as pipelines
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="kubeloop: train, optimise, serve and retrain models from Kubernetes resources.")
 app.add_typer(dev.app, name="dev")
+app.add_typer(features.app, name="features")
+app.add_typer(pipelines.app, name="pipelines")
 app.command("operator")(operator.run)
 app.command("crds")(api.crds)
 app.command("gpus")(api.gpus)

@@ -207,6 +207,7 @@ class Platform:
             "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
         ])
         self._start_mlflow(state)
+        self._start_featurestore(state)
         self._wait(state, "etcd", lambda: _http_ok(f"{etcd_url}/health"), 30)
 
         progress("starting kube-apiserver")
@@ -286,6 +287,18 @@ class Platform:
         self._wait(state, "kube-controller-manager", controllers_running, 30)
         progress("waiting for MLflow")
         self._wait(state, "mlflow", lambda: _http_ok(f"{state.urls['MLFLOW_TRACKING_URI']}/health"), 60)
+        progress("waiting for the feature repository")
+        self._wait_job(state, "featurestore", 120)
+
+    def _start_featurestore(self, state: PlatformState) -> None:
+        """A Feast repository with generated card-transaction data; its last
+        two weeks are left empty, for `kubeloop features add-period`."""
+        repo = self.dir / "featurestore"
+        self._spawn(state, "featurestore", [
+            sys.executable, "-m", "kubeloop.featurestore.cli", "init", "--repo", str(repo),
+            "--days", "45", "--end-days-ago", "14",
+        ])
+        state.urls["KUBELOOP_FEAST_REPO"] = str(repo)
 
     def _start_mlflow(self, state: PlatformState) -> None:
         """MLflow's tracking server and model registry on sqlite, with a local
@@ -304,6 +317,16 @@ class Platform:
         state.urls["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
 
     # -- helpers -----------------------------------------------------------
+
+    def _wait_job(self, state: PlatformState, name: str, timeout: float) -> None:
+        """Wait for a one-off process to finish; fail with its log if it failed."""
+        record = next(p for p in state.processes if p.name == name)
+        code = processes.wait_exit(record, timeout)
+        if code is None:
+            raise PlatformError(f"{name} did not finish in {timeout:.0f} s:\n{processes.log_tail(record.log)}")
+        state.processes.remove(record)
+        if code != 0:
+            raise PlatformError(f"{name} failed (exit {code}):\n{processes.log_tail(record.log)}")
 
     def _spawn(self, state: PlatformState, name: str, argv: list[str], cwd: Path | None = None,
                env: dict[str, str] | None = None) -> None:

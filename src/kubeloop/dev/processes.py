@@ -64,14 +64,30 @@ def stop(record: ProcessRecord, timeout: float = 10.0) -> None:
     os.killpg(group, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and record.running():
-        _reap(record.pid)
+        reap(record.pid)
         time.sleep(0.1)
     if record.running():
         os.killpg(group, signal.SIGKILL)
-        _reap(record.pid)
+        reap(record.pid)
 
 
-def _reap(pid: int) -> None:
+def wait_exit(record: ProcessRecord, timeout: float) -> int | None:
+    """The exit status of a child process started by this process, or None
+    if it is still running after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            pid, status = os.waitpid(record.pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0 if not record.running() else None
+        if pid:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+
+
+def reap(pid: int) -> None:
     """Collect the exit status if the process is our own child."""
     try:
         os.waitpid(pid, os.WNOHANG)

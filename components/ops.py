@@ -1,0 +1,62 @@
+"""The KFP components of kubeloop's pipelines.
+
+Each is a thin wrapper: it imports kubeloop inside (KFP runs the function's
+source in the component's image) and calls the step function that the tests
+exercise directly. All run in the kubeloop components image, which holds
+kubeloop and kfp, so KFP does not pip-install anything at run time.
+"""
+
+# No `from __future__ import annotations`: KFP reads the annotations as types.
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Model, Output
+
+COMPONENTS_IMAGE = "ghcr.io/kubeloop/components:0.1.0"
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def training_data(spec: dict, feast_repo: str, dataset: Output[Dataset]) -> str:
+    """Labelled entity rows joined point-in-time with Feast features."""
+    from kubeloop.components.steps import training_data_step
+
+    return training_data_step(spec, feast_repo, dataset.path)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def train(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
+          owner: str, spec_hash: str, git_sha: str, model: Output[Model]) -> str:
+    """Tune and train the torch model; returns the MLflow run id."""
+    from kubeloop.components.steps import train_step
+
+    return train_step(spec, dataset.path, dataset_info, model.path, tracking_uri, pipeline_run, owner,
+                      spec_hash, git_sha)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def train_on_trainer(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
+                     owner: str, spec_hash: str, git_sha: str, namespace: str, model: Output[Model]) -> str:
+    """Multi-node training as a Kubeflow Trainer TrainJob; returns the MLflow run id."""
+    from kubeloop.components.ops import COMPONENTS_IMAGE
+    from kubeloop.components.steps import train_on_trainer_step
+
+    return train_on_trainer_step(spec, dataset.uri, dataset_info, model.path, model.uri, tracking_uri,
+                                 pipeline_run, owner, spec_hash, git_sha, namespace, COMPONENTS_IMAGE)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def evaluate(spec: dict, dataset: Input[Dataset], dataset_info: str, model: Input[Model], tracking_uri: str,
+             run_id: str) -> str:
+    """Hold-out and per-slice metrics."""
+    from kubeloop.components.steps import evaluate_step
+
+    return evaluate_step(spec, dataset.path, dataset_info, model.path, tracking_uri, run_id)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def register(spec: dict, dataset_info: str, model: Input[Model], evaluation: str, tracking_uri: str,
+             run_id: str, pipeline_run: str, owner: str, git_sha: str) -> dict:
+    """Log the model with lineage and register a new version."""
+    from kubeloop.components.steps import register_step
+
+    return register_step(spec, dataset_info, model.path, evaluation, tracking_uri, run_id, pipeline_run,
+                         owner, git_sha)

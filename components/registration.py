@@ -1,0 +1,161 @@
+"""MLflow tracking and registration with lineage.
+
+A training run records its parameters, metrics, the data it saw (dataset
+hash, feature views and their definition fingerprints, rows dropped by ttl),
+the code (git sha) and the environment; the model is logged natively and as
+TorchScript and ONNX, and registered as a new version whose tags carry the
+same lineage. Registration is idempotent per pipeline run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import torch
+from mlflow import MlflowClient
+
+from kubeloop.api.promotion import alias_for
+from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.data import DatasetInfo
+from kubeloop.components.model import export_onnx, export_torchscript
+
+TAG_PIPELINE_RUN = "kubeloop.pipeline_run"
+TAG_OWNER = "kubeloop.owner"
+EXPORTED = "exported"
+
+
+def experiment_name(spec: TrainingJobSpec) -> str:
+    return f"kubeloop/{spec.model_name}"
+
+
+def run_url(tracking_uri: str, run_id: str) -> str:
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+
+
+def environment() -> dict[str, str]:
+    packages = ("torch", "numpy", "pandas", "feast", "mlflow", "kfp", "onnx", "scikit-learn", "kubeloop")
+    env = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in packages:
+        try:
+            env[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return env
+
+
+def _flatten(prefix: str, value, out: dict) -> dict:  # noqa: ANN001
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else k, v, out)
+    else:
+        out[prefix] = json.dumps(value) if isinstance(value, list) else value
+    return out
+
+
+def start_run(tracking_uri: str, spec: TrainingJobSpec, pipeline_run: str, owner: str, spec_hash: str,
+              git_sha: str) -> str:
+    """The parent MLflow run of a training pipeline run."""
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment_name(spec))
+    wire = spec.to_wire()
+    params = _flatten("", {k: wire[k] for k in ("hyperparameters", "evaluation", "distributed", "seed")}, {})
+    params["features.featureViews"] = json.dumps(spec.features.feature_views)
+    tags = {TAG_PIPELINE_RUN: pipeline_run, TAG_OWNER: owner, "kubeloop.spec_hash": spec_hash,
+            "mlflow.source.git.commit": git_sha, "git_sha": git_sha,
+            **{f"env.{k}": v for k, v in environment().items()}}
+    with mlflow.start_run(run_name=pipeline_run, tags=tags) as run:
+        mlflow.log_params(params)
+        return run.info.run_id
+
+
+def log_trial(tracking_uri: str, parent_run_id: str, number: int, params: dict, metric: str, score: float) -> None:
+    """One tuning trial as a run nested under the training run."""
+    mlflow.set_tracking_uri(tracking_uri)
+    parent = MlflowClient(tracking_uri).get_run(parent_run_id)
+    client = MlflowClient(tracking_uri)
+    child = client.create_run(parent.info.experiment_id, run_name=f"trial-{number}",
+                              tags={"mlflow.parentRunId": parent_run_id, "kubeloop.trial": str(number)})
+    for key, value in params.items():
+        client.log_param(child.info.run_id, key, value)
+    client.log_metric(child.info.run_id, metric, float(score))
+    client.set_terminated(child.info.run_id)
+
+
+def log_training(tracking_uri: str, run_id: str, dataset: DatasetInfo, history: list[dict], extra: dict) -> None:
+    client = MlflowClient(tracking_uri)
+    for record in history:
+        for key, value in record.items():
+            if key != "epoch" and value == value:  # NaN-free
+                client.log_metric(run_id, f"train.{key}", float(value), step=record["epoch"])
+    for key, value in {**extra, "dataset.hash": dataset.dataset_hash, "dataset.rows": dataset.rows,
+                       "dataset.dropped_by_ttl": dataset.dropped_by_ttl,
+                       "dataset.entity_rows": dataset.entity_rows}.items():
+        client.set_tag(run_id, key, str(value))
+
+
+def log_evaluation(tracking_uri: str, run_id: str, metrics: dict[str, float], slices: dict[str, dict]) -> None:
+    client = MlflowClient(tracking_uri)
+    for key, value in metrics.items():
+        if value == value:
+            client.log_metric(run_id, f"holdout.{key}", float(value))
+    if slices:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "slices.json"
+            path.write_text(json.dumps(slices, indent=2, sort_keys=True))
+            client.log_artifact(run_id, str(path), "evaluation")
+
+
+def find_registered(tracking_uri: str, name: str, pipeline_run: str):  # noqa: ANN201 - mlflow ModelVersion
+    client = MlflowClient(tracking_uri)
+    try:
+        versions = client.search_model_versions(f"name = '{name}' and tags.`{TAG_PIPELINE_RUN}` = '{pipeline_run}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    return versions[0] if versions else None
+
+
+def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: TrainingJobSpec,
+             dataset: DatasetInfo, metrics: dict[str, float], pipeline_run: str, owner: str,
+             git_sha: str) -> dict:
+    """Log the model (native, TorchScript, ONNX) and register a version; a
+    version already registered by this pipeline run is returned instead."""
+    client = MlflowClient(tracking_uri)
+    existing = find_registered(tracking_uri, spec.model_name, pipeline_run)
+    if existing is None:
+        mlflow.set_tracking_uri(tracking_uri)
+        n_features = len(dataset.feature_columns)
+        example = np.zeros((2, n_features), dtype=np.float32)
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pytorch.log_model(
+                model, name="model", input_example=example,
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            )
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = Path(tmp)
+                export_torchscript(model, n_features, folder / "model.pt")
+                export_onnx(model, n_features, folder / "model.onnx")
+                card = {"feature_columns": dataset.feature_columns, "label": dataset.label,
+                        "threshold": spec.evaluation.threshold, "metrics": metrics,
+                        "input": {"name": "features", "dtype": "FP32", "dims": [n_features]},
+                        "output": {"name": "probability", "dtype": "FP32", "dims": []}}
+                (folder / "model_card.json").write_text(json.dumps(card, indent=2))
+                mlflow.log_artifacts(str(folder), EXPORTED)
+        tags = {
+            TAG_PIPELINE_RUN: pipeline_run, TAG_OWNER: owner, "git_sha": git_sha,
+            "dataset_hash": dataset.dataset_hash, "feature_views": json.dumps(dataset.feature_views, sort_keys=True),
+            "feature_columns": json.dumps(dataset.feature_columns), "label": dataset.label,
+            "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
+            **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items() if k in ("auc", "average_precision")},
+        }
+        existing = mlflow.register_model(info.model_uri, spec.model_name, tags=tags)
+    if spec.promotion and spec.promotion.register_as:
+        client.set_registered_model_alias(spec.model_name, alias_for(spec.promotion.register_as), existing.version)
+    return {"name": spec.model_name, "version": str(existing.version),
+            "uri": f"models:/{spec.model_name}/{existing.version}", "run_url": run_url(tracking_uri, run_id)}

@@ -1,0 +1,162 @@
+"""The training pipeline's steps as plain functions of plain arguments and
+file paths: what the KFP components in kubeloop.components.ops call, and
+what the tests call directly.
+
+Each step runs in a fresh process, so heavy libraries are imported inside
+the step that needs them (Feast alone takes seconds to import).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.data import DatasetInfo, build_dataset, load_split
+
+log = logging.getLogger(__name__)
+
+
+def training_data_step(spec: dict, feast_repo: str, dataset_path: str) -> str:
+    """Point-in-time training data from Feast; returns the DatasetInfo as JSON."""
+    info = build_dataset(TrainingJobSpec.model_validate(spec), Path(feast_repo), Path(dataset_path))
+    log.info("training data: %d rows (%d dropped by ttl), hash %s", info.rows, info.dropped_by_ttl,
+             info.dataset_hash)
+    return info.to_json()
+
+
+def save_model(model, settings, n_features: int, folder: Path) -> None:  # noqa: ANN001 - FraudNet, TrainSettings
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"n_features": n_features, "hidden_units": list(settings.hidden_units),
+                "dropout": settings.dropout, "state_dict": model.state_dict()}, folder / "state.pt")
+
+
+def load_model(folder: Path):  # noqa: ANN201 - FraudNet
+    import torch
+
+    from kubeloop.components.model import build_model
+
+    saved = torch.load(Path(folder) / "state.pt", weights_only=False)
+    model = build_model(saved["n_features"], saved["hidden_units"], saved["dropout"])
+    model.load_state_dict(saved["state_dict"])
+    return model.eval()
+
+
+def train_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
+               pipeline_run: str, owner: str, spec_hash: str, git_sha: str) -> str:
+    """Tune (if asked), train and checkpoint; returns the MLflow run id."""
+    from kubeloop.components import registration
+    from kubeloop.components.training import TrainSettings, train, train_distributed
+    from kubeloop.components.tuning import tune
+
+    job = TrainingJobSpec.model_validate(spec)
+    info = DatasetInfo.from_json(info_json)
+    frame, y = load_split(Path(dataset_path), info, "train")
+    x = frame[info.feature_columns].to_numpy(np.float32)
+    run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
+    hp = job.hyperparameters
+    if job.tuning.trials > 1:
+        hp, trials = tune(x, y.to_numpy(), job, lambda n, params, score: registration.log_trial(
+            tracking_uri, run_id, n, params, job.tuning.metric, score))
+        log.info("best of %d trials: %s", len(trials), hp.to_wire())
+    settings = TrainSettings.from_spec(hp, job.seed)
+    gpus = job.resources.gpu.count if job.resources.gpu else 0
+    processes = job.distributed.processes_per_node * job.distributed.nodes
+    workdir = Path(model_dir).parent / f"{Path(model_dir).name}-work"
+    if processes > 1:
+        result = train_distributed(x, y.to_numpy(np.float32), settings, processes, workdir, gpus=gpus)
+    else:
+        result = train(x, y.to_numpy(np.float32), None, None, settings, gpus=gpus,
+                       checkpoint_dir=workdir / "checkpoints",
+                       progress=lambda r: log.info("epoch %d: loss %.4f, %.0f samples/s", r["epoch"], r["loss"],
+                                                   r["samples_per_second"]))
+    save_model(result.model, settings, len(info.feature_columns), Path(model_dir))
+    registration.log_training(tracking_uri, run_id, info, result.history, {
+        "train.precision": result.precision, "train.device": result.device, "train.processes": processes,
+        "train.resumed_from_epoch": result.resumed_from_epoch,
+        "train.best_hyperparameters": json.dumps(hp.to_wire(), sort_keys=True),
+        **{f"dataloader.{k}": v for k, v in asdict(result.loader).items()},
+    })
+    return run_id
+
+
+def evaluate_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
+                  run_id: str) -> str:
+    """Hold-out metrics (and per-slice metrics); returns them as JSON."""
+    from kubeloop.components import registration
+    from kubeloop.components.evaluation import evaluate, evaluate_slices
+    from kubeloop.components.training import predict
+
+    job = TrainingJobSpec.model_validate(spec)
+    info = DatasetInfo.from_json(info_json)
+    frame, y = load_split(Path(dataset_path), info, "holdout")
+    probabilities = predict(load_model(Path(model_dir)), frame[info.feature_columns].to_numpy(np.float32))
+    threshold = job.evaluation.threshold
+    metrics = evaluate(y.to_numpy(), probabilities, threshold)
+    slices = (evaluate_slices(y.to_numpy(), probabilities, frame[info.slice_column].to_numpy(), threshold)
+              if info.slice_column else {})
+    registration.log_evaluation(tracking_uri, run_id, metrics, slices)
+    return json.dumps({"metrics": metrics, "slices": slices})
+
+
+def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: str, tracking_uri: str,
+                  run_id: str, pipeline_run: str, owner: str, git_sha: str) -> dict:
+    """Register the model; returns what the operator reports in status."""
+    from kubeloop.components import registration
+
+    job = TrainingJobSpec.model_validate(spec)
+    info = DatasetInfo.from_json(info_json)
+    metrics = json.loads(evaluation_json)["metrics"]
+    model = registration.register(tracking_uri, run_id, load_model(Path(model_dir)), job, info, metrics,
+                                  pipeline_run, owner, git_sha)
+    shown = {k: round(v, 6) for k, v in metrics.items() if v == v and k not in ("rows", "positives")}
+    return {"model": model, "metrics": shown, "dataset_hash": info.dataset_hash,
+            "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows}
+
+
+
+def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,
+                          tracking_uri: str, pipeline_run: str, owner: str, spec_hash: str, git_sha: str,
+                          namespace: str, image: str, timeout: float = 24 * 3600) -> str:
+    """Multi-node training on a real cluster: run a Kubeflow Trainer TrainJob
+    and wait for it; returns the MLflow run id like train_step."""
+    import time
+
+    import fsspec
+
+    from kubeloop.components import registration
+    from kubeloop.operator.builders.meta import dns_name
+    from kubeloop.operator.builders.training import build_trainjob, trainjob_finished
+    from kubeloop.operator.kube import Kube
+
+    job = TrainingJobSpec.model_validate(spec)
+    run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
+    output = f"{model_uri.rstrip('/')}-trainjob"
+    name = dns_name(pipeline_run, "train")
+    kube = Kube.in_cluster()
+    kube.apply(build_trainjob(name, namespace, job, image, dataset_uri, info_json, output,
+                              {"kubeloop.dev/pipeline-run": pipeline_run}))
+    deadline = time.monotonic() + timeout
+    while True:
+        live = kube.get("trainer.kubeflow.org/v1alpha1", "TrainJob", name, namespace) or {}
+        done, error = trainjob_finished(live)
+        if done and error:
+            raise RuntimeError(f"TrainJob {namespace}/{name}: {error}")
+        if done:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"TrainJob {namespace}/{name} did not finish in {timeout:.0f} s")
+        time.sleep(15)
+    Path(model_dir).mkdir(parents=True, exist_ok=True)
+    fs, root = fsspec.core.url_to_fs(output)
+    fs.get_file(f"{root}/state.pt", str(Path(model_dir) / "state.pt"))
+    registration.log_training(tracking_uri, run_id, DatasetInfo.from_json(info_json), [],
+                              {"train.trainjob": f"{namespace}/{name}",
+                               "train.processes": job.distributed.nodes * job.distributed.processes_per_node})
+    return run_id

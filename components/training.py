@@ -1,0 +1,323 @@
+"""The torch trainer: precision chosen for the device, gradient accumulation,
+optional activation checkpointing, a tuned DataLoader, deterministic seeding,
+checkpoint and resume, and DistributedDataParallel through torchrun."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from sklearn.metrics import roc_auc_score
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+
+from kubeloop.components.model import FraudNet, build_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Everything that decides the trained weights (and so the checkpoint's identity)."""
+
+    epochs: int = 5
+    batch_size: int = 256
+    learning_rate: float = 1e-3
+    weight_decay: float = 1e-4
+    hidden_units: tuple[int, ...] = (64, 32)
+    dropout: float = 0.1
+    gradient_accumulation_steps: int = 1
+    activation_checkpointing: bool = False
+    seed: int = 42
+
+    @classmethod
+    def from_spec(cls, hp, seed: int) -> "TrainSettings":  # noqa: ANN001 - api Hyperparameters
+        return cls(hp.epochs, hp.batch_size, hp.learning_rate, hp.weight_decay, tuple(hp.hidden_units),
+                   hp.dropout, hp.gradient_accumulation_steps, hp.activation_checkpointing, seed)
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """How batches reach the model; logged with the run."""
+
+    tuned: bool = True
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+
+
+@dataclass
+class TrainResult:
+    model: FraudNet
+    precision: str
+    device: str
+    loader: LoaderSettings
+    history: list[dict] = field(default_factory=list)
+    resumed_from_epoch: int = 0
+    samples_per_second: float = 0.0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def pick_device(requested_gpus: int = 0) -> torch.device:
+    return torch.device("cuda") if requested_gpus > 0 and torch.cuda.is_available() else torch.device("cpu")
+
+
+def pick_precision(device: torch.device) -> str:
+    """bf16 autocast where the GPU has bf16 units (Ampere and newer), fp16
+    with a GradScaler on older GPUs, fp32 on the CPU (autocast buys nothing
+    for a small MLP there and costs accuracy)."""
+    if device.type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def tuned_loader_settings(device: torch.device, cpus: int | None = None) -> LoaderSettings:
+    """Workers only when there are cores to spare, pinned memory only for a
+    GPU, persistent workers and deeper prefetch when there are workers."""
+    cpus = cpus or os.cpu_count() or 1
+    workers = min(4, max(0, cpus - 2)) if device.type == "cuda" else 0
+    return LoaderSettings(tuned=True, num_workers=workers, pin_memory=device.type == "cuda",
+                          persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+
+
+NAIVE_LOADER = LoaderSettings(tuned=False)
+
+
+class RowDataset(Dataset):
+    """One row per item: the textbook Dataset whose default collate stacks
+    batch_size small tensors per batch (the naive baseline)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        return self.x[i], self.y[i]
+
+
+class BatchDataset(RowDataset):
+    """Whole batches per item: one tensor gather per batch instead of
+    batch_size __getitem__ calls and a stack."""
+
+    def __getitem__(self, indices: list[int]):  # noqa: ANN204
+        index = torch.as_tensor(indices)
+        return self.x[index], self.y[index]
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """A seeded permutation per epoch, sharded across DDP ranks (each rank
+    sees a disjoint, equally long slice, like DistributedSampler)."""
+
+    def __init__(self, n: int, seed: int, rank: int = 0, world: int = 1):
+        self.n, self.seed, self.rank, self.world, self.epoch = n, seed, rank, world, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.world
+
+    def __iter__(self):  # noqa: ANN204
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g)
+        per_rank = self.n // self.world
+        return iter(order[self.rank * per_rank:(self.rank + 1) * per_rank].tolist())
+
+
+def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, settings: LoaderSettings, seed: int,
+                rank: int = 0, world: int = 1) -> tuple[DataLoader, ShardSampler]:
+    sampler = ShardSampler(len(y), seed, rank, world)
+    if settings.tuned:
+        batches = BatchSampler(sampler, batch_size, drop_last=False)
+        loader = DataLoader(BatchDataset(x, y), sampler=batches, batch_size=None,
+                            num_workers=settings.num_workers, pin_memory=settings.pin_memory,
+                            persistent_workers=settings.persistent_workers,
+                            prefetch_factor=settings.prefetch_factor)
+    else:
+        loader = DataLoader(RowDataset(x, y), sampler=sampler, batch_size=batch_size)
+    return loader, sampler
+
+
+def _atomic_save(obj: dict, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_val: np.ndarray | None,
+          settings: TrainSettings, *, gpus: int = 0, checkpoint_dir: Path | None = None,
+          loader: LoaderSettings | None = None, progress: Callable[[dict], None] | None = None,
+          rank: int = 0, world: int = 1, precision: str | None = None) -> TrainResult:
+    """Train a FraudNet; resumes from checkpoint_dir when it holds a
+    checkpoint of the same settings and data size. precision forces fp32,
+    fp16 or bf16 instead of the device's best."""
+    seed_everything(settings.seed)
+    device = pick_device(gpus)
+    precision = precision or pick_precision(device)
+    loader_settings = loader or tuned_loader_settings(device)
+    x = torch.as_tensor(x_train, dtype=torch.float32)
+    y = torch.as_tensor(y_train, dtype=torch.float32)
+    model = build_model(x.shape[1], list(settings.hidden_units), settings.dropout, settings.activation_checkpointing)
+    model.set_normalisation(x.mean(0), x.std(0))
+    model.to(device)
+    net: nn.Module = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    criterion = nn.BCEWithLogitsLoss()
+    data, sampler = make_loader(x, y, settings.batch_size, loader_settings, settings.seed, rank, world)
+
+    identity = f"{settings.key()}|{len(y)}|{world}"
+    start_epoch, history = 0, []
+    ckpt = checkpoint_dir / f"rank{rank}.pt" if checkpoint_dir else None
+    if ckpt and ckpt.exists():
+        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        if saved.get("identity") == identity:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scaler.load_state_dict(saved["scaler"])
+            torch.set_rng_state(saved["rng"])
+            start_epoch, history = saved["epoch"], saved["history"]
+            log.info("resumed from the checkpoint of epoch %d", start_epoch)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+                if precision != "fp32" else nullcontext())
+    accumulate = settings.gradient_accumulation_steps
+    samples, seconds = 0, 0.0
+    for epoch in range(start_epoch, settings.epochs):
+        net.train()
+        sampler.set_epoch(epoch)
+        started, total_loss, steps = time.perf_counter(), 0.0, 0
+        optimizer.zero_grad(set_to_none=True)
+        for step, (xb, yb) in enumerate(data, start=1):
+            xb = xb.to(device, non_blocking=True)
+            yb = yb.to(device, non_blocking=True)
+            last_micro_batch = step % accumulate == 0 or step == len(data)
+            # Gradients are all-reduced only on the micro-batch that steps.
+            sync = nullcontext() if world == 1 or last_micro_batch else net.no_sync()
+            with sync:
+                with autocast:
+                    logits = net.module.logits(xb) if world > 1 else net.logits(xb)
+                    loss = criterion(logits.float(), yb) / accumulate
+                scaler.scale(loss).backward()
+            if last_micro_batch:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            total_loss += loss.item() * accumulate
+            steps += 1
+            samples += len(yb)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        seconds += elapsed
+        record = {"epoch": epoch + 1, "loss": total_loss / max(steps, 1),
+                  "samples_per_second": len(sampler) / elapsed if elapsed else 0.0}
+        if x_val is not None and rank == 0:
+            record["val_auc"] = auc(model, x_val, y_val)
+        history.append(record)
+        if ckpt:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_save({"identity": identity, "epoch": epoch + 1, "history": history,
+                          "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                          "scaler": scaler.state_dict(), "rng": torch.get_rng_state()}, ckpt)
+        if progress and rank == 0:
+            progress(record)
+    model.cpu().eval()
+    return TrainResult(model, precision, str(device), loader_settings, history, start_epoch,
+                       samples / seconds if seconds else 0.0)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: np.ndarray, batch: int = 8192) -> np.ndarray:
+    model.eval()
+    tensor = torch.as_tensor(x, dtype=torch.float32)
+    return torch.cat([model(tensor[i:i + batch]) for i in range(0, len(tensor), batch)]).numpy()
+
+
+def auc(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    y = np.asarray(y)
+    if len(np.unique(y)) < 2:
+        return float("nan")
+    return float(roc_auc_score(y, predict(model, x)))
+
+
+# -- distributed ------------------------------------------------------------
+
+def train_distributed(x_train: np.ndarray, y_train: np.ndarray, settings: TrainSettings, processes: int,
+                      workdir: Path, gpus: int = 0) -> TrainResult:
+    """Train with DistributedDataParallel in `processes` torchrun workers
+    (gloo on CPU, nccl on GPU); rank 0's weights are the result."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    np.save(workdir / "x.npy", x_train)
+    np.save(workdir / "y.npy", y_train)
+    (workdir / "settings.json").write_text(json.dumps({**asdict(settings), "gpus": gpus}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+           "-m", "kubeloop.components.training", str(workdir)]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if result.returncode != 0:
+        raise RuntimeError(f"torchrun with {processes} processes failed:\n{result.stderr[-4000:]}")
+    out = torch.load(workdir / "result.pt", weights_only=False)
+    model = build_model(x_train.shape[1], list(settings.hidden_units), settings.dropout)
+    model.load_state_dict(out["model"])
+    model.eval()
+    return TrainResult(model, out["precision"], out["device"], LoaderSettings(**out["loader"]), out["history"],
+                       samples_per_second=out["samples_per_second"])
+
+
+def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
+               checkpoint_dir: Path | None) -> TrainResult | None:
+    """One rank of a DDP run started by torchrun (RANK, WORLD_SIZE and
+    LOCAL_RANK in the environment); rank 0 returns the result."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    use_cuda = gpus > 0 and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    try:
+        result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=checkpoint_dir, rank=rank, world=world)
+        result.samples_per_second *= world
+        return result if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(workdir: Path) -> None:
+    """torchrun entry point of train_distributed."""
+    raw = json.loads((workdir / "settings.json").read_text())
+    gpus = raw.pop("gpus")
+    settings = TrainSettings(**{**raw, "hidden_units": tuple(raw["hidden_units"])})
+    result = train_rank(np.load(workdir / "x.npy"), np.load(workdir / "y.npy"), settings, gpus,
+                        workdir / "checkpoints")
+    if result is not None:
+        _atomic_save({"model": result.model.state_dict(), "precision": result.precision,
+                      "device": result.device, "loader": asdict(result.loader), "history": result.history,
+                      "samples_per_second": result.samples_per_second}, workdir / "result.pt")
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))

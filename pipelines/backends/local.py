@@ -1,0 +1,116 @@
+"""The local backend: kfp's local runner in a worker process per run.
+
+Each run lives in a folder named after the run: the request, the worker's
+log and its state file. The worker is started in a session of its own, so
+it outlives an operator restart; the restarted operator finds the run by its
+name (the same request always gets the same name) and keeps following it
+instead of starting it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from kubeloop.pipelines.backends.base import PipelineBackend, RunRequest, RunStatus
+
+
+@dataclass(frozen=True)
+class LocalContext:
+    """What pipelines need that the operator's machine provides."""
+
+    feast_repo: str
+    tracking_uri: str
+    git_sha: str = "unknown"
+
+
+def read_state(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def write_state(run_dir: Path, **fields) -> dict:
+    """Merge fields into the run's state file, atomically."""
+    state = {**read_state(run_dir), **fields, "updated": time.time()}
+    tmp = run_dir / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2, default=str))
+    os.replace(tmp, run_dir / "state.json")
+    return state
+
+
+def _alive(state: dict) -> bool:
+    try:
+        proc = psutil.Process(state["pid"])
+        return abs(proc.create_time() - state["create_time"]) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+    except (KeyError, psutil.Error):
+        return False
+
+
+class LocalBackend(PipelineBackend):
+    name = "local"
+
+    def __init__(self, work_dir: Path, context: LocalContext, worker: str = "kubeloop.pipelines.worker"):
+        self.runs = Path(work_dir) / "runs"
+        self.context = context
+        self.worker = worker
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs / run_id
+
+    def submit(self, request: RunRequest) -> RunStatus:
+        run_dir = self.run_dir(request.name)
+        self.runs.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            return self.status(request.name) or self._broken(request.name)
+        arguments = {**request.arguments, **asdict(self.context), "pipeline_run": request.name}
+        (run_dir / "request.json").write_text(json.dumps(
+            {"name": request.name, "pipeline": request.pipeline, "arguments": arguments,
+             "labels": request.labels}, indent=2, default=str))
+        write_state(run_dir, phase="Pending", progress="starting the worker")
+        with open(run_dir / "worker.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", self.worker, str(run_dir)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        write_state(run_dir, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
+        return self.status(request.name)
+
+    def status(self, run_id: str) -> RunStatus | None:
+        run_dir = self.run_dir(run_id)
+        if not (run_dir / "request.json").exists():
+            return None
+        state = read_state(run_dir)
+        phase = state.get("phase", "Pending")
+        if phase in ("Pending", "Running") and "pid" in state and not _alive(state):
+            # The state may have been written between our read and the check.
+            state = read_state(run_dir)
+            if state.get("phase") in ("Pending", "Running"):
+                state = write_state(run_dir, phase="Failed",
+                                    error=f"the worker process exited unexpectedly; see {run_dir / 'worker.log'}")
+            phase = state["phase"]
+        return RunStatus(run_id=run_id, phase=phase, url=f"file://{run_dir}", outputs=state.get("outputs", {}),
+                         error=state.get("error"), progress=state.get("progress"))
+
+    def cancel(self, run_id: str) -> None:
+        run_dir = self.run_dir(run_id)
+        state = read_state(run_dir)
+        if state.get("phase") in ("Pending", "Running") and _alive(state):
+            os.killpg(os.getpgid(state["pid"]), signal.SIGTERM)
+            write_state(run_dir, phase="Failed", error="cancelled")
+
+    def _broken(self, run_id: str) -> RunStatus:
+        return RunStatus(run_id=run_id, phase="Failed",
+                         error=f"run folder {self.run_dir(run_id)} exists without a request; remove it to retry")

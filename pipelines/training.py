@@ -1,0 +1,73 @@
+"""The training pipeline: Feast training data -> torch training (with
+tuning) -> hold-out evaluation -> MLflow registration.
+
+`training_pipeline` is the portable definition; its compiled IR is
+committed as pipelines/compiled/training.yaml for the Kubeflow Pipelines UI.
+`build_training_pipeline` returns the same pipeline with one job's compute
+(CPU, memory, GPUs and the GPU product's node selector and toleration) set on
+the training step, as the kfp backend submits it; a job on several nodes
+trains in a Kubeflow Trainer TrainJob instead.
+"""
+
+# No `from __future__ import annotations`: KFP reads the annotations as types.
+
+from pathlib import Path
+from typing import Callable
+
+from kfp import compiler, dsl, kubernetes
+
+from kubeloop.api.training import DistributedTraining, TrainingResources
+from kubeloop.components import ops
+
+COMPILED = Path(__file__).resolve().with_name("compiled") / "training.yaml"
+NAME = "kubeloop-training"
+DESCRIPTION = "Train a model on Feast features, evaluate it on a time hold-out and register it in MLflow."
+
+
+def build_training_pipeline(resources: TrainingResources | None = None,
+                            distributed: DistributedTraining | None = None, namespace: str = "kubeflow") -> Callable:
+    multi_node = distributed is not None and distributed.nodes > 1
+
+    @dsl.pipeline(name=NAME, description=DESCRIPTION)
+    def training_pipeline(spec: dict, feast_repo: str, tracking_uri: str, pipeline_run: str, owner: str,
+                          spec_hash: str, git_sha: str = "unknown") -> dict:
+        data = ops.training_data(spec=spec, feast_repo=feast_repo).set_display_name("training data")
+        common = dict(spec=spec, dataset=data.outputs["dataset"], dataset_info=data.outputs["Output"],
+                      tracking_uri=tracking_uri, pipeline_run=pipeline_run, owner=owner, spec_hash=spec_hash,
+                      git_sha=git_sha)
+        if multi_node:
+            trained = ops.train_on_trainer(**common, namespace=namespace).set_display_name("train (TrainJob)")
+        else:
+            trained = ops.train(**common).set_display_name("train")
+            if resources is not None:
+                _set_compute(trained, resources)
+        evaluated = ops.evaluate(spec=spec, dataset=data.outputs["dataset"], dataset_info=data.outputs["Output"],
+                                 model=trained.outputs["model"], tracking_uri=tracking_uri,
+                                 run_id=trained.outputs["Output"]).set_display_name("evaluate")
+        registered = ops.register(spec=spec, dataset_info=data.outputs["Output"], model=trained.outputs["model"],
+                                  evaluation=evaluated.output, tracking_uri=tracking_uri,
+                                  run_id=trained.outputs["Output"], pipeline_run=pipeline_run, owner=owner,
+                                  git_sha=git_sha).set_display_name("register")
+        return registered.output
+
+    return training_pipeline
+
+
+def _set_compute(task: dsl.PipelineTask, resources: TrainingResources) -> None:
+    task.set_cpu_request(str(resources.cpu)).set_memory_request(str(resources.memory))
+    task.set_memory_limit(str(resources.memory))
+    gpu = resources.gpu
+    if gpu and gpu.count > 0:
+        task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpu.count)
+        kubernetes.add_toleration(task, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+        if gpu.product:
+            kubernetes.add_node_selector(task, label_key="nvidia.com/gpu.product", label_value=gpu.product)
+
+
+training_pipeline = build_training_pipeline()
+
+
+def compile_training(path: Path = COMPILED, resources: TrainingResources | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_training_pipeline(resources), str(path))
+    return path

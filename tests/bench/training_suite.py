@@ -1,0 +1,88 @@
+"""Training suite: throughput of the tuned DataLoader against the naive one
+(same model, data and settings, one run), DDP against one process, and on a
+GPU: AMP against fp32 throughput and peak memory."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.data import build_dataset, load_split
+from kubeloop.components.training import NAIVE_LOADER, TrainSettings, auc, train, train_distributed
+from kubeloop.featurestore.generate import Scenario, default_start
+from kubeloop.featurestore.store import create_repository
+
+VIEWS = ["card_activity", "merchant_risk", "card_profile", "transaction_context"]
+
+
+def _data(tmp: Path, quick: bool):
+    repo = create_repository(tmp / "repo", Scenario(start=default_start(45), cards=1000 if quick else 2000))
+    spec = TrainingJobSpec.model_validate({"modelName": "bench", "features": {"featureViews": VIEWS}})
+    info = build_dataset(spec, repo, tmp / "data.parquet")
+    train_frame, y = load_split(tmp / "data.parquet", info, "train")
+    hold, y_hold = load_split(tmp / "data.parquet", info, "holdout")
+    cols = info.feature_columns
+    return (train_frame[cols].to_numpy(np.float32), y.to_numpy(np.float32),
+            hold[cols].to_numpy(np.float32), y_hold.to_numpy())
+
+
+def _throughput(x, y, settings: TrainSettings, repeats: int, **kwargs) -> float:
+    """Median samples/s over repeats (the first epoch of each run warms up)."""
+    rates = [np.median([h["samples_per_second"] for h in train(x, y, None, None, settings, **kwargs).history[1:]])
+             for _ in range(repeats)]
+    return float(np.median(rates))
+
+
+def run(context, console: Console, quick: bool = False) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        with console.status("training: building the dataset"):
+            x, y, x_hold, y_hold = _data(Path(tmp), quick)
+        settings = TrainSettings(epochs=3, batch_size=512, learning_rate=0.003, seed=1)
+        repeats = 1 if quick else 3
+        with console.status("training: naive vs tuned DataLoader"):
+            naive = _throughput(x, y, settings, repeats, loader=NAIVE_LOADER)
+            tuned = _throughput(x, y, settings, repeats)
+        with console.status("training: DDP (2 gloo processes) vs 1 process"):
+            single = train(x, y, None, None, settings)
+            ddp = train_distributed(x, y, TrainSettings(**{**settings.__dict__, "batch_size": 256}), 2,
+                                    Path(tmp) / "ddp")
+        results = {
+            "rows": int(len(y)), "batch_size": settings.batch_size,
+            "naive_samples_per_s": round(naive), "tuned_samples_per_s": round(tuned),
+            "tuned_over_naive": round(tuned / naive, 2),
+            "auc_one_process": round(auc(single.model, x_hold, y_hold), 4),
+            "auc_ddp_two_processes": round(auc(ddp.model, x_hold, y_hold), 4),
+        }
+        if torch.cuda.is_available():
+            results.update(_gpu_rows(x, y, settings))
+    table = Table(title=f"Training throughput ({results['rows']} rows, batch {settings.batch_size}, CPU)")
+    for column in ("measure", "value"):
+        table.add_column(column)
+    table.add_row("naive DataLoader (per-row Dataset, default collate)", f"{results['naive_samples_per_s']:,} samples/s")
+    table.add_row("tuned DataLoader (batched gather, tuned workers)", f"{results['tuned_samples_per_s']:,} samples/s")
+    table.add_row("tuned / naive", f"{results['tuned_over_naive']}x")
+    table.add_row("hold-out AUC, 1 process / DDP 2 processes",
+                  f"{results['auc_one_process']} / {results['auc_ddp_two_processes']}")
+    for key in ("gpu", "fp32_samples_per_s", "amp_samples_per_s", "amp_over_fp32", "fp32_peak_mib", "amp_peak_mib"):
+        if key in results:
+            table.add_row(key, str(results[key]))
+    console.print(table)
+    return results
+
+
+def _gpu_rows(x, y, settings: TrainSettings) -> dict:
+    """AMP against fp32 on the GPU: throughput and peak memory, one run."""
+    big = TrainSettings(**{**settings.__dict__, "batch_size": 4096, "hidden_units": (1024, 1024, 512)})
+    out = {"gpu": torch.cuda.get_device_name()}
+    for label, precision in (("fp32", "fp32"), ("amp", None)):
+        torch.cuda.reset_peak_memory_stats()
+        out[f"{label}_samples_per_s"] = round(_throughput(x, y, big, 1, gpus=1, precision=precision))
+        out[f"{label}_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20)
+    out["amp_over_fp32"] = round(out["amp_samples_per_s"] / out["fp32_samples_per_s"], 2)
+    return out

@@ -1,0 +1,49 @@
+"""The pipeline's steps against a real MLflow store (sqlite): tuning trials
+as nested runs, lineage tags, idempotent registration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow import MlflowClient
+
+from kubeloop.components import steps
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the sqlite store keeps artifacts under ./mlruns
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_tuning_logs_nested_trials_and_registration_is_idempotent(tracking, dataset, job_spec, tmp_path):
+    spec = {**job_spec.to_wire(), "tuning": {"trials": 3, "algorithm": "random", "parameters": {
+        "learningRate": {"min": 0.0005, "max": 0.01, "log": True}, "dropout": {"choices": [0.0, 0.2]}}},
+        "promotion": {"registerAs": "Staging"}}
+    info = dataset["info"].to_json()
+    model_dir = str(tmp_path / "model")
+    run_id = steps.train_step(spec, str(dataset["path"]), info, model_dir, tracking, "ns-job-1", "ns/job", "h",
+                              "deadbeef")
+    client = MlflowClient(tracking)
+    run = client.get_run(run_id)
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    assert len(children) == 3
+    assert {c.data.tags["kubeloop.trial"] for c in children} == {"0", "1", "2"}
+    assert all("auc" in c.data.metrics and "learningRate" in c.data.params for c in children)
+    best = json.loads(run.data.tags["train.best_hyperparameters"])
+    best_trial = max(children, key=lambda c: c.data.metrics["auc"])
+    assert best["learningRate"] == pytest.approx(float(best_trial.data.params["learningRate"]))
+    assert run.data.tags["dataloader.tuned"] == "True" and run.data.tags["train.precision"] == "fp32"
+
+    evaluation = steps.evaluate_step(spec, str(dataset["path"]), info, model_dir, tracking, run_id)
+    assert set(json.loads(evaluation)["slices"]) == {"in_store", "online", "contactless"}
+    first = steps.register_step(spec, info, model_dir, evaluation, tracking, run_id, "ns-job-1", "ns/job", "deadbeef")
+    again = steps.register_step(spec, info, model_dir, evaluation, tracking, run_id, "ns-job-1", "ns/job", "deadbeef")
+    assert first["model"] == again["model"] and first["model"]["version"] == "1"
+    version = client.get_model_version("fraud-test", "1")
+    assert version.tags["git_sha"] == "deadbeef" and version.tags["dataset_hash"] == dataset["info"].dataset_hash
+    # The legacy stage name is mapped onto its alias.
+    assert str(client.get_model_version_by_alias("fraud-test", "challenger").version) == "1"
+    artifacts = {a.path for a in client.list_artifacts(run_id, "exported")}
+    assert artifacts == {"exported/model.onnx", "exported/model.pt", "exported/model_card.json"}

@@ -1,0 +1,116 @@
+"""TrainingJob end to end: the operator runs the Kubeflow pipeline with kfp's
+local runner, and MLflow ends up with a registered version and its lineage."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from kubeloop.api.constants import API_VERSION
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = yaml.safe_load((REPO / "examples" / "trainingjob.yaml").read_text())
+
+
+@pytest.fixture
+def operator(platform, namespace, start_operator):
+    env = platform.env()
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_FEAST_REPO=env["KUBELOOP_FEAST_REPO"], KUBELOOP_PIPELINE_BACKENDS="local,noop",
+                        KUBELOOP_PIPELINE_BACKEND="local")
+    op.wait_for_log("Initial authentication has finished")
+    return op
+
+
+def job(namespace: str, name: str, **spec_changes) -> dict:
+    obj = copy.deepcopy(EXAMPLE)
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    obj["spec"]["modelName"] = f"{namespace}-{name}"
+    obj["spec"]["hyperparameters"]["epochs"] = 2
+    obj["spec"].update(spec_changes)
+    return obj
+
+
+def get(kube, namespace, name):
+    return kube.get(API_VERSION, "TrainingJob", name, namespace)
+
+
+def finished(kube, namespace, name, timeout=300):
+    return wait_for(lambda: (o := get(kube, namespace, name)) and o.get("status", {}).get("phase")
+                    in ("Succeeded", "Failed") and o, timeout=timeout, interval=1, what=f"{name} finished")
+
+
+def test_example_trains_registers_and_does_not_train_twice(platform, kube, kubectl, namespace, operator):
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    obj = job(namespace, "fraud")
+    model_name = obj["spec"]["modelName"]
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
+    running = wait_for(lambda: (o := get(kube, namespace, "fraud")) and o.get("status", {}).get("phase") == "Running"
+                       and o, timeout=60, what="the run started")
+    # Killed while the pipeline runs: the restarted operator follows the same
+    # run (recorded in status, found again by name) instead of starting another.
+    operator.kill()
+    operator.start().wait_for_log("Initial authentication has finished")
+    done = finished(kube, namespace, "fraud")
+    status = done["status"]
+    assert status["runId"] == running["status"]["runId"]
+    assert status["phase"] == "Succeeded", status
+    assert status["model"] == {**status["model"], "name": model_name, "version": "1"}
+    assert status["metrics"]["auc"] > 0.7
+    assert status["runUrl"].startswith("file://") and status["model"]["runUrl"].startswith("http://127.0.0.1")
+    version = client.get_model_version(model_name, "1")
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert version.tags["git_sha"].startswith(sha)
+    assert version.tags["run_id"] == version.run_id
+    assert len(version.tags["dataset_hash"]) == 16
+    assert set(json.loads(version.tags["feature_views"])) == set(obj["spec"]["features"]["featureViews"])
+    assert version.tags["kubeloop.pipeline_run"] == status["runId"]
+    assert client.get_model_version_by_alias(model_name, "challenger").version == "1"
+    run = client.get_run(version.run_id)
+    assert run.data.tags["env.torch"] and run.data.params["hyperparameters.epochs"] == "2"
+    assert float(run.data.tags["dataset.dropped_by_ttl"]) > 0
+
+    # The same spec again: no new run, no new version.
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
+    kubectl("annotate", "-n", namespace, "trainingjob", "fraud", "touched=yes")
+    operator.stop()
+    # A restarted operator resumes the object and reconciles it again.
+    operator.start().wait_for_log("Resuming is processed", timeout=60)
+    again = get(kube, namespace, "fraud")
+    assert again["status"]["runId"] == status["runId"]
+    assert len(client.search_model_versions(f"name = '{model_name}'")) == 1
+
+    # A changed spec trains again and registers version 2.
+    obj["spec"]["seed"] = 43
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
+    wait_for(lambda: get(kube, namespace, "fraud")["status"].get("runId") != status["runId"], timeout=30,
+             what="a new run")
+    changed = finished(kube, namespace, "fraud")
+    assert changed["status"]["phase"] == "Succeeded" and changed["status"]["model"]["version"] == "2"
+    assert changed["status"]["observedGeneration"] == changed["metadata"]["generation"]
+
+
+def test_a_failing_step_fails_the_job_and_the_operator_carries_on(kube, kubectl, namespace, operator):
+    broken = job(namespace, "broken")
+    broken["spec"]["features"]["featureViews"] = ["card_activity", "does_not_exist"]
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(broken))
+    done = finished(kube, namespace, "broken", timeout=180)
+    assert done["status"]["phase"] == "Failed"
+    cond = next(c for c in done["status"]["conditions"] if c["type"] == "RunSucceeded")
+    assert cond["reason"] == "PipelineFailed"
+    assert "step training-data" in cond["message"] and "'does_not_exist' does not exist" in cond["message"]
+    events = kube.list("v1", "Event", namespace)
+    assert any(e["type"] == "Warning" and "does_not_exist" in e["message"] for e in events)
+
+    healthy = job(namespace, "after", backend="noop")
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(healthy))
+    assert finished(kube, namespace, "after", timeout=30)["status"]["phase"] == "Succeeded"
+    assert operator.running()

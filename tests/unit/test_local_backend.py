@@ -1,0 +1,69 @@
+"""The local pipeline backend's run bookkeeping, with a worker that sleeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from kubeloop.pipelines.backends.base import RunRequest
+from kubeloop.pipelines.backends.local import LocalBackend, LocalContext, read_state
+from kubeloop.pipelines.worker import step_error
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture
+def backend(tmp_path):
+    return LocalBackend(tmp_path, LocalContext("/repo", "http://mlflow"), worker="tests.support.sleepy_worker")
+
+
+def request(seconds: float, name: str = "ns-job-abc") -> RunRequest:
+    return RunRequest(name=name, pipeline="training", arguments={"seconds": seconds})
+
+
+def test_a_run_is_submitted_once_and_followed_to_the_end(backend):
+    first = backend.submit(request(0.5))
+    pid = read_state(backend.run_dir(first.run_id))["pid"]
+    again = backend.submit(request(0.5))
+    assert again.run_id == first.run_id and read_state(backend.run_dir(first.run_id))["pid"] == pid
+    done = wait_for(lambda: (s := backend.status(first.run_id)).finished and s, timeout=20)
+    assert done.phase == "Succeeded" and done.outputs == {"slept": 0.5}
+    assert done.url == f"file://{backend.run_dir(first.run_id)}"
+
+
+def test_a_restarted_operator_finds_the_run_by_name(backend, tmp_path):
+    run = backend.submit(request(0.2))
+    restarted = LocalBackend(tmp_path, backend.context, worker="tests.support.sleepy_worker")
+    assert restarted.status(run.run_id) is not None
+    assert wait_for(lambda: (s := restarted.status(run.run_id)).finished and s).phase == "Succeeded"
+    assert restarted.status("unknown-run") is None
+
+
+def test_a_dead_worker_fails_the_run(backend):
+    run = backend.submit(request(30))
+    wait_for(lambda: backend.status(run.run_id).phase == "Running")
+    os.kill(read_state(backend.run_dir(run.run_id))["pid"], signal.SIGKILL)
+    failed = wait_for(lambda: (s := backend.status(run.run_id)).finished and s)
+    assert failed.phase == "Failed" and "exited unexpectedly" in failed.error
+
+
+def test_cancel_stops_the_worker(backend):
+    run = backend.submit(request(30))
+    wait_for(lambda: backend.status(run.run_id).phase == "Running")
+    backend.cancel(run.run_id)
+    status = backend.status(run.run_id)
+    assert status.phase == "Failed" and status.error == "cancelled"
+
+
+def test_the_failing_steps_exception_is_extracted():
+    log = "\n".join([
+        "11:00:00 - INFO - Executing task \x1b[96m'training-data'\x1b[0m",
+        "    Traceback (most recent call last):",
+        '      File "x.py", line 3, in f',
+        "    ValueError: feature view 'nope' does not exist in project p; known views: a",
+        "11:00:01 - ERROR - Task \x1b[96m'training-data'\x1b[0m finished with status \x1b[91mFAILURE\x1b[0m",
+        "RuntimeError: something later",
+    ])
+    assert step_error(log, "training-data") == (
+        "step training-data: ValueError: feature view 'nope' does not exist in project p; known views: a")
