@@ -7,6 +7,7 @@ takes the same raw feature vector a caller gets from the feature store.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -58,12 +59,30 @@ def export_torchscript(model: nn.Module, n_features: int, path: Path) -> Path:
     return path
 
 
+class _Column(nn.Module):
+    """Probabilities as a [batch, 1] column, the shape Triton's config declares."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).unsqueeze(-1)
+
+
 def export_onnx(model: nn.Module, n_features: int, path: Path) -> Path:
-    """ONNX with a dynamic batch dimension: input "features", output "probability"."""
-    model = model.eval().cpu()
+    """ONNX with a dynamic batch dimension: input "features" [batch, n],
+    output "probability" [batch, 1]."""
+    model = _Column(model.eval().cpu())
+    with warnings.catch_warnings():  # the TorchScript-based exporter announces its deprecation
+        warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
+        _export(model, n_features, path)
+    return path
+
+
+def _export(model: nn.Module, n_features: int, path: Path) -> None:
     torch.onnx.export(
         model, (torch.zeros(2, n_features),), str(path), input_names=["features"],
         output_names=["probability"], dynamic_axes={"features": {0: "batch"}, "probability": {0: "batch"}},
         opset_version=17, dynamo=False,
     )
-    return path

@@ -60,3 +60,31 @@ def register(spec: dict, dataset_info: str, model: Input[Model], evaluation: str
 
     return register_step(spec, dataset_info, model.path, evaluation, tracking_uri, run_id, pipeline_run,
                          owner, git_sha)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def optimization_data(spec: dict, source_version: str, tracking_uri: str, feast_repo: str,
+                      dataset: Output[Dataset], source: Output[Model]) -> str:
+    """The source model, and its training data rebuilt from Feast."""
+    from kubeloop.components.optimize import optimization_data_step
+
+    return optimization_data_step(spec, source_version, tracking_uri, feast_repo, dataset.path, source.path)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def optimize(spec: dict, dataset_info: str, dataset: Input[Dataset], source: Input[Model], tracking_uri: str,
+             source_version: str, pipeline_run: str, owner: str, git_sha: str, variants: Output[Model]) -> str:
+    """Build and measure every variant; choose the winner."""
+    from kubeloop.components.optimize import optimize_step
+
+    return optimize_step(spec, dataset_info, dataset.path, source.path, tracking_uri, source_version,
+                         pipeline_run, owner, variants.path, git_sha)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def register_optimized(spec: dict, source_version: str, results: str, variants: Input[Model], tracking_uri: str,
+                       pipeline_run: str, owner: str) -> dict:
+    """Register the winner with its Triton repositories and lineage."""
+    from kubeloop.components.optimize import register_optimized_step
+
+    return register_optimized_step(spec, source_version, results, variants.path, tracking_uri, pipeline_run, owner)

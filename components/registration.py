@@ -24,9 +24,9 @@ from kubeloop.api.promotion import alias_for
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import DatasetInfo
 from kubeloop.components.model import export_onnx, export_torchscript
+from kubeloop.components.steps import save_module
+from kubeloop.registry import tags
 
-TAG_PIPELINE_RUN = "kubeloop.pipeline_run"
-TAG_OWNER = "kubeloop.owner"
 EXPORTED = "exported"
 
 
@@ -67,10 +67,10 @@ def start_run(tracking_uri: str, spec: TrainingJobSpec, pipeline_run: str, owner
     wire = spec.to_wire()
     params = _flatten("", {k: wire[k] for k in ("hyperparameters", "evaluation", "distributed", "seed")}, {})
     params["features.featureViews"] = json.dumps(spec.features.feature_views)
-    tags = {TAG_PIPELINE_RUN: pipeline_run, TAG_OWNER: owner, "kubeloop.spec_hash": spec_hash,
+    run_tags = {tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "kubeloop.spec_hash": spec_hash,
             "mlflow.source.git.commit": git_sha, "git_sha": git_sha,
             **{f"env.{k}": v for k, v in environment().items()}}
-    with mlflow.start_run(run_name=pipeline_run, tags=tags) as run:
+    with mlflow.start_run(run_name=pipeline_run, tags=run_tags) as run:
         mlflow.log_params(params)
         return run.info.run_id
 
@@ -115,7 +115,7 @@ def log_evaluation(tracking_uri: str, run_id: str, metrics: dict[str, float], sl
 def find_registered(tracking_uri: str, name: str, pipeline_run: str):  # noqa: ANN201 - mlflow ModelVersion
     client = MlflowClient(tracking_uri)
     try:
-        versions = client.search_model_versions(f"name = '{name}' and tags.`{TAG_PIPELINE_RUN}` = '{pipeline_run}'")
+        versions = client.search_model_versions(f"name = '{name}' and tags.`{tags.PIPELINE_RUN}` = '{pipeline_run}'")
     except mlflow.exceptions.MlflowException:
         return None
     return versions[0] if versions else None
@@ -139,6 +139,8 @@ def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: Train
             )
             with tempfile.TemporaryDirectory() as tmp:
                 folder = Path(tmp)
+                # The architecture and weights, for the optimiser to rebuild the network.
+                save_module(model, folder)
                 export_torchscript(model, n_features, folder / "model.pt")
                 export_onnx(model, n_features, folder / "model.onnx")
                 card = {"feature_columns": dataset.feature_columns, "label": dataset.label,
@@ -147,14 +149,15 @@ def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: Train
                         "output": {"name": "probability", "dtype": "FP32", "dims": []}}
                 (folder / "model_card.json").write_text(json.dumps(card, indent=2))
                 mlflow.log_artifacts(str(folder), EXPORTED)
-        tags = {
-            TAG_PIPELINE_RUN: pipeline_run, TAG_OWNER: owner, "git_sha": git_sha,
+        version_tags = {
+            tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "git_sha": git_sha,
             "dataset_hash": dataset.dataset_hash, "feature_views": json.dumps(dataset.feature_views, sort_keys=True),
             "feature_columns": json.dumps(dataset.feature_columns), "label": dataset.label,
             "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
+            tags.TRAINING_SPEC: spec.model_dump_json(by_alias=True, exclude_none=True),
             **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items() if k in ("auc", "average_precision")},
         }
-        existing = mlflow.register_model(info.model_uri, spec.model_name, tags=tags)
+        existing = mlflow.register_model(info.model_uri, spec.model_name, tags=version_tags)
     if spec.promotion and spec.promotion.register_as:
         client.set_registered_model_alias(spec.model_name, alias_for(spec.promotion.register_as), existing.version)
     return {"name": spec.model_name, "version": str(existing.version),

@@ -37,6 +37,17 @@ def save_model(model, settings, n_features: int, folder: Path) -> None:  # noqa:
                 "dropout": settings.dropout, "state_dict": model.state_dict()}, folder / "state.pt")
 
 
+def save_module(model, folder: Path) -> None:  # noqa: ANN001 - FraudNet
+    """Save a FraudNet whose training settings are not at hand (read off the network)."""
+    import torch
+
+    widths = [block[0].out_features for block in model.blocks]
+    dropout = next(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"n_features": model.blocks[0][0].in_features, "hidden_units": widths, "dropout": dropout,
+                "state_dict": model.state_dict()}, folder / "state.pt")
+
+
 def load_model(folder: Path):  # noqa: ANN201 - FraudNet
     import torch
 

@@ -168,22 +168,36 @@ def _atomic_save(obj: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class Distillation:
+    """Learn from a teacher's softened probabilities as well as the labels."""
+
+    teacher: FraudNet
+    temperature: float
+    alpha: float
+
+
 def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_val: np.ndarray | None,
           settings: TrainSettings, *, gpus: int = 0, checkpoint_dir: Path | None = None,
           loader: LoaderSettings | None = None, progress: Callable[[dict], None] | None = None,
-          rank: int = 0, world: int = 1, precision: str | None = None) -> TrainResult:
+          rank: int = 0, world: int = 1, precision: str | None = None, model: FraudNet | None = None,
+          distillation: Distillation | None = None) -> TrainResult:
     """Train a FraudNet; resumes from checkpoint_dir when it holds a
     checkpoint of the same settings and data size. precision forces fp32,
-    fp16 or bf16 instead of the device's best."""
+    fp16 or bf16 instead of the device's best; model fine-tunes an existing
+    network instead of a fresh one; distillation adds a teacher's soft targets."""
     seed_everything(settings.seed)
     device = pick_device(gpus)
     precision = precision or pick_precision(device)
     loader_settings = loader or tuned_loader_settings(device)
     x = torch.as_tensor(x_train, dtype=torch.float32)
     y = torch.as_tensor(y_train, dtype=torch.float32)
-    model = build_model(x.shape[1], list(settings.hidden_units), settings.dropout, settings.activation_checkpointing)
-    model.set_normalisation(x.mean(0), x.std(0))
+    if model is None:
+        model = build_model(x.shape[1], list(settings.hidden_units), settings.dropout,
+                            settings.activation_checkpointing)
+        model.set_normalisation(x.mean(0), x.std(0))
     model.to(device)
+    teacher = distillation.teacher.to(device).eval() if distillation else None
     net: nn.Module = model
     if world > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -221,8 +235,17 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
             sync = nullcontext() if world == 1 or last_micro_batch else net.no_sync()
             with sync:
                 with autocast:
-                    logits = net.module.logits(xb) if world > 1 else net.logits(xb)
-                    loss = criterion(logits.float(), yb) / accumulate
+                    logits = (net.module.logits(xb) if world > 1 else net.logits(xb)).float()
+                    loss = criterion(logits, yb)
+                    if teacher is not None:
+                        t = distillation.temperature
+                        with torch.no_grad():
+                            soft = torch.sigmoid(teacher.logits(xb).float() / t)
+                        # Hinton et al.: the soft loss is scaled by T^2 so its
+                        # gradients keep their size as T grows.
+                        distill = nn.functional.binary_cross_entropy_with_logits(logits / t, soft) * t * t
+                        loss = distillation.alpha * distill + (1 - distillation.alpha) * loss
+                    loss = loss / accumulate
                 scaler.scale(loss).backward()
             if last_micro_batch:
                 scaler.step(optimizer)

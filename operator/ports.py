@@ -23,3 +23,5 @@ class Ports:
     default_serving_backend: str = "kubernetes"
     tracking_ui: str | None = None
     """Base URL of the tracking server's UI, for links in status."""
+    tensorrt: bool = False
+    """Whether the optimiser's image has TensorRT (decides which techniques a GPU target may ask for)."""

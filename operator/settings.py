@@ -40,6 +40,8 @@ class OperatorConfig:
     """The tracking URI as Pods in the cluster reach it (defaults to tracking_uri)."""
     registry_secret: str | None = None
     """Name of a Secret with registry credentials, handed to Pods by reference."""
+    tensorrt: bool = False
+    """Whether the components image has TensorRT (KUBELOOP_TENSORRT=true)."""
     webhook_port: int = 0
     """Port of the Alertmanager webhook and /metrics (0: not served)."""
     webhook_token_file: Path | None = None
@@ -67,6 +69,7 @@ class OperatorConfig:
             components_image=get("KUBELOOP_COMPONENTS_IMAGE", defaults.components_image),
             cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
             registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
+            tensorrt=get("KUBELOOP_TENSORRT", "false").lower() == "true",
             webhook_port=int(get("KUBELOOP_WEBHOOK_PORT", "0")),
             webhook_token_file=Path(get("KUBELOOP_WEBHOOK_TOKEN_FILE")) if get("KUBELOOP_WEBHOOK_TOKEN_FILE") else None,
         )

@@ -92,4 +92,5 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
         tracking_ui=config.tracking_uri,
+        tensorrt=config.tensorrt,
     )

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 def platform(tmp_path_factory: pytest.TempPathFactory):
     reuse = os.environ.get("KUBELOOP_TEST_STATE_DIR")
     if reuse and Platform(Path(reuse)).running():
-        yield Platform(Path(reuse))
+        reused = Platform(Path(reuse))
+        reused.install_crds()  # the API may have changed since it came up
+        yield reused
         return
     instance = Platform(tmp_path_factory.mktemp("platform"))
     instance.up()

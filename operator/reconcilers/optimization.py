@@ -21,11 +21,15 @@ def required_conditions(backend: str) -> list[str]:
         [] if backend == "noop" else ["ModelRegistered"])
 
 
-def unsupported_techniques(spec: OptimizedModelSpec) -> list[str]:
+def unsupported_techniques(spec: OptimizedModelSpec, tensorrt: bool = False) -> list[str]:
     """Why each requested technique cannot run on the target, if it cannot (pure)."""
     problems = []
     if spec.target.device == "cpu":
         return problems  # CEL already rejects GPU-only techniques on a CPU target.
+    for technique in ("tensorrt-fp16", "tensorrt-int8"):
+        if technique in spec.techniques and not tensorrt:
+            problems.append(f"{technique} needs TensorRT in the components image; this operator is configured "
+                            "without it (KUBELOOP_TENSORRT)")
     product = spec.target.gpu_product
     model = gpu_model(product) if product else None
     if product and model is None:
@@ -61,7 +65,7 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         return Outcome(new)
     observations = [Observation("SourceResolved", "True", "Resolved",
                                 f"{spec.source.uri} is version {source.version}")]
-    problems = unsupported_techniques(spec)
+    problems = unsupported_techniques(spec, ports.tensorrt)
     if problems:
         observations.append(Observation("TechniquesSupported", "False", "UnsupportedTechnique",
                                         "; ".join(problems)))
@@ -89,7 +93,7 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
     fields: dict = {"run_id": run.run_id, "spec_hash": digest, "source_version": source.version}
     phase = {"Succeeded": "Succeeded", "Failed": "Failed"}.get(run.phase, "Running")
     if run.run_id != status.run_id:
-        fields.update(variants=[], chosen=None, model=None, gpu_memory_mib=None)
+        fields.update(variants=[], chosen=None, model=None, gpu_memory_mib=None, batching=None)
     if run.phase == "Succeeded" and not run.outputs.get("noop"):
         out = run.outputs
         fields["variants"] = [Variant.model_validate(v) for v in out.get("variants", [])]
@@ -104,6 +108,7 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
                                             "the run succeeded but registered no model"))
             phase = "Failed"
         fields["gpu_memory_mib"] = out.get("gpu_memory_mib")
+        fields["batching"] = out.get("batching")
     elif backend_name != "noop":
         observations.append(Observation("ModelRegistered", "Unknown", "AwaitingRun", ""))
     return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields))

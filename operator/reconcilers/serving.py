@@ -10,12 +10,12 @@ from kubeloop.gpu.placement import PlacementDecision, plan
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish
+from kubeloop.registry import tags
 from kubeloop.registry.base import ModelVersion, RegistryUnavailable
 from kubeloop.serving.base import ServedVersion, ServingRequest, ServingUnavailable
 
 KIND = "InferenceService"
 REQUIRED = ["ModelResolved", "Placed", "Deployed"]
-FOOTPRINT_TAG = "kubeloop.gpu_memory_mib"
 
 
 def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServiceStatus,
@@ -48,7 +48,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                                 f"{spec.model.uri} is version {primary.version}"
                                 + (f"; not found: {', '.join(missing)}" if missing else ""))]
 
-    footprint = primary.tags.get(FOOTPRINT_TAG)
+    footprint = primary.tags.get(tags.GPU_MEMORY_MIB)
     placement = plan(spec.gpu, int(footprint) if footprint else None, ports.fleet() if spec.gpu else [],
                      replicas=spec.replicas)
     if not placement.feasible:

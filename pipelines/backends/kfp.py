@@ -120,4 +120,9 @@ def _pipeline_for(request: RunRequest):  # noqa: ANN202 - a kfp pipeline
         spec = TrainingJobSpec.model_validate(request.arguments["spec"])
         owner_namespace = request.arguments["owner"].split("/", 1)[0]
         return build_training_pipeline(spec.resources, spec.distributed, owner_namespace)
+    if request.pipeline == "optimization":
+        from kubeloop.api.optimization import OptimizedModelSpec
+        from kubeloop.pipelines.optimization import build_optimization_pipeline
+
+        return build_optimization_pipeline(OptimizedModelSpec.model_validate(request.arguments["spec"]).target)
     raise ValueError(f"the kfp backend cannot run the {request.pipeline} pipeline")

@@ -7,14 +7,15 @@ import json
 
 from mlflow import MlflowClient
 
-from kubeloop.components.registration import TAG_PIPELINE_RUN, run_url
+from kubeloop.components.registration import run_url
+from kubeloop.registry import tags
 
 
 def mlflow_outcomes(tracking_uri: str):  # noqa: ANN201 - an OutcomeReader
     client = MlflowClient(tracking_uri)
 
     def read(run_name: str) -> dict:
-        versions = client.search_model_versions(f"tags.`{TAG_PIPELINE_RUN}` = '{run_name}'")
+        versions = client.search_model_versions(f"tags.`{tags.PIPELINE_RUN}` = '{run_name}'")
         if not versions:
             return {}
         version = versions[0]
@@ -24,8 +25,8 @@ def mlflow_outcomes(tracking_uri: str):  # noqa: ANN201 - an OutcomeReader
                              "uri": f"models:/{version.name}/{version.version}",
                              "run_url": run_url(tracking_uri, version.run_id)},
                    "metrics": {k: v for k, v in metrics.items() if k not in ("rows", "positives")}}
-        if "kubeloop.outcome" in version.tags:
-            outputs.update(json.loads(version.tags["kubeloop.outcome"]))
+        if tags.OUTCOME in version.tags:
+            outputs.update(json.loads(version.tags[tags.OUTCOME]))
         return outputs
 
     return read

@@ -8,7 +8,8 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import transition_events
-from kubeloop.operator.reconcilers.serving import FOOTPRINT_TAG, reconcile_inference_service
+from kubeloop.operator.reconcilers.serving import reconcile_inference_service
+from kubeloop.registry.tags import GPU_MEMORY_MIB as FOOTPRINT_TAG
 from kubeloop.registry.base import RegistryUnavailable
 from kubeloop.registry.memory import InMemoryRegistry
 from tests.unit.fakes import RecordingServing

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from kubeloop.api.base import BaseStatus, KubeModel, ModelRef, RegisteredModel
+from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.schema import cel, cel_list
 
 OptimizationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
@@ -54,7 +55,8 @@ class AccuracyBudget(KubeModel):
     metric: Literal["auc", "average_precision", "accuracy"] = "auc"
     """The held-out metric compared against the source model."""
     max_drop: float = Field(default=0.01, ge=0, le=1)
-    """The largest acceptable drop (source minus variant); 0 accepts only lossless variants."""
+    """The largest acceptable drop (source minus variant). 0 accepts only variants
+    whose predictions match the source's (to 1e-4), such as a graph compiler's."""
 
 
 class LatencySLO(KubeModel):
@@ -126,6 +128,8 @@ class OptimizedModelSpec(KubeModel):
     """Distillation settings."""
     registered_name: str | None = Field(default=None, max_length=253)
     """Registered model name for the winner; omitted means the source's name."""
+    promotion: PromotionPolicy | None = None
+    """Aliases to give the registered winner, and the gates before promotion."""
     backend: Literal["local", "kfp", "noop"] | None = None
     """Where the optimisation pipeline runs; omitted means the operator's default."""
 
@@ -135,6 +139,10 @@ class Variant(KubeModel):
 
     technique: str
     """The technique that built it (source is the unmodified model)."""
+    runtime: str | None = None
+    """Where it ran: torch, onnxruntime, torch-compile or tensorrt."""
+    note: str | None = None
+    """What the technique did (kept widths, sparsity, calibration rows...)."""
     latency_p50_ms: float | None = None
     """Median latency at the SLO batch size."""
     latency_p99_ms: float | None = None
@@ -184,3 +192,5 @@ class OptimizedModelStatus(BaseStatus):
     gpu_memory_mib: int | None = None
     """The winner's GPU memory footprint (measured on GPU, estimated on CPU);
     serving places the model by it."""
+    batching: str | None = None
+    """The dynamic batching chosen for Triton from the latency profile, and why."""

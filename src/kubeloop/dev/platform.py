@@ -159,6 +159,12 @@ class Platform:
     def kube(self) -> Kube:
         return Kube.from_kubeconfig(str(self.kubeconfig))
 
+    def install_crds(self) -> None:
+        """Apply the CRDs of this checkout's API (also to a platform already up)."""
+        kube = self.kube()
+        for kind in KINDS:
+            kube.apply(build_crd(kind), field_manager="kubeloop-dev")
+
     def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.ProcessRecord:
         """Start (or restart) a process that `down` will stop with the rest,
         such as the operator in `kubeloop demo`."""
@@ -256,8 +262,7 @@ class Platform:
     def _install(self, state: PlatformState, progress: Progress) -> None:
         kube = self.kube()
         progress("installing the kubeloop CRDs")
-        for kind in KINDS:
-            kube.apply(build_crd(kind), field_manager="kubeloop-dev")
+        self.install_crds()
         progress("registering the fake GPU fleet")
         for node in build_nodes(load_fleet(self.fleet_file)):
             # Created with its status in one request, as a kubelet registers a

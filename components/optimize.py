@@ -1,0 +1,262 @@
+"""The optimisation pipeline's steps: rebuild the source's data, build and
+measure every variant, register the winner with a Triton repository.
+
+Like components.steps, every step is a plain function of plain arguments
+and paths, and imports its heavy libraries itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.components.data import DatasetInfo, load_split
+from kubeloop.registry import tags
+
+log = logging.getLogger(__name__)
+# CUDA context, cuDNN/cuBLAS workspaces and a Triton instance's own state:
+# what a GPU process costs before the model's first byte.
+CONTEXT_MIB = 512
+
+
+def optimization_data_step(spec: dict, source_version: str, tracking_uri: str, feast_repo: str,
+                           dataset_path: str, source_dir: str) -> str:
+    """The source model and the data it was trained on (rebuilt from Feast)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from kubeloop.api.training import TrainingJobSpec
+    from kubeloop.components.data import build_dataset
+    from kubeloop.components.registration import EXPORTED
+
+    job = OptimizedModelSpec.model_validate(spec)
+    version = MlflowClient(tracking_uri).get_model_version(job.source.name, source_version)
+    if tags.TRAINING_SPEC not in version.tags:
+        raise ValueError(f"{job.source.name} version {source_version} has no {tags.TRAINING_SPEC} tag: only "
+                         "versions registered by a TrainingJob (or an OptimizedModel) can be optimised")
+    training = TrainingJobSpec.model_validate_json(version.tags[tags.TRAINING_SPEC])
+    info = build_dataset(training, Path(feast_repo), Path(dataset_path))
+    mlflow.set_tracking_uri(tracking_uri)
+    Path(source_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        local = mlflow.artifacts.download_artifacts(f"runs:/{version.run_id}/{EXPORTED}/state.pt", dst_path=source_dir)
+    except mlflow.exceptions.MlflowException as exc:
+        raise ValueError(f"{job.source.name} version {source_version} has no {EXPORTED}/state.pt: it is not a "
+                         "network kubeloop trained (an optimised version cannot be optimised again)") from exc
+    if Path(local) != Path(source_dir) / "state.pt":
+        shutil.move(local, Path(source_dir) / "state.pt")
+    return info.to_json()
+
+
+def _device(spec: OptimizedModelSpec):  # noqa: ANN202 - torch.device
+    import torch
+
+    if spec.target.device == "gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError("target.device is gpu but no GPU is visible where the pipeline runs; "
+                               "run it on a GPU node (backend kfp) or target cpu")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _metric(name: str, y: np.ndarray, p: np.ndarray) -> float:
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    if name == "auc":
+        return float(roc_auc_score(y, p))
+    if name == "average_precision":
+        return float(average_precision_score(y, p))
+    return float(((p >= 0.5) == y).mean())
+
+
+def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], metric: str, x_hold: np.ndarray,
+                     y_hold: np.ndarray, on_variant=None) -> tuple[list, dict]:  # noqa: ANN001
+    """Build the source and every technique's variant and measure each:
+    latency per batch size on hold-out rows, the budget metric, size, and
+    peak device memory. Techniques that cannot run here become rows that say why."""
+    from kubeloop.components.benchmark import measure, peak_memory_mib
+    from kubeloop.components.selection import Measured
+    from kubeloop.components.variants import BUILDERS, NotBuilt, source
+
+    pool = x_hold[: max(4096, 8 * max(batch_sizes))]
+    rows, variants = [], {}
+    reference = None
+    for technique in ["source", *techniques]:
+        builder = source if technique == "source" else BUILDERS[technique]
+        log.info("building %s", technique)
+        try:
+            variant = builder(ctx)
+        except NotBuilt as exc:
+            rows.append(Measured(technique, "-", error=str(exc)))
+            continue
+        variants[technique] = variant
+        latency = {b: measure(variant.predict, pool, b, device=ctx.device) for b in batch_sizes}
+        scores = variant.predict(x_hold)
+        reference = scores if reference is None else reference
+        row = Measured(technique, variant.runtime, {b: (v.p50_ms, v.p99_ms) for b, v in latency.items()},
+                       _metric(metric, y_hold, scores), round(variant.artifact.stat().st_size / 1e6, 4),
+                       variant.onnx is not None, variant.note,
+                       peak_memory_mib=peak_memory_mib(variant.predict, pool[: max(batch_sizes)], ctx.device),
+                       divergence=float(np.max(np.abs(scores - reference))))
+        rows.append(row)
+        if on_variant:
+            on_variant(row, variant)
+    return rows, variants
+
+
+def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str, tracking_uri: str,
+                  source_version: str, pipeline_run: str, owner: str, work_dir: str, git_sha: str = "unknown") -> str:
+    """Build and measure every variant; returns the results table as JSON."""
+    import mlflow
+    import torch
+
+    from kubeloop.components.selection import choose
+    from kubeloop.components.steps import load_model
+    from kubeloop.components.triton import plan_batching
+    from kubeloop.components.variants import BuildContext
+
+    job = OptimizedModelSpec.model_validate(spec)
+    info = DatasetInfo.from_json(info_json)
+    device = _device(job)
+    torch.set_num_threads(1)  # every runtime gets one thread: the comparison is per core
+    train_frame, y_train = load_split(Path(dataset_path), info, "train")
+    hold_frame, y_hold = load_split(Path(dataset_path), info, "holdout")
+    cols = info.feature_columns
+    x_train, x_hold = train_frame[cols].to_numpy(np.float32), hold_frame[cols].to_numpy(np.float32)
+    workdir = Path(work_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    ctx = BuildContext(load_model(Path(source_dir)), x_train, y_train.to_numpy(np.float32), job, workdir,
+                       device, seed=0)
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(f"kubeloop/{job.registered_name or job.source.name}/optimization")
+    run_tags = {tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "kubeloop.source_version": source_version,
+                "git_sha": git_sha, "mlflow.source.git.commit": git_sha}
+    with mlflow.start_run(run_name=pipeline_run, tags=run_tags) as parent:
+        mlflow.log_params({"techniques": json.dumps(job.techniques), "target": job.target.device,
+                           "budget.metric": job.accuracy_budget.metric, "budget.max_drop": job.accuracy_budget.max_drop,
+                           "slo": json.dumps(job.latency_slo.to_wire()), "batch_sizes": json.dumps(job.batch_sizes)})
+
+        def log_variant(row, variant) -> None:  # noqa: ANN001 - Measured, Variant
+            with mlflow.start_run(run_name=row.technique, nested=True, tags={"kubeloop.technique": row.technique}):
+                mlflow.log_metrics({job.accuracy_budget.metric: row.metric, "size_mb": row.size_mb,
+                                    **{f"p50_ms.b{b}": v[0] for b, v in row.latency.items()},
+                                    **{f"p99_ms.b{b}": v[1] for b, v in row.latency.items()}})
+                mlflow.log_params({"runtime": row.runtime, "note": row.note or "-"})
+
+        rows, variants = measure_variants(ctx, job.techniques, job.batch_sizes, job.accuracy_budget.metric,
+                                          x_hold, y_hold.to_numpy(), on_variant=log_variant)
+        choice = choose(rows, job.accuracy_budget, job.latency_slo)
+        winner = variants[choice.winner.technique]
+        shutil.copyfile(winner.onnx, workdir / "winner.onnx")
+        plan = plan_batching(choice.winner.latency, job.latency_slo.milliseconds, job.target.device, os.cpu_count() or 1)
+        footprint, source_of = _footprint(winner, ctx, max(job.batch_sizes))
+        mlflow.log_metric("winner.speedup", choice.winner.speedup or 1.0)
+        mlflow.set_tag("kubeloop.winner", choice.winner.technique)
+        parent_id = parent.info.run_id
+    slo = job.latency_slo
+    table = [_wire(r, slo) for r in choice.rows]
+    return json.dumps({
+        "variants": table, "plan": asdict(plan),
+        "chosen": {"technique": choice.winner.technique, "speedup": round(choice.winner.speedup or 1.0, 3),
+                   "meetsSlo": choice.meets_slo},
+        "gpu_memory_mib": footprint, "gpu_memory_source": source_of, "n_features": len(cols),
+        "run_id": parent_id,
+    })
+
+
+def _wire(row, slo) -> dict:  # noqa: ANN001 - Measured, LatencySLO
+    """A row as status.variants shows it (numbers rounded for reading)."""
+    at = row.latency.get(slo.batch_size, (None, None))
+    out = {"technique": row.technique, "runtime": row.runtime, "note": row.note or None,
+           "latencyP50Ms": _round(at[0]), "latencyP99Ms": _round(at[1]), "speedup": _round(row.speedup, 2),
+           "throughput": _round(slo.batch_size / at[0] * 1000 if at[0] else None, 0), "sizeMb": _round(row.size_mb),
+           "accuracyDelta": _round(row.accuracy_delta, 5), "accepted": row.accepted, "reason": row.reason or None}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else round(value, digits)
+
+
+def _footprint(winner, ctx, batch: int) -> tuple[int, str]:  # noqa: ANN001
+    """GPU memory the served model needs: measured by the allocator on a GPU,
+    estimated from weights and activations on CPU (stated as such)."""
+    import torch
+
+    from kubeloop.components.benchmark import peak_memory_mib
+
+    measured = peak_memory_mib(winner.predict, ctx.x_train[:batch], ctx.device)
+    if measured is not None:
+        return int(math.ceil(measured)) + CONTEXT_MIB, "measured"
+    params = sum(p.numel() * p.element_size() for p in ctx.source.parameters())
+    widest = max([ctx.n_features] + [b[0].out_features for b in ctx.source.blocks])
+    activations = batch * widest * 4 * 2
+    return int(math.ceil((2 * params + activations) / 2**20)) + CONTEXT_MIB, "estimate"
+
+
+def register_optimized_step(spec: dict, source_version: str, results_json: str, work_dir: str, tracking_uri: str,
+                            pipeline_run: str, owner: str) -> dict:
+    """Register the winner as a new version, with Triton repositories and its
+    lineage; a version this pipeline run registered before is returned."""
+    import mlflow
+    import onnx
+    from mlflow import MlflowClient
+
+    from kubeloop.api.promotion import alias_for
+    from kubeloop.components.registration import EXPORTED, find_registered, run_url
+    from kubeloop.components.triton import BACKENDS, BatchingPlan, write_repository
+
+    job = OptimizedModelSpec.model_validate(spec)
+    results = json.loads(results_json)
+    name = job.registered_name or job.source.name
+    client = MlflowClient(tracking_uri)
+    source = client.get_model_version(job.source.name, source_version)
+    plan = BatchingPlan.from_dict(results["plan"])
+    outcome = {"variants": results["variants"], "chosen": results["chosen"],
+               "gpu_memory_mib": results["gpu_memory_mib"], "batching": plan.why}
+    existing = find_registered(tracking_uri, name, pipeline_run)
+    if existing is None:
+        winner = Path(work_dir) / "winner.onnx"
+        mlflow.set_tracking_uri(tracking_uri)
+        with mlflow.start_run(run_id=results["run_id"]):
+            info = mlflow.onnx.log_model(onnx.load(str(winner)), name="model", pip_requirements=["onnxruntime"])
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = Path(tmp)
+                for backend in BACKENDS:
+                    write_repository(folder / "triton" / backend, name, winner, results["n_features"], plan, backend)
+                (folder / EXPORTED).mkdir()
+                shutil.copyfile(winner, folder / EXPORTED / "model.onnx")
+                card = json.loads(Path(mlflow.artifacts.download_artifacts(
+                    f"runs:/{source.run_id}/{EXPORTED}/model_card.json", dst_path=tmp)).read_text())
+                card.update({"technique": results["chosen"]["technique"], "source_version": source_version})
+                (folder / EXPORTED / "model_card.json").write_text(json.dumps(card, indent=2))
+                for sub in ("triton", EXPORTED):
+                    mlflow.log_artifacts(str(folder / sub), sub)
+        run_id = results["run_id"]
+        version_tags = {
+            tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "run_id": run_id,
+            "kubeloop.source": f"{job.source.name}/{source_version}",
+            "kubeloop.technique": results["chosen"]["technique"],
+            "kubeloop.speedup": str(results["chosen"]["speedup"]),
+            tags.GPU_MEMORY_MIB: str(results["gpu_memory_mib"]),
+            tags.GPU_MEMORY_SOURCE: results["gpu_memory_source"],
+            tags.OUTCOME: json.dumps(outcome, separators=(",", ":")),
+            "exported": f"runs:/{run_id}/{EXPORTED}", "triton": f"runs:/{run_id}/triton",
+            **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label")
+               if k in source.tags},
+        }
+        existing = mlflow.register_model(info.model_uri, name, tags=version_tags)
+    if job.promotion and job.promotion.register_as:
+        client.set_registered_model_alias(name, alias_for(job.promotion.register_as), existing.version)
+    return {**outcome, "model": {"name": name, "version": str(existing.version),
+                                 "uri": f"models:/{name}/{existing.version}",
+                                 "runUrl": run_url(tracking_uri, results["run_id"])}}

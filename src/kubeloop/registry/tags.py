@@ -1,0 +1,15 @@
+"""The registry tags kubeloop writes on runs and model versions: the contract
+between the pipelines that register models and the operator that reads them."""
+
+PIPELINE_RUN = "kubeloop.pipeline_run"
+"""The pipeline run that registered the version (makes registration idempotent)."""
+OWNER = "kubeloop.owner"
+"""namespace/name of the TrainingJob or OptimizedModel behind the version."""
+TRAINING_SPEC = "kubeloop.training_spec"
+"""The TrainingJob spec (JSON) whose data and features the model expects."""
+GPU_MEMORY_MIB = "kubeloop.gpu_memory_mib"
+"""The model's GPU memory footprint; the placement planner reads it."""
+GPU_MEMORY_SOURCE = "kubeloop.gpu_memory_source"
+"""measured (on a GPU) or estimate (from weights and activations)."""
+OUTCOME = "kubeloop.outcome"
+"""An optimisation's variants table, choice and batching (JSON)."""

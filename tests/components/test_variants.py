@@ -1,0 +1,70 @@
+"""Every CPU technique builds a working variant of a trained model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.components.optimize import measure_variants
+from sklearn.metrics import roc_auc_score
+
+from kubeloop.components.training import TrainSettings, train
+from kubeloop.components.triton import plan_batching, write_repository
+from kubeloop.components.variants import BUILDERS, BuildContext, NotBuilt, ort_predict, ort_session, source
+
+CPU_TECHNIQUES = ["dynamic-int8", "static-int8", "onnx", "onnx-int8", "structured-pruning",
+                  "unstructured-pruning", "distillation", "torch-compile"]
+
+
+@pytest.fixture(scope="module")
+def context(dataset, tmp_path_factory):
+    model = train(dataset["x"], dataset["y"], None, None, TrainSettings(epochs=2, batch_size=512,
+                                                                        learning_rate=0.003, seed=3)).model
+    spec = OptimizedModelSpec.model_validate({"source": {"name": "m", "version": "1"},
+                                              "pruning": {"sparsity": 0.5, "finetuneEpochs": 1},
+                                              "distillation": {"epochs": 2}})
+    return BuildContext(model, dataset["x"], dataset["y"], spec, tmp_path_factory.mktemp("variants"))
+
+
+@pytest.mark.parametrize("technique", CPU_TECHNIQUES)
+def test_each_technique_builds_a_model_that_still_works(context, dataset, technique):
+    variant = BUILDERS[technique](context)
+    scores = variant.predict(dataset["x_holdout"][:500])
+    assert scores.shape == (500,) and np.all((scores >= 0) & (scores <= 1))
+    assert variant.artifact.exists()
+    assert (variant.onnx is not None) == (technique not in ("dynamic-int8", "torch-compile"))
+    assert roc_auc_score(dataset["y_holdout"], variant.predict(dataset["x_holdout"])) > 0.7
+
+
+def test_the_source_onnx_matches_eager_pytorch(context, dataset):
+    variant = source(context)
+    served = ort_predict(ort_session(variant.onnx, context.device))
+    x = dataset["x_holdout"][:1000]
+    assert np.allclose(served(x), variant.predict(x), atol=1e-5)
+
+
+def test_pruning_shrinks_and_sparsifies(context):
+    structured = BUILDERS["structured-pruning"](context)
+    assert [b[0].out_features for b in structured.module.blocks] == [32, 16]
+    unstructured = BUILDERS["unstructured-pruning"](context)
+    assert unstructured.note == "sparsity 0.50"
+    student = BUILDERS["distillation"](context)
+    assert [b[0].out_features for b in student.module.blocks] == [16, 8]
+
+
+@pytest.mark.parametrize("technique", ["fp16", "bf16", "sparsity-2to4", "tensorrt-fp16"])
+def test_gpu_techniques_say_why_they_cannot_run_on_cpu(context, technique):
+    with pytest.raises(NotBuilt, match="GPU"):
+        BUILDERS[technique](context)
+
+
+def test_measurements_and_a_triton_repository(context, dataset, tmp_path):
+    rows, variants = measure_variants(context, ["onnx", "tensorrt-int8"], [1, 8], "auc",
+                                      dataset["x_holdout"], dataset["y_holdout"])
+    by = {r.technique: r for r in rows}
+    assert by["tensorrt-int8"].error and by["onnx"].latency[8][0] > 0 and by["onnx"].servable
+    plan = plan_batching(by["onnx"].latency, slo_ms=5, device="cpu", cpus=2)
+    model_dir = write_repository(tmp_path, "fraud", variants["onnx"].onnx, context.n_features, plan, "python")
+    assert (model_dir / "1" / "model.onnx").exists() and (model_dir / "1" / "model.py").exists()
+    assert "max_queue_delay_microseconds" in (model_dir / "config.pbtxt").read_text()

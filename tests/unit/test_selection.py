@@ -1,0 +1,59 @@
+"""Accepting, rejecting and choosing variants (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeloop.api.optimization import AccuracyBudget, LatencySLO
+from kubeloop.components.selection import Measured, choose
+
+SLO = LatencySLO(percentile="p99", milliseconds=1.0, batch_size=32)
+
+
+def row(technique, p99, metric, servable=True, error=None, divergence=0.01):
+    return Measured(technique, "rt", {32: (p99 / 2, p99), 1: (0.01, 0.02)}, metric, 1.0, servable, error=error,
+                    divergence=divergence)
+
+
+ROWS = [row("source", 0.10, 0.900, divergence=0.0), row("onnx", 0.03, 0.900, divergence=2e-7),
+        row("onnx-int8", 0.02, 0.897), row("distillation", 0.05, 0.880),
+        row("torch-compile", 0.01, 0.900, servable=False, divergence=1e-6),
+        row("static-int8", 0.025, 0.9003),
+        Measured("tensorrt-fp16", "-", error="TensorRT is not installed")]
+
+
+def by_name(choice):
+    return {r.technique: r for r in choice.rows}
+
+
+def test_fastest_servable_variant_within_budget_wins():
+    choice = choose(ROWS, AccuracyBudget(metric="auc", max_drop=0.01), SLO)
+    rows = by_name(choice)
+    assert choice.winner.technique == "onnx-int8" and choice.meets_slo
+    assert rows["static-int8"].accepted
+    assert rows["onnx-int8"].speedup == pytest.approx(5.0)
+    assert not rows["distillation"].accepted and "drops by 0.0200" in rows["distillation"].reason
+    assert rows["torch-compile"].accepted and "no ONNX form" in rows["torch-compile"].reason
+    assert not rows["tensorrt-fp16"].accepted and rows["tensorrt-fp16"].reason.startswith("not built: TensorRT")
+    assert rows["source"].reason.startswith("accepted; 5.00x")
+
+
+def test_a_zero_budget_rejects_every_lossy_variant():
+    choice = choose([r for r in ROWS if r.technique != "onnx"], AccuracyBudget(metric="auc", max_drop=0.0), SLO)
+    rows = by_name(choice)
+    assert choice.winner.technique == "source"
+    assert not rows["onnx-int8"].accepted and not rows["distillation"].accepted
+    assert rows["onnx-int8"].accuracy_delta == pytest.approx(-0.003)
+    # Scoring as well on this hold-out does not make a quantised model the same model.
+    assert not rows["static-int8"].accepted and "budget is 0" in rows["static-int8"].reason
+
+
+def test_a_lossless_compiled_form_survives_a_zero_budget():
+    choice = choose(ROWS, AccuracyBudget(metric="auc", max_drop=0.0), SLO)
+    assert choice.winner.technique == "onnx"
+
+
+def test_slo_misses_are_reported():
+    slow = [row("source", 3.0, 0.9), row("onnx", 2.0, 0.9)]
+    choice = choose(slow, AccuracyBudget(max_drop=0.01), SLO)
+    assert choice.winner.technique == "onnx" and not choice.meets_slo

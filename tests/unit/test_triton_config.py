@@ -1,0 +1,44 @@
+"""Dynamic batching from a latency profile, and the config.pbtxt it gives."""
+
+from __future__ import annotations
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from kubeloop.components.triton import build_config, plan_batching
+
+# An overhead-bound model: a 32-row batch costs little more than one row.
+PROFILE = {1: (0.05, 0.08), 8: (0.06, 0.10), 32: (0.09, 0.15)}
+
+
+def test_overhead_bound_model_prefers_large_batches_and_waits_to_fill_them():
+    plan = plan_batching(PROFILE, slo_ms=5.0, device="cpu", cpus=2)
+    assert plan.preferred_batch_sizes == (32,)
+    assert plan.max_batch_size == 32
+    # Filling 32 slots at one row per 0.05 ms takes 1.6 ms, inside the SLO's headroom.
+    assert plan.max_queue_delay_us == 1600
+    assert plan.instances == 2 and plan.kind == "KIND_CPU"
+
+
+def test_a_tight_slo_shortens_the_wait_and_drops_slow_batches():
+    plan = plan_batching(PROFILE, slo_ms=0.25, device="gpu", cpus=16)
+    assert plan.preferred_batch_sizes == (8,)
+    assert plan.max_queue_delay_us == 75
+    assert plan.instances == 2 and plan.kind == "KIND_GPU"
+
+
+def test_config_parses_as_a_triton_model_config():
+    plan = plan_batching(PROFILE, slo_ms=5.0, device="cpu", cpus=2)
+    text = text_format.MessageToString(build_config("fraud", 18, plan, "python"))
+    parsed = text_format.Parse(text, mc.ModelConfig())
+    assert parsed.backend == "python" and parsed.max_batch_size == 32
+    assert list(parsed.dynamic_batching.preferred_batch_size) == [32]
+    assert list(parsed.input[0].dims) == [18] and parsed.output[0].name == "probability"
+    ort = build_config("fraud", 18, plan, "onnxruntime")
+    assert ort.platform == "onnxruntime_onnx" and not ort.backend
+
+
+def test_without_a_plan_batching_is_off():
+    config = build_config("fraud", 18, None, "python")
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert list(config.input[0].dims) == [-1, 18]
