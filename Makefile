@@ -8,6 +8,7 @@ include tools/versions.env
 
 PYTHON ?= python3
 VENV := .venv
+SERVING_VENV := .venv-serving
 PY := $(VENV)/bin/python
 export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
 BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
@@ -20,7 +21,7 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
   -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
   | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python binaries debs link test test-unit test-e2e lint bench demo crds pipelines lock clean
+.PHONY: help setup python serving-env binaries debs link test test-unit test-e2e lint bench demo crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
@@ -31,7 +32,7 @@ help:
 	@echo "make pipelines - recompile the pipelines' IR under pipelines/compiled"
 	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
 
-setup: python link binaries debs
+setup: python link serving-env binaries debs
 
 python: $(VENV)/.installed
 
@@ -43,6 +44,15 @@ $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	touch $@
 
 link: $(VENV)/.linked-$(PKG_FILES_HASH)
+
+serving-env: $(SERVING_VENV)/.installed
+
+# The local Triton runtime's environment (see requirements/serving.txt).
+$(SERVING_VENV)/.installed: requirements/serving.txt
+	@test -x $(SERVING_VENV)/bin/python || $(PYTHON) -m venv $(SERVING_VENV)
+	$(SERVING_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SERVING_VENV)/bin/python -m pip install -q -r requirements/serving.txt
+	touch $@
 
 $(VENV)/.linked-$(PKG_FILES_HASH): $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
@@ -91,4 +101,4 @@ lock: python
 	  $(PY) -m pip freeze --exclude-editable; } > requirements/constraints.txt
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SERVING_VENV) build *.egg-info

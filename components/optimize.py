@@ -251,7 +251,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
             tags.GPU_MEMORY_SOURCE: results["gpu_memory_source"],
             tags.OUTCOME: json.dumps(outcome, separators=(",", ":")),
             "exported": f"runs:/{run_id}/{EXPORTED}", "triton": f"runs:/{run_id}/triton",
-            **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label")
+            **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label", "threshold")
                if k in source.tags},
         }
         existing = mlflow.register_model(info.model_uri, name, tags=version_tags)

@@ -153,6 +153,7 @@ def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: Train
             tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "git_sha": git_sha,
             "dataset_hash": dataset.dataset_hash, "feature_views": json.dumps(dataset.feature_views, sort_keys=True),
             "feature_columns": json.dumps(dataset.feature_columns), "label": dataset.label,
+            "threshold": str(spec.evaluation.threshold),
             "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
             tags.TRAINING_SPEC: spec.model_dump_json(by_alias=True, exclude_none=True),
             **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items() if k in ("auc", "average_precision")},

@@ -40,11 +40,16 @@ class OperatorConfig:
     """The tracking URI as Pods in the cluster reach it (defaults to tracking_uri)."""
     registry_secret: str | None = None
     """Name of a Secret with registry credentials, handed to Pods by reference."""
+    gateway: str | None = None
+    """namespace/name of a Gateway API Gateway; canaries then split by HTTPRoute weights."""
+    gateway_domain: str = "example.com"
     tensorrt: bool = False
     """Whether the components image has TensorRT (KUBELOOP_TENSORRT=true)."""
     webhook_port: int = 0
     """Port of the Alertmanager webhook and /metrics (0: not served)."""
     webhook_token_file: Path | None = None
+    request_log_dir: Path | None = None
+    """Where the local serving backend logs requests (default: under the work dir)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
@@ -69,7 +74,10 @@ class OperatorConfig:
             components_image=get("KUBELOOP_COMPONENTS_IMAGE", defaults.components_image),
             cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
             registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
+            gateway=get("KUBELOOP_GATEWAY"),
+            gateway_domain=get("KUBELOOP_GATEWAY_DOMAIN", defaults.gateway_domain),
             tensorrt=get("KUBELOOP_TENSORRT", "false").lower() == "true",
             webhook_port=int(get("KUBELOOP_WEBHOOK_PORT", "0")),
             webhook_token_file=Path(get("KUBELOOP_WEBHOOK_TOKEN_FILE")) if get("KUBELOOP_WEBHOOK_TOKEN_FILE") else None,
+            request_log_dir=Path(get("KUBELOOP_REQUEST_LOG_DIR")) if get("KUBELOOP_REQUEST_LOG_DIR") else None,
         )

@@ -74,9 +74,17 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
             images = ServingImages(
                 triton=config.triton_image, puller=config.components_image,
                 tracking_uri=config.cluster_tracking_uri or config.tracking_uri or "",
-                registry_secret=config.registry_secret,
+                registry_secret=config.registry_secret, gateway=config.gateway,
+                gateway_domain=config.gateway_domain,
             )
             backends[name] = KubernetesServing(kube, images)
+        elif name == "local":
+            from kubeloop.serving.local import LocalServing
+
+            if not config.tracking_uri:
+                raise ConfigurationError("the local serving backend needs MLFLOW_TRACKING_URI")
+            backends[name] = LocalServing(config.state_dir, config.tracking_uri,
+                                          log_dir=config.request_log_dir or config.state_dir / "requests")
         else:
             raise ConfigurationError(f"unknown serving backend {name}; use kubernetes or local")
     return backends

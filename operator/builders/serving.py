@@ -3,9 +3,15 @@
 Each served version (primary, canary, shadow) is a Triton Deployment of its
 own. An init container pulls the registered version from the registry into a
 Triton model repository on an emptyDir, so the Pod never needs write access
-to its image. The canary shares the primary's Service and gets its share of
-requests by replica ratio; the shadow has a Service of its own that the
-router mirrors requests to.
+to its image.
+
+Canary traffic, two ways:
+- by default the canary's Pods sit behind the primary's Service and get their
+  share by replica ratio (coarse with few replicas: 1 of 5 replicas is 20%);
+- with a Gateway configured (Gateway API), each version gets a Service of its
+  own and an HTTPRoute splits requests by weight, exactly, whatever the
+  replica counts.
+The shadow has a Service of its own that mirroring sends copies to.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.operator.builders.meta import child_metadata, dns_name, with_input_hash
 from kubeloop.registry.base import ModelVersion
+from kubeloop.serving.base import triton_name
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+PROGRESS_DEADLINE_SECONDS = 300
 MODEL_REPOSITORY = "/models"
 LABEL_SERVING = "kubeloop.dev/inferenceservice"
 LABEL_MODEL_VERSION = "kubeloop.dev/model-version"
@@ -35,6 +43,10 @@ class ServingImages:
     registry_secret: str | None = None
     """A Secret whose keys (MLFLOW_TRACKING_USERNAME, ...) the puller gets as env."""
     extra_labels: dict[str, str] = field(default_factory=dict)
+    gateway: str | None = None
+    """namespace/name of a Gateway (Gateway API): canaries split by HTTPRoute weights."""
+    gateway_domain: str = "example.com"
+    """Hostnames of HTTPRoutes: <name>.<namespace>.<domain>."""
 
 
 def deployment_name(ref: ObjectRef, role: str) -> str:
@@ -86,6 +98,9 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate",
                          "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            # A rollout that makes no progress for this long is reported as
+            # failed by the Deployment controller; a failed canary is rolled back.
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": {
                 "metadata": {"labels": labels, "annotations": {
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT)}},
@@ -109,7 +124,7 @@ def _puller(model: ModelVersion, images: ServingImages) -> dict:
         "name": "model-puller",
         "image": images.puller,
         "command": ["kubeloop", "serving", "fetch", f"models:/{model.name}/{model.version}",
-                    "--repository", MODEL_REPOSITORY],
+                    "--repository", MODEL_REPOSITORY, "--backend", "onnxruntime"],
         "env": [{"name": "MLFLOW_TRACKING_URI", "value": images.tracking_uri}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": [{"name": "models", "mountPath": MODEL_REPOSITORY},
@@ -127,13 +142,13 @@ def _triton(spec: InferenceServiceSpec, model: ModelVersion, images: ServingImag
         "image": spec.runtime.image or images.triton,
         "args": [
             "tritonserver", f"--model-repository={MODEL_REPOSITORY}", "--model-control-mode=explicit",
-            f"--load-model={model.name}", "--strict-readiness=true", "--exit-on-error=false",
+            f"--load-model={triton_name(model.name)}", "--strict-readiness=true", "--exit-on-error=false",
             f"--http-port={HTTP_PORT}", f"--grpc-port={GRPC_PORT}", f"--metrics-port={METRICS_PORT}",
         ],
         "ports": [{"name": "http", "containerPort": HTTP_PORT},
                   {"name": "grpc", "containerPort": GRPC_PORT},
                   {"name": "metrics", "containerPort": METRICS_PORT}],
-        "readinessProbe": {"httpGet": {"path": f"/v2/models/{model.name}/ready", "port": "http"},
+        "readinessProbe": {"httpGet": {"path": f"/v2/models/{triton_name(model.name)}/ready", "port": "http"},
                            "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
                           "periodSeconds": 10, "failureThreshold": 6, "initialDelaySeconds": 30},
@@ -146,16 +161,17 @@ def _triton(spec: InferenceServiceSpec, model: ModelVersion, images: ServingImag
     return _restricted(container)
 
 
-def build_service(ref: ObjectRef, role: str = "primary") -> dict:
-    """The primary Service selects primary and canary Pods (replica-ratio split);
-    the shadow Service selects only the shadow."""
+def build_service(ref: ObjectRef, role: str = "primary", exact: bool = False) -> dict:
+    """The primary Service selects primary and canary Pods (replica-ratio
+    split); other roles, and the primary with exact=True, select only their own."""
     selector = {LABEL_SERVING: ref.name}
-    if role != "primary":
+    if role != "primary" or exact:
         selector[LABEL_ROLE] = role
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": child_metadata(ref, service_name(ref, role), {LABEL_SERVING: ref.name}),
+        "metadata": child_metadata(ref, service_name(ref, role) if not exact else dns_name(ref.name, role),
+                                   {LABEL_SERVING: ref.name}),
         "spec": {
             "selector": selector,
             "ports": [{"name": "http", "port": 80, "targetPort": "http"},
@@ -198,13 +214,51 @@ def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[st
     primary_replicas, canary_replicas = split_replicas(total, canary_percent)
     replicas = {"primary": primary_replicas, "canary": canary_replicas,
                 "shadow": max(1, min(total, 1)) if total else 0}
+    if images.gateway:
+        # The HTTPRoute splits exactly; each version keeps the replicas it needs.
+        replicas.update(primary=total, canary=max(1, total // 2) if canary_percent else 0)
     children: list[dict] = []
     for role, (model, _percent) in versions.items():
         children.append(build_deployment(ref, spec, role, model, replicas[role], placement, images))
     children.append(build_service(ref))
+    if images.gateway:
+        for role in ("primary", "canary"):
+            if role in versions:
+                children.append(build_service(ref, role, exact=True))
+        children.append(build_http_route(ref, {role: pct for role, (_m, pct) in versions.items() if role != "shadow"},
+                                         images))
     if "shadow" in versions:
         children.append(build_service(ref, "shadow"))
     autoscaler = build_autoscaler(ref, spec)
     if autoscaler:
         children.append(autoscaler)
     return children
+
+
+def build_http_route(ref: ObjectRef, weights: dict[str, int], images: ServingImages) -> dict:
+    """Gateway API HTTPRoute splitting requests between versions by weight."""
+    namespace, name = images.gateway.split("/", 1)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": child_metadata(ref, dns_name(ref.name)),
+        "spec": {
+            "parentRefs": [{"name": name, "namespace": namespace}],
+            "hostnames": [f"{ref.name}.{ref.namespace}.{images.gateway_domain}"],
+            "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [{"name": dns_name(ref.name, role), "port": 80, "weight": weight}
+                                for role, weight in sorted(weights.items(), key=lambda kv: kv[0] != "primary")],
+            }],
+        },
+    }
+
+
+def rollout_failed(deployment: dict) -> str | None:
+    """The Deployment controller's verdict that a rollout is stuck (its
+    progress deadline passed), or None."""
+    for condition in deployment.get("status", {}).get("conditions", []):
+        if (condition.get("type") == "Progressing" and condition.get("status") == "False"
+                and condition.get("reason") == "ProgressDeadlineExceeded"):
+            return condition.get("message") or "progress deadline exceeded"
+    return None

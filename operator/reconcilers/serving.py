@@ -16,6 +16,8 @@ from kubeloop.serving.base import ServedVersion, ServingRequest, ServingUnavaila
 
 KIND = "InferenceService"
 REQUIRED = ["ModelResolved", "Placed", "Deployed"]
+LOCAL = PlacementDecision(True, "cpu", "the local backend serves on this machine's CPU; GPU sharing applies "
+                                       "to the kubernetes backend")
 
 
 def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServiceStatus,
@@ -49,8 +51,11 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                                 + (f"; not found: {', '.join(missing)}" if missing else ""))]
 
     footprint = primary.tags.get(tags.GPU_MEMORY_MIB)
-    placement = plan(spec.gpu, int(footprint) if footprint else None, ports.fleet() if spec.gpu else [],
-                     replicas=spec.replicas)
+    if backend_name == "local":
+        placement = LOCAL
+    else:
+        placement = plan(spec.gpu, int(footprint) if footprint else None, ports.fleet() if spec.gpu else [],
+                         replicas=spec.replicas)
     if not placement.feasible:
         observations.append(Observation("Placed", "False", "NoFittingCapacity", placement.reason))
         new = finish(status, observations, ref.generation, REQUIRED, phase="Failed",
@@ -59,10 +64,16 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     observations.append(Observation("Placed", "True", "Capacity" if not placement.waiting_for_capacity
                                     else "WaitingForCapacity", placement.reason))
 
-    versions = [ServedVersion("primary", primary, 100 - (spec.canary.percent if spec.canary else 0))]
-    for role, split in (("canary", spec.canary), ("shadow", spec.shadow)):
-        if split and splits.get(role):
-            versions.append(ServedVersion(role, splits[role], split.percent))
+    canary = splits.get("canary")
+    # A canary that failed readiness stays out until the spec names another.
+    rolled_back = status.rolled_back_version if canary and canary.version == status.rolled_back_version else None
+    if rolled_back:
+        canary = None
+    versions = [ServedVersion("primary", primary, 100 - (spec.canary.percent if canary else 0))]
+    if canary:
+        versions.append(ServedVersion("canary", canary, spec.canary.percent))
+    if splits.get("shadow"):
+        versions.append(ServedVersion("shadow", splits["shadow"], spec.shadow.percent))
     request = ServingRequest(ref, spec, tuple(versions), placement)
     try:
         served = backend.ensure(request)
@@ -74,15 +85,29 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     observations.append(Observation(
         "Deployed", "True" if served.primary_ready else "False",
         "Available" if served.primary_ready else "RollingOut", served.message))
-    degraded = bool(missing) or any(not ok for role, ok in served.ready.items() if role != "primary")
+    if "canary" in served.rolled_back:
+        rolled_back = canary.version
+    if rolled_back:
+        observations.append(Observation("CanaryReady", "False", "RolledBack",
+                                        served.message or f"version {rolled_back} failed readiness; "
+                                        "the primary serves all traffic"))
+    elif canary:
+        ok = served.ready.get("canary", False)
+        observations.append(Observation("CanaryReady", "True" if ok else "False", "Ready" if ok else "RollingOut",
+                                        f"version {canary.version} gets {spec.canary.percent}% of requests"))
+    degraded = bool(missing) or bool(rolled_back) or any(
+        not ok for role, ok in served.ready.items() if role != "primary")
     phase = "Ready" if served.primary_ready and not degraded else "Degraded" if served.primary_ready else "Pending"
     new = finish(
         status, observations, ref.generation, REQUIRED, phase=phase, url=served.url,
         model_version=primary.version,
-        canary_version=splits["canary"].version if splits.get("canary") else None,
+        canary_version=canary.version if canary and not rolled_back else None,
+        rolled_back_version=rolled_back,
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
     )
+    if not spec.canary:
+        new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type != "CanaryReady"]})
     return Outcome(new)
 
 

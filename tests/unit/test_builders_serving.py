@@ -39,7 +39,8 @@ def test_pods_run_restricted_and_owned():
         ctx = container["securityContext"]
         assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
         assert ctx["readOnlyRootFilesystem"] is True
-    assert pod["initContainers"][0]["command"][-3:] == ["models:/fraud/1", "--repository", "/models"]
+    assert pod["initContainers"][0]["command"][3:] == ["models:/fraud/1", "--repository", "/models",
+                                                       "--backend", "onnxruntime"]
     assert "nodeSelector" not in pod and "tolerations" not in pod
 
 
@@ -74,3 +75,30 @@ def test_children_are_deterministic():
     c = build_children(REF, spec(), {"primary": (V2, 100)}, CPU, ServingImages())
     key = "kubeloop.dev/input-hash"
     assert a[0]["metadata"]["annotations"][key] != c[0]["metadata"]["annotations"][key]
+
+
+def test_with_a_gateway_an_httproute_splits_by_weight():
+    images = ServingImages(gateway="gateways/public", gateway_domain="ml.example")
+    s = spec(replicas=2, canary={"alias": "challenger", "percent": 20})
+    children = build_children(REF, s, {"primary": (V1, 80), "canary": (V2, 20)}, CPU, images)
+    route = next(c for c in children if c["kind"] == "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"name": "public", "namespace": "gateways"}]
+    assert route["spec"]["hostnames"] == ["fraud.ml.ml.example"]
+    assert [(b["name"], b["weight"]) for b in route["spec"]["rules"][0]["backendRefs"]] == [
+        ("fraud-primary", 80), ("fraud-canary", 20)]
+    services = {c["metadata"]["name"]: c["spec"]["selector"] for c in children if c["kind"] == "Service"}
+    assert services["fraud-canary"]["kubeloop.dev/role"] == "canary"
+    assert "kubeloop.dev/role" not in services["fraud"]
+    replicas = {c["metadata"]["name"]: c["spec"]["replicas"] for c in children if c["kind"] == "Deployment"}
+    assert replicas == {"fraud-predictor": 2, "fraud-predictor-canary": 1}
+
+
+def test_a_stuck_rollout_is_detected():
+    from kubeloop.operator.builders.serving import rollout_failed
+
+    stuck = {"status": {"conditions": [{"type": "Progressing", "status": "False",
+                                        "reason": "ProgressDeadlineExceeded", "message": "timed out"}]}}
+    assert rollout_failed(stuck) == "timed out"
+    progressing = {"status": {"conditions": [{"type": "Progressing", "status": "True",
+                                              "reason": "NewReplicaSetAvailable"}]}}
+    assert rollout_failed(progressing) is None and rollout_failed({}) is None

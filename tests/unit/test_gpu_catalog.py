@@ -60,3 +60,24 @@ def test_profile_names_are_ordered_and_unique():
     names = all_mig_profile_names()
     assert names[0] == "1g.5gb" and "7g.94gb" in names and len(names) == len(set(names))
     assert all(gpu.memory_mib > 0 for gpu in GPUS)
+
+
+def test_demand_is_packed_and_filled_into_mig_parted_layouts():
+    from kubeloop.gpu.mig import config_name, mig_parted_config, pack
+
+    balanced = pack(H100, 2, {"3g.40gb": 2, "2g.20gb": 2, "1g.10gb": 1})
+    assert balanced == [{"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}] * 2
+    assert config_name(H100, balanced) == "all-balanced"
+    small = pack(H100, 1, {"1g.10gb": 3})
+    assert small == [{"1g.10gb": 7}] and config_name(H100, small) == "all-1g.10gb"
+    custom = pack(H100, 1, {"4g.40gb": 1, "1g.20gb": 1}, fill=False)
+    name = config_name(H100, custom)
+    assert name.startswith("kubeloop-")
+    assert mig_parted_config(name, custom)["mig-configs"][name][0]["mig-devices"] == {"1g.20gb": 1, "4g.40gb": 1}
+
+
+def test_demand_that_cannot_fit_is_refused():
+    from kubeloop.gpu.mig import LayoutError, pack
+
+    with pytest.raises(LayoutError, match="do not fit"):
+        pack(H100, 1, {"3g.40gb": 2, "2g.20gb": 1})

@@ -86,3 +86,21 @@ def test_unknown_footprint_is_assumed_and_said():
 def test_no_gpu_means_cpu():
     decision = plan(None, None, fleet())
     assert decision.mode == "cpu" and decision.resources == {}
+
+
+def test_suggested_layouts_keep_a_config_that_holds_the_demand_and_replace_one_that_does_not():
+    from kubeloop.gpu.placement import suggest_layouts
+
+    nodes = fleet()
+    small = (gpu(sharing="mig"), 8 * GiB, 3)
+    # No H100 here is partitioned with 4g.40gb slices: re-partitioning must add them.
+    large = (gpu(sharing="mig", product="NVIDIA-H100-80GB-HBM3", mig={"profile": "4g.40gb"}), GiB, 2)
+    assert not plan(*large[:2], nodes).feasible
+    keep = suggest_layouts([small], nodes)
+    assert [(l.node, l.current, l.suggested) for l in keep] == [("gpu-h100-mig-mixed", "all-balanced", "all-balanced")]
+    change = suggest_layouts([small, large], nodes)[0]
+    assert change.suggested not in ("all-balanced", "-") and change.error is None
+    assert sum(l.get("4g.40gb", 0) for l in change.layouts) >= 2
+    assert sum(l.get("1g.10gb", 0) for l in change.layouts) >= 3
+    too_many = suggest_layouts([(large[0], GiB, 9)], nodes)[0]
+    assert too_many.error and "do not fit" in too_many.error

@@ -103,3 +103,45 @@ def test_registry_outage_retries(ports, registry, monkeypatch):
     monkeypatch.setattr(registry, "get_alias", down)
     out = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports, attempt=0)
     assert out.retry_after == 2 and "mlflow down" in out.retry_reason
+
+
+def test_a_canary_that_fails_readiness_is_rolled_back_and_stays_out(ports, serving):
+    from kubeloop.serving.base import ServingState
+
+    s = spec(canary={"alias": "challenger", "percent": 20})
+    first = reconcile_inference_service(REF, s, InferenceServiceStatus(), ports).status
+    assert first.canary_version == "2"
+
+    def failing(request):
+        serving.requests.append(request)
+        return ServingState(url="http://x", ready={"primary": True}, ready_replicas=1,
+                            message="canary version 2 failed to load", rolled_back=("canary",))
+
+    serving.ensure = failing
+    rolled = reconcile_inference_service(REF, s, first, ports).status
+    assert rolled.phase == "Degraded" and rolled.rolled_back_version == "2" and rolled.canary_version is None
+    cond = next(c for c in rolled.conditions if c.type == "CanaryReady")
+    assert (cond.status, cond.reason) == ("False", "RolledBack")
+
+    serving.ensure = RecordingServing.ensure.__get__(serving)
+    again = reconcile_inference_service(REF, s, rolled, ports).status
+    assert [v.role for v in serving.requests[-1].versions] == ["primary"], "the failed canary gets no traffic"
+    assert again.rolled_back_version == "2"
+
+
+def test_a_new_canary_version_is_tried_again(ports, registry, serving):
+    from kubeloop.api.serving import InferenceServiceStatus as Status
+
+    v3 = registry.add_version("fraud", "s3://m/3")
+    registry.set_alias("fraud", "challenger", v3.version)
+    s = spec(canary={"alias": "challenger", "percent": 20})
+    out = reconcile_inference_service(REF, s, Status(rolled_back_version="2"), ports).status
+    assert out.canary_version == "3" and out.rolled_back_version is None
+    assert [v.role for v in serving.requests[-1].versions] == ["primary", "canary"]
+
+
+def test_local_backend_serves_on_cpu(ports, serving):
+    ports.serving["local"] = serving
+    out = reconcile_inference_service(REF, spec(backend="local", gpu={"sharing": "mig"}), InferenceServiceStatus(),
+                                      ports)
+    assert out.status.placement.mode == "cpu" and "local backend" in out.status.placement.reason

@@ -241,6 +241,9 @@ class InferenceServiceStatus(BaseStatus):
     """The registered version serving the main traffic."""
     canary_version: str | None = None
     """The version receiving the canary share."""
+    rolled_back_version: str | None = None
+    """A canary version taken out of service because it failed readiness; it
+    gets no traffic until spec.canary names another version."""
     shadow_version: str | None = None
     """The version receiving mirrored traffic."""
     placement: Placement | None = None

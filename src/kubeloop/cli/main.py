@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kubeloop.cli import api, demo, dev, operator
+from kubeloop.cli import api, demo, dev, operator, placement, serving
 from kubeloop.featurestore import cli as features
 from kubeloop.pipelines import cli as pipelines
 
@@ -13,6 +13,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 app.add_typer(dev.app, name="dev")
 app.add_typer(features.app, name="features")
 app.add_typer(pipelines.app, name="pipelines")
+app.add_typer(serving.app, name="serving")
+app.add_typer(placement.app, name="placement")
 app.command("operator")(operator.run)
 app.command("crds")(api.crds)
 app.command("gpus")(api.gpus)

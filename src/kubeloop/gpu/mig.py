@@ -9,6 +9,7 @@ a 4g and a 3g instance fit together, but two 3g instances and a 2g do not.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 from kubeloop.gpu.catalog import GpuModel, MigProfile
@@ -44,3 +45,92 @@ def place_on_one_gpu(model: GpuModel, profiles: Sequence[MigProfile]) -> list[in
 
 def fits_on_one_gpu(model: GpuModel, profiles: Sequence[MigProfile]) -> bool:
     return place_on_one_gpu(model, profiles) is not None
+
+
+# mig-parted's named configurations that do not follow the all-<profile> pattern.
+BALANCED = {
+    "NVIDIA-A100-SXM4-40GB": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
+    "NVIDIA-A100-SXM4-80GB": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
+    "NVIDIA-H100-80GB-HBM3": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1},
+}
+
+
+class LayoutError(ValueError):
+    """The demanded instances do not fit on the node's GPUs."""
+
+
+def pack(model: GpuModel, gpus: int, demand: dict[str, int], fill: bool = True) -> list[dict[str, int]]:
+    """MIG devices per GPU that hold the demanded instances (largest first,
+    each on the least used GPU that takes it, so the GPUs stay alike); with
+    fill, the space left on each GPU is filled with the smallest profile, as a
+    mig-parted layout would be."""
+    wanted = sorted((model.profile(name) for name, n in demand.items() for _ in range(n)),
+                    key=lambda p: (-p.memory_slices, -p.compute_slices))
+    if any(p is None for p in wanted):
+        raise LayoutError(f"{model.product} has no MIG profile among {sorted(demand)}")
+    layouts: list[list[MigProfile]] = [[] for _ in range(gpus)]
+    for profile in wanted:
+        candidates = [layout for layout in layouts if fits_on_one_gpu(model, layout + [profile])]
+        if candidates:
+            min(candidates, key=lambda layout: sum(p.memory_slices for p in layout)).append(profile)
+        else:
+            raise LayoutError(f"{sum(demand.values())} MIG instances {demand} do not fit on {gpus} {model.product}")
+    smallest = min(model.mig_profiles, key=lambda p: (p.memory_slices, p.compute_slices))
+    for layout in layouts:
+        while fill and fits_on_one_gpu(model, layout + [smallest]):
+            layout.append(smallest)
+    return [_count(layout) for layout in layouts]
+
+
+def _count(layout: list[MigProfile]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for profile in layout:
+        out[profile.name] = out.get(profile.name, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: kv[0]))
+
+
+def standard_configs(model: GpuModel) -> dict[str, dict[str, int]]:
+    """mig-parted's standard layouts for a product, one GPU each."""
+    configs = {}
+    if model.product in BALANCED:
+        configs["all-balanced"] = dict(BALANCED[model.product])
+    for profile in model.mig_profiles:
+        configs[f"all-{profile.name}"] = {profile.name: profile.max_per_gpu}
+    return configs
+
+
+def choose_layout(model: GpuModel, gpus: int, demand: dict[str, int],
+                  current: str | None = None) -> tuple[str, list[dict[str, int]]]:
+    """The node's current configuration if it holds the demand, else the
+    first standard one that does, else a custom packing."""
+    configs = standard_configs(model)
+    order = ([current] if current in configs else []) + [n for n in configs if n != current]
+    for name in order:
+        layout = configs[name]
+        if all(layout.get(profile, 0) * gpus >= count for profile, count in demand.items()):
+            return name, [dict(layout)] * gpus
+    layouts = pack(model, gpus, demand)
+    return config_name(model, layouts), layouts
+
+
+def config_name(model: GpuModel, layouts: list[dict[str, int]]) -> str:
+    """The mig-parted configuration name for per-GPU layouts: a standard one
+    (all-balanced, all-1g.10gb, ...) when they match it, else a custom name."""
+    first = layouts[0] if layouts else {}
+    if all(layout == first for layout in layouts):
+        if first == BALANCED.get(model.product):
+            return "all-balanced"
+        if len(first) == 1:
+            (name, count), = first.items()
+            if count == model.profile(name).max_per_gpu:
+                return f"all-{name}"
+    digest = hashlib.sha256(repr(layouts).encode()).hexdigest()[:8]
+    return f"kubeloop-{digest}"
+
+
+def mig_parted_config(name: str, layouts: list[dict[str, int]]) -> dict:
+    """A mig-parted configuration (the ConfigMap's config.yaml) for the layouts."""
+    entries: list[dict] = []
+    for index, layout in enumerate(layouts):
+        entries.append({"devices": [index], "mig-enabled": True, "mig-devices": dict(layout)})
+    return {"version": "v1", "mig-configs": {name: entries}}

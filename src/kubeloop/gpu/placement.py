@@ -226,3 +226,78 @@ def _describe_request(gpu: ServingGPU) -> str:
 
 def _infeasible(reason: str, need: int) -> PlacementDecision:
     return PlacementDecision(False, "cpu", reason, footprint_mib=need)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """A suggested MIG layout for one node (nvidia.com/mig.config)."""
+
+    node: str
+    product: str
+    current: str | None
+    suggested: str
+    layouts: tuple[dict[str, int], ...]
+    demand: dict[str, int]
+    error: str | None = None
+
+
+def suggest_layouts(requests: list[tuple[ServingGPU | None, int | None, int]],
+                    nodes: list[NodeInfo]) -> list[NodeLayout]:
+    """For every MIG node, the mig-parted layout that holds the MIG instances
+    the requests need (gpu spec, footprint, replicas), within each GPU's
+    profile limits (pure). A request the current layouts cannot place still
+    counts: its smallest fitting profile on a MIG node of the right product
+    is what re-partitioning should add."""
+    from kubeloop.gpu.mig import LayoutError, choose_layout
+
+    mig_nodes = [n for n in nodes if n.labels.get("nvidia.com/mig.strategy") and gpu_model(n.labels.get(PRODUCT_LABEL, ""))]
+    by_node: dict[str, dict[str, int]] = {}
+    for spec, footprint, replicas in requests:
+        if spec is None or spec.sharing not in ("mig", "auto"):
+            continue
+        decision = plan(spec, footprint, nodes, replicas)
+        if decision.feasible and decision.mode != "mig":
+            continue
+        if decision.feasible:
+            node, profile = decision.nodes[0], decision.profile
+        else:
+            target = _repartition_target(spec, decision.footprint_mib, mig_nodes)
+            if target is None:
+                continue
+            node, profile = target
+        counts = by_node.setdefault(node, {})
+        counts[profile] = counts.get(profile, 0) + replicas
+    out = []
+    for node in mig_nodes:
+        if node.name not in by_node:
+            continue
+        labels = node.labels
+        model = gpu_model(labels[PRODUCT_LABEL])
+        demand = by_node[node.name]
+        if labels.get("nvidia.com/mig.strategy") == "single":
+            per_gpu = model.profile(labels[PRODUCT_LABEL].split("-MIG-", 1)[1]).max_per_gpu
+            gpus = max(1, int(labels.get("nvidia.com/gpu.count", per_gpu)) // per_gpu)
+        else:
+            gpus = int(labels.get("nvidia.com/gpu.count", "1"))
+        current = labels.get("nvidia.com/mig.config")
+        try:
+            name, layouts = choose_layout(model, gpus, demand, current)
+            out.append(NodeLayout(node.name, model.product, current, name, tuple(layouts), demand))
+        except LayoutError as exc:
+            out.append(NodeLayout(node.name, model.product, current, "-", (), demand, str(exc)))
+    return out
+
+
+def _repartition_target(spec: ServingGPU, need: int, mig_nodes: list[NodeInfo]) -> tuple[str, str] | None:
+    """The first MIG node (of the requested product) whose GPU has a profile
+    that holds the footprint, and the smallest such profile."""
+    wanted = spec.mig.profile if spec.mig else "auto"
+    for node in mig_nodes:
+        model = gpu_model(node.labels[PRODUCT_LABEL])
+        if spec.product and gpu_model(spec.product) is not model:
+            continue
+        fitting = [p for p in model.mig_profiles if p.memory_mib >= need and wanted in ("auto", p.name)]
+        if fitting:
+            best = min(fitting, key=lambda p: (p.compute_slices, p.memory_slices))
+            return node.name, best.name
+    return None

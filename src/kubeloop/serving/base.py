@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -12,6 +13,12 @@ from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.registry.base import ModelVersion
 
 Role = Literal["primary", "canary", "shadow"]
+
+
+def triton_name(model: str) -> str:
+    """The Triton model name of a registered model (Triton's names allow
+    fewer characters than MLflow's)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", model)
 
 
 class ServingUnavailable(Exception):

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop.operator.builders.meta import owner_selector
-from kubeloop.operator.builders.serving import ServingImages, build_children, service_name
+from kubeloop.operator.builders.serving import (
+    ServingImages, build_children, deployment_name, rollout_failed, service_name,
+)
 from kubeloop.operator.kube import Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
 
 # Kinds an InferenceService may own; children of these kinds that the
 # current spec no longer wants are deleted.
 OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("autoscaling/v2", "HorizontalPodAutoscaler"))
+ROUTES = ("gateway.networking.k8s.io/v1", "HTTPRoute")
 
 
 class KubernetesServing(ServingBackend):
@@ -23,8 +26,11 @@ class KubernetesServing(ServingBackend):
 
     def ensure(self, request: ServingRequest) -> ServingState:
         versions = {v.role: (v.model, v.percent) for v in request.versions}
-        desired = build_children(request.ref, request.spec, versions, request.placement, self.images)
         try:
+            rolled_back = self._failed_canary(request)
+            if rolled_back:
+                versions.pop("canary")
+            desired = build_children(request.ref, request.spec, versions, request.placement, self.images)
             for obj in desired:
                 self.kube.apply(obj)
             self._delete_unwanted(request.ref, desired)
@@ -33,8 +39,23 @@ class KubernetesServing(ServingBackend):
             if exc.transient:
                 raise ServingUnavailable(str(exc)) from exc
             raise
-        url = f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local"
-        return ServingState(url=url, ready=ready, ready_replicas=replicas, message="; ".join(messages))
+        if rolled_back:
+            messages.insert(0, f"canary rolled back: {rolled_back}")
+        url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
+               else f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local")
+        return ServingState(url=url, ready=ready, ready_replicas=replicas, message="; ".join(messages),
+                            rolled_back=("canary",) if rolled_back else ())
+
+    def _failed_canary(self, request: ServingRequest) -> str | None:
+        """A canary whose rollout passed its progress deadline: its Deployment
+        goes (the primary keeps all traffic) and the reason comes back."""
+        if request.version("canary") is None:
+            return None
+        live = self.kube.get("apps/v1", "Deployment", deployment_name(request.ref, "canary"), request.ref.namespace)
+        reason = rollout_failed(live) if live else None
+        if reason:
+            self.kube.delete("apps/v1", "Deployment", deployment_name(request.ref, "canary"), request.ref.namespace)
+        return reason
 
     def delete(self, ref: ObjectRef) -> None:
         # ownerReferences make the garbage collector remove every child.
@@ -42,7 +63,7 @@ class KubernetesServing(ServingBackend):
 
     def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
-        for api_version, kind in OWNED:
+        for api_version, kind in OWNED + ((ROUTES,) if self.images.gateway else ()):
             for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
                 if (kind, live["metadata"]["name"]) not in wanted:
                     self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)

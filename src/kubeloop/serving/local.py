@@ -1,0 +1,222 @@
+"""Serving on this machine: a real tritonserver per InferenceService, with
+the registered versions in its model repository, and the router in front.
+
+Everything an InferenceService runs is recorded in its folder (ports,
+processes, what Triton has loaded), so a restarted operator adopts the
+processes it started before instead of starting them twice. Versions move
+through Triton's repository API: the config's version policy is rewritten and
+the model reloaded, which loads new versions before unloading old ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.dev import processes
+from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.serving.repository import fetch_version, prune_versions, write_config
+from kubeloop.serving.runtime import TritonRuntime
+
+READY_TIMEOUT = 60.0
+
+
+@dataclass
+class InstanceState:
+    """What runs for one InferenceService."""
+
+    ports: dict[str, int]
+    processes: dict[str, dict]
+    loaded: str = ""
+    """Fingerprint of the config and versions Triton last loaded."""
+    failed: dict[str, str] | None = None
+    """Versions Triton could not load, with its reason."""
+
+    @classmethod
+    def read(cls, path: Path) -> "InstanceState | None":
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=2))
+        os.replace(tmp, path)
+
+    def record(self, name: str) -> processes.ProcessRecord | None:
+        data = self.processes.get(name)
+        return processes.ProcessRecord(**data) if data else None
+
+
+class LocalServing(ServingBackend):
+    name = "local"
+
+    def __init__(self, work_dir: Path, tracking_uri: str, runtime: TritonRuntime | None = None,
+                 log_dir: Path | None = None):
+        self.root = Path(work_dir) / "serving"
+        self.tracking_uri = tracking_uri
+        self._runtime = runtime
+        self.log_dir = log_dir
+
+    @property
+    def runtime(self) -> TritonRuntime:
+        if self._runtime is None:
+            self._runtime = TritonRuntime.discover()
+        return self._runtime
+
+    def folder(self, ref: ObjectRef) -> Path:
+        return self.root / f"{ref.namespace}-{ref.name}"
+
+    def ensure(self, request: ServingRequest) -> ServingState:
+        folder = self.folder(request.ref)
+        folder.mkdir(parents=True, exist_ok=True)
+        state_path = folder / "state.json"
+        state = InstanceState.read(state_path) or InstanceState(
+            ports={k: processes.free_port() for k in ("http", "grpc", "metrics", "router")}, processes={})
+        repository = folder / "repository"
+        model = request.versions[0].model.name
+        name = triton_name(model)
+        wanted = {v.role: v.model.version for v in request.versions}
+        self._fetch(repository, model, folder, set(wanted.values()))
+        primary = wanted["primary"]
+        config_text = (folder / "configs" / f"{primary}.pbtxt").read_text()
+        fingerprint = hashlib.sha256((config_text + json.dumps(sorted(set(wanted.values())))).encode()).hexdigest()
+        triton = f"http://127.0.0.1:{state.ports['http']}"
+        self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
+            repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
+            ready=f"{triton}/v2/health/live")
+        if state.loaded != fingerprint:
+            self._load(repository, folder, name, primary, sorted(set(wanted.values())), triton)
+            state.loaded = fingerprint
+            state.write(state_path)
+        index = self._index(triton)
+        failed = {v: index.get(v, {}).get("reason", "") for v in set(wanted.values())
+                  if index.get(v, {}).get("state") == "UNAVAILABLE"}
+        if failed.get(primary):
+            raise ServingUnavailable(f"Triton cannot load {model} version {primary}: {failed[primary]}")
+        rolled_back = tuple(role for role, v in wanted.items() if role != "primary" and v in failed)
+        ready = {role: self._version_ready(triton, name, v) for role, v in wanted.items() if role not in rolled_back}
+        if not ready.get("primary"):
+            ready["primary"] = self._wait_ready(triton, name, primary)
+        self._write_routes(folder, request, name, triton, [r for r in wanted if r not in rolled_back])
+        router_port = state.ports["router"]
+        self._ensure_process(state, state_path, "router", [
+            sys.executable, "-m", "kubeloop.serving.router", "--config", str(folder / "router.json"),
+            "--port", str(router_port)], folder, {}, ready=f"http://127.0.0.1:{router_port}/v2/health/live")
+        message = "; ".join(f"{role} version {wanted[role]} failed to load and was rolled back: {failed[wanted[role]]}"
+                            for role in rolled_back)
+        return ServingState(url=f"http://127.0.0.1:{router_port}", ready=ready,
+                            ready_replicas=1 if ready.get("primary") else 0, message=message,
+                            rolled_back=rolled_back)
+
+    def delete(self, ref: ObjectRef) -> None:
+        folder = self.folder(ref)
+        state = InstanceState.read(folder / "state.json")
+        if state:
+            for name in ("router", "tritonserver"):
+                record = state.record(name)
+                if record:
+                    processes.stop(record)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    # -- steps ---------------------------------------------------------------
+
+    def _fetch(self, repository: Path, model: str, folder: Path, versions: set[str]) -> None:
+        configs = folder / "configs"
+        configs.mkdir(exist_ok=True)
+        for version in sorted(versions):
+            if not (configs / f"{version}.pbtxt").exists():
+                from google.protobuf import text_format
+
+                config = fetch_version(self.tracking_uri, model, version, repository, backend="python")
+                (configs / f"{version}.pbtxt").write_text(text_format.MessageToString(config))
+
+    def _ensure_process(self, state: InstanceState, state_path: Path, name: str, argv: list[str], folder: Path,
+                        env: dict[str, str], ready: str) -> None:
+        record = state.record(name)
+        if record is None or not record.running():
+            record = processes.start(name, argv, folder / "logs", env=env, cwd=folder)
+            state.processes[name] = record.to_dict()
+            state.write(state_path)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not _ok(ready):
+            if not record.running():
+                raise ServingUnavailable(f"{name} exited:\n{processes.log_tail(record.log)}")
+            if time.monotonic() > deadline:
+                raise ServingUnavailable(f"{name} not ready after {READY_TIMEOUT:.0f} s")
+            time.sleep(0.2)
+
+    def _load(self, repository: Path, folder: Path, name: str, primary: str, versions: list[str], triton: str) -> None:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2 as mc
+
+        config = text_format.Parse((folder / "configs" / f"{primary}.pbtxt").read_text(), mc.ModelConfig())
+        write_config(repository, config, versions)
+        prune_versions(repository, name, versions)
+        try:
+            response = requests.post(f"{triton}/v2/repository/models/{name}/load", timeout=READY_TIMEOUT)
+        except requests.RequestException as exc:
+            raise ServingUnavailable(f"Triton's repository API: {exc}") from exc
+        if response.status_code >= 500:
+            raise ServingUnavailable(f"Triton could not load {name}: {response.text}")
+
+    def _index(self, triton: str) -> dict[str, dict]:
+        """Version -> {state, reason} from Triton's repository index."""
+        try:
+            entries = requests.post(f"{triton}/v2/repository/index", json={}, timeout=10).json()
+        except (requests.RequestException, ValueError) as exc:
+            raise ServingUnavailable(f"Triton's repository index: {exc}") from exc
+        return {str(e.get("version")): e for e in entries if e.get("version")}
+
+    def _version_ready(self, triton: str, name: str, version: str) -> bool:
+        return _ok(f"{triton}/v2/models/{name}/versions/{version}/ready")
+
+    def _wait_ready(self, triton: str, name: str, version: str) -> bool:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._version_ready(triton, name, version):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _write_routes(self, folder: Path, request: ServingRequest, name: str, triton: str, roles: list[str]) -> None:
+        by_role = {v.role: v for v in request.versions}
+        canary = by_role.get("canary") if "canary" in roles else None
+        routes = [{"role": "primary", "version": by_role["primary"].model.version,
+                   "percent": 100 - (canary.percent if canary else 0)}]
+        if canary:
+            routes.append({"role": "canary", "version": canary.model.version, "percent": canary.percent})
+        shadow = by_role.get("shadow") if "shadow" in roles else None
+        logging = request.spec.request_logging
+        log_dir = logging.destination or (str(self.log_dir / f"{request.ref.namespace}-{request.ref.name}")
+                                          if self.log_dir else str(folder / "requests"))
+        config = {
+            "service": f"{request.ref.namespace}/{request.ref.name}", "model": by_role["primary"].model.name,
+            "triton_model": name, "triton_url": triton, "routes": routes,
+            "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
+            "threshold": float(by_role["primary"].model.tags.get("threshold", 0.5)),
+            "log_dir": log_dir if logging.enabled else None, "sample_rate": logging.sample_rate,
+        }
+        path = folder / "router.json"
+        text = json.dumps(config, indent=2)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False

@@ -1,0 +1,90 @@
+"""Put registered model versions into a Triton model repository.
+
+An OptimizedModel registers its winner with ready-made Triton repositories
+(tuned batching, `triton/<backend>/<name>/`); a version straight from a
+TrainingJob has only its ONNX export, and gets a default configuration.
+Registry versions become Triton versions of one Triton model, so a canary is
+`/v2/models/<m>/versions/<canary>/infer` and moving an alias is a change of
+the config's version policy plus a reload through the repository API.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlflow
+from google.protobuf import text_format
+from mlflow import MlflowClient
+from tritonclient.grpc import model_config_pb2 as mc
+
+from kubeloop.components.triton import MODEL_PY, BatchingPlan, write_repository
+from kubeloop.serving.base import triton_name
+
+# Batching for versions nobody profiled: small batches, a short wait.
+DEFAULT_PLAN = BatchingPlan(max_batch_size=64, preferred_batch_sizes=(8, 32), max_queue_delay_us=500, instances=1,
+                            kind="KIND_CPU", why="default: the version has no measured latency profile")
+
+
+def fetch_version(tracking_uri: str, model: str, version: str, repository: Path, backend: str = "python") -> mc.ModelConfig:
+    """Write <repository>/<triton name>/<version>/ for a registered version and
+    return the Triton config that version came with."""
+    client = MlflowClient(tracking_uri)
+    mv = client.get_model_version(model, version)
+    name = triton_name(model)
+    mlflow.set_tracking_uri(tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        staging = Path(tmp)
+        try:
+            mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/triton/{backend}", dst_path=str(staging))
+            source = next((staging / backend).iterdir())
+        except (mlflow.exceptions.MlflowException, StopIteration, FileNotFoundError):
+            onnx_path = Path(mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/exported/model.onnx",
+                                                                 dst_path=str(staging)))
+            card = json.loads(Path(mlflow.artifacts.download_artifacts(
+                f"runs:/{mv.run_id}/exported/model_card.json", dst_path=str(staging))).read_text())
+            source = write_repository(staging / "built", name, onnx_path, len(card["feature_columns"]),
+                                      DEFAULT_PLAN, backend)
+        target = repository / name / str(version)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(next(p for p in source.iterdir() if p.is_dir()), target)
+        if backend == "python":
+            # The python backend's glue belongs to the runtime, not to the
+            # registered artifact: always the current one.
+            (target / "model.py").write_text(MODEL_PY)
+        config = text_format.Parse((source / "config.pbtxt").read_text(), mc.ModelConfig())
+    config.name = name
+    return config
+
+
+def write_config(repository: Path, config: mc.ModelConfig, versions: list[str]) -> Path:
+    """The model's config.pbtxt serving exactly these versions."""
+    config = mc.ModelConfig.FromString(config.SerializeToString())
+    config.version_policy.ClearField("specific")
+    config.version_policy.specific.versions.extend(sorted(int(v) for v in versions))
+    path = repository / config.name / "config.pbtxt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text_format.MessageToString(config))
+    return path
+
+
+def prune_versions(repository: Path, name: str, keep: list[str]) -> None:
+    """Remove version folders that are no longer served."""
+    folder = repository / name
+    for child in folder.iterdir() if folder.exists() else []:
+        if child.is_dir() and child.name.isdigit() and child.name not in keep:
+            shutil.rmtree(child)
+
+
+def fetch_for_kubernetes(model_uri: str, repository: Path, tracking_uri: str, backend: str = "onnxruntime") -> Path:
+    """What the serving Pod's init container runs: models:/<name>/<version> into /models."""
+    match = re.fullmatch(r"models:/([^/@]+)/(\d+)", model_uri)
+    if not match:
+        raise ValueError(f"expected models:/<name>/<version>, got {model_uri}")
+    model, version = match.groups()
+    config = fetch_version(tracking_uri, model, version, repository, backend)
+    return write_config(repository, config, [version])

@@ -1,0 +1,297 @@
+"""The local serving router: the endpoint clients call in front of
+tritonserver (KServe v2 protocol).
+
+- Canary split by consistent hashing of a request key (the X-Request-Key
+  header, else the request's "id"), so one caller always reaches the same
+  version; requests without a key are spread at random.
+- Shadow mirroring: a share of requests is also sent to the shadow version;
+  its answer is logged and compared with the primary's, never returned.
+- Request logging for drift monitoring (sampled JSON lines).
+- Prometheus metrics on /metrics: request latency, requests per version and
+  outcome, prediction scores, shadow comparisons and disagreements.
+
+Its routes live in a JSON file that the local serving backend rewrites as
+aliases move; the router picks up changes within half a second.
+
+    python -m kubeloop.serving.router --config router.json --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+log = logging.getLogger("kubeloop.router")
+
+
+@dataclass(frozen=True)
+class Route:
+    role: str
+    version: str
+    percent: float
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    service: str
+    model: str
+    triton_model: str
+    triton_url: str
+    routes: tuple[Route, ...]
+    shadow: Route | None = None
+    threshold: float = 0.5
+    log_dir: str | None = None
+    sample_rate: float = 1.0
+
+    @classmethod
+    def load(cls, path: Path) -> "RouterConfig":
+        data = json.loads(path.read_text())
+        shadow = data.get("shadow")
+        return cls(service=data["service"], model=data["model"], triton_model=data["triton_model"],
+                   triton_url=data["triton_url"], routes=tuple(Route(**r) for r in data["routes"]),
+                   shadow=Route(**shadow) if shadow else None, threshold=data.get("threshold", 0.5),
+                   log_dir=data.get("log_dir"), sample_rate=data.get("sample_rate", 1.0))
+
+
+def bucket(key: str, salt: str = "") -> float:
+    """A stable position in [0, 100) for a key."""
+    digest = hashlib.sha256(f"{salt}{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 10000 / 100
+
+
+def pick(routes: tuple[Route, ...], key: str) -> Route:
+    """The route whose share of [0, 100) holds the key's bucket (pure)."""
+    position, edge = bucket(key), 0.0
+    for route in routes:
+        edge += route.percent
+        if position < edge:
+            return route
+    return routes[0]
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        labels = ["service", "model", "version", "role"]
+        self.latency = Histogram("kubeloop_inference_request_duration_seconds",
+                                 "Time from receiving a request to answering it, by version and role.",
+                                 labels, registry=self.registry,
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        self.requests = Counter("kubeloop_inference_requests_total", "Inference requests by version, role and outcome.",
+                                [*labels, "code"], registry=self.registry)
+        self.scores = Histogram("kubeloop_prediction_score", "Predicted probabilities returned to callers.",
+                                ["service", "model", "version"], registry=self.registry,
+                                buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0))
+        pair = ["service", "model", "primary_version", "shadow_version"]
+        self.shadow_comparisons = Counter("kubeloop_shadow_comparisons_total",
+                                          "Requests answered by both the primary and the shadow.", pair,
+                                          registry=self.registry)
+        self.shadow_disagreements = Counter("kubeloop_shadow_disagreements_total",
+                                            "Compared requests where the shadow's decision differs.", pair,
+                                            registry=self.registry)
+
+
+class RequestLog:
+    """Sampled request rows as JSON lines, one file per hour, written in the background."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+
+    def flush(self, directory: str | None) -> None:
+        if not self.rows or not directory:
+            self.rows.clear()
+            return
+        rows, self.rows = self.rows, []
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / time.strftime("requests-%Y%m%d-%H.jsonl", time.gmtime())
+        with open(path, "a") as out:
+            for row in rows:
+                out.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
+class Router:
+    def __init__(self, config_path: Path):
+        self.config_path = config_path
+        self.config = RouterConfig.load(config_path)
+        self.mtime = config_path.stat().st_mtime
+        self.metrics = Metrics()
+        self.log = RequestLog()
+        self.session: aiohttp.ClientSession | None = None
+        self.background: set[asyncio.Task] = set()
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def start(self, app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
+                                             connector=aiohttp.TCPConnector(limit=256))
+        self._spawn(self._watch())
+
+    async def stop(self, app: web.Application) -> None:
+        self.log.flush(self.config.log_dir)
+        await self.session.close()
+
+    def _spawn(self, coro) -> None:  # noqa: ANN001
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                mtime = self.config_path.stat().st_mtime
+                if mtime != self.mtime:
+                    self.config, self.mtime = RouterConfig.load(self.config_path), mtime
+                    log.info("routes: %s", self.config.routes)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("keeping the previous routes: %s", exc)
+            self.log.flush(self.config.log_dir)
+
+    def _infer_url(self, version: str) -> str:
+        c = self.config
+        return f"{c.triton_url}/v2/models/{c.triton_model}/versions/{version}/infer"
+
+    # -- handlers ------------------------------------------------------------
+
+    async def infer(self, request: web.Request) -> web.Response:
+        c = self.config
+        if request.match_info["model"] not in (c.model, c.triton_model):
+            return web.json_response({"error": f"unknown model {request.match_info['model']}"}, status=404)
+        started = time.perf_counter()
+        body = await request.read()
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return web.json_response({"error": "the body is not JSON"}, status=400)
+        key = request.headers.get("X-Request-Key") or payload.get("id") or uuid.uuid4().hex
+        route = pick(c.routes, key)
+        try:
+            async with self.session.post(self._infer_url(route.version), data=body,
+                                         headers={"Content-Type": "application/json"}) as upstream:
+                status, answer = upstream.status, await upstream.read()
+        except aiohttp.ClientError as exc:
+            status, answer = 503, json.dumps({"error": f"model server unavailable: {exc}"}).encode()
+        elapsed = time.perf_counter() - started
+        labels = (c.service, c.model, route.version, route.role)
+        self.metrics.latency.labels(*labels).observe(elapsed)
+        self.metrics.requests.labels(*labels, str(status)).inc()
+        scores = _scores(answer) if status == 200 else None
+        if scores:
+            for score in scores:
+                self.metrics.scores.labels(c.service, c.model, route.version).observe(score)
+        if c.log_dir and scores and random.random() < c.sample_rate:
+            self.log.add({"ts": time.time(), "key": key, "role": route.role, "version": route.version,
+                          "features": _features(payload), "scores": scores})
+        if c.shadow and bucket(key, "shadow") < c.shadow.percent:
+            self._spawn(self._mirror(body, key, route.version, scores))
+        return web.Response(body=answer, status=status, content_type="application/json",
+                            headers={"X-Model-Version": route.version, "X-Model-Role": route.role})
+
+    async def _mirror(self, body: bytes, key: str, primary_version: str, primary: list[float] | None) -> None:
+        """Send the request to the shadow; log and compare, never answer."""
+        c = self.config
+        shadow = c.shadow
+        started = time.perf_counter()
+        try:
+            async with self.session.post(self._infer_url(shadow.version), data=body,
+                                         headers={"Content-Type": "application/json"}) as upstream:
+                status, answer = upstream.status, await upstream.read()
+        except aiohttp.ClientError:
+            status, answer = 503, b""
+        labels = (c.service, c.model, shadow.version, "shadow")
+        self.metrics.latency.labels(*labels).observe(time.perf_counter() - started)
+        self.metrics.requests.labels(*labels, str(status)).inc()
+        scores = _scores(answer) if status == 200 else None
+        if scores and primary and len(scores) == len(primary):
+            pair = (c.service, c.model, primary_version, shadow.version)
+            for p, s in zip(primary, scores):
+                self.metrics.shadow_comparisons.labels(*pair).inc()
+                if (p >= c.threshold) != (s >= c.threshold):
+                    self.metrics.shadow_disagreements.labels(*pair).inc()
+        if c.log_dir and scores:
+            self.log.add({"ts": time.time(), "key": key, "role": "shadow", "version": shadow.version,
+                          "scores": scores})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        c = self.config
+        primary = next(r for r in c.routes if r.role == "primary")
+        try:
+            async with self.session.get(f"{c.triton_url}/v2/models/{c.triton_model}/versions/{primary.version}/ready") as r:
+                return web.Response(status=r.status)
+        except aiohttp.ClientError:
+            return web.Response(status=503)
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        c = self.config
+        primary = next(r for r in c.routes if r.role == "primary")
+        async with self.session.get(f"{c.triton_url}/v2/models/{c.triton_model}/versions/{primary.version}") as r:
+            return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _scores(answer: bytes) -> list[float] | None:
+    try:
+        return [float(v) for v in json.loads(answer)["outputs"][0]["data"]]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _features(payload: dict) -> list[list[float]]:
+    tensor = payload["inputs"][0]
+    width = tensor["shape"][-1]
+    data = tensor["data"]
+    flat = [v for row in data for v in row] if data and isinstance(data[0], list) else data
+    return [flat[i:i + width] for i in range(0, len(flat), width)]
+
+
+def build_app(config_path: Path) -> web.Application:
+    router = Router(config_path)
+    app = web.Application(client_max_size=16 * 2**20)
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    app.router.add_post("/v2/models/{model}/infer", router.infer)
+    app.router.add_get("/v2/models/{model}/ready", router.ready)
+    app.router.add_get("/v2/models/{model}", router.metadata)
+    app.router.add_get("/v2/health/ready", router.ready)
+    app.router.add_get("/v2/health/live", router.live)
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m kubeloop.serving.router")
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    logging.basicConfig(level=os.environ.get("KUBELOOP_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    web.run_app(build_app(args.config), host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Serving suite: the Triton config generated from the latency profile
+(tuned dynamic batching and instances) against the same model without
+batching, at concurrency 1 and 16, with batch-1 requests to a real
+tritonserver; throughput ratio and p50/p99, one run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import requests
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.components.benchmark import measure
+from kubeloop.components.training import TrainSettings, train
+from kubeloop.components.triton import plan_batching, write_repository
+from kubeloop.components.variants import BuildContext, onnx
+from kubeloop.dev import processes
+from kubeloop.serving.runtime import TritonRuntime
+from tests.support.models import N_FEATURES, synthetic
+
+SLO_MS = 5.0
+
+
+async def _load(url: str, rows: np.ndarray, concurrency: int, seconds: float) -> list[float]:
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    bodies = [json.dumps({"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "FP32",
+                                      "data": row.tolist()}]}) for row in rows[:512]]
+
+    async def worker(offset: int) -> None:
+        i = offset
+        async with aiohttp.ClientSession() as session:
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                async with session.post(url, data=bodies[i % len(bodies)],
+                                        headers={"Content-Type": "application/json"}) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(await response.text())
+                latencies.append(time.perf_counter() - start)
+                i += concurrency
+
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    return latencies
+
+
+def run(context, console: Console, quick: bool = False) -> dict:
+    runtime = TritonRuntime.discover()
+    seconds = 3.0 if quick else 8.0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        x, y = synthetic(rows=8000)
+        torch.set_num_threads(1)
+        model = train(x, y, None, None, TrainSettings(epochs=2, batch_size=256)).model
+        spec = OptimizedModelSpec.model_validate({"source": {"name": "bench", "version": "1"}})
+        ctx = BuildContext(model, x, y, spec, root)
+        variant = onnx(ctx)
+        profile = {b: (lat.p50_ms, lat.p99_ms) for b in (1, 8, 32)
+                   for lat in [measure(variant.predict, x, b)]}
+        plan = plan_batching(profile, SLO_MS, "cpu", os.cpu_count() or 1)
+        repository = root / "repository"
+        write_repository(repository, "tuned", variant.onnx, N_FEATURES, plan, "python")
+        write_repository(repository, "plain", variant.onnx, N_FEATURES, None, "python")
+        ports = [processes.free_port() for _ in range(3)]
+        argv = runtime.argv(repository, *ports)
+        argv = [a for a in argv if a != "--model-control-mode=explicit"] + ["--model-control-mode=none"]
+        server = processes.start("tritonserver", argv, root / "logs", env=runtime.env())
+        base = f"http://127.0.0.1:{ports[0]}"
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if all(requests.get(f"{base}/v2/models/{m}/ready", timeout=1).status_code == 200
+                           for m in ("tuned", "plain")):
+                        break
+                except requests.RequestException:
+                    pass
+                time.sleep(0.3)
+            else:
+                raise RuntimeError(f"tritonserver not ready:\n{processes.log_tail(server.log)}")
+            results = {"plan": plan.why, "preferred": list(plan.preferred_batch_sizes),
+                       "queue_delay_us": plan.max_queue_delay_us, "instances": plan.instances}
+            for concurrency in (1, 16):
+                for name in ("plain", "tuned"):
+                    with console.status(f"serving: {name} at concurrency {concurrency}"):
+                        lat = asyncio.run(_load(f"{base}/v2/models/{name}/infer", x, concurrency, seconds))
+                    ms = np.array(lat) * 1000
+                    results[f"{name}_c{concurrency}"] = {
+                        "requests_per_s": round(len(lat) / seconds, 1), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+                        "p99_ms": round(float(np.percentile(ms, 99)), 2)}
+        finally:
+            processes.stop(server)
+    table = Table(title=f"Triton: generated config vs no batching (batch-1 requests, {seconds:.0f} s each)")
+    for column in ("concurrency", "config", "requests/s", "p50 ms", "p99 ms", "throughput ratio"):
+        table.add_column(column)
+    for concurrency in (1, 16):
+        plain, tuned = results[f"plain_c{concurrency}"], results[f"tuned_c{concurrency}"]
+        ratio = tuned["requests_per_s"] / plain["requests_per_s"]
+        results[f"ratio_c{concurrency}"] = round(ratio, 2)
+        table.add_row(str(concurrency), "no batching, 1 instance", str(plain["requests_per_s"]), str(plain["p50_ms"]),
+                      str(plain["p99_ms"]), "1.00x")
+        table.add_row(str(concurrency), f"tuned: preferred {results['preferred']}, delay "
+                      f"{results['queue_delay_us']} us, {results['instances']} instances", str(tuned["requests_per_s"]),
+                      str(tuned["p50_ms"]), str(tuned["p99_ms"]), f"{ratio:.2f}x")
+    console.print(table)
+    console.print(f"plan: {results['plan']}")
+    return results

@@ -1,0 +1,113 @@
+"""InferenceService with the kubernetes backend on the fake GPU fleet: the
+planner picks the slice, the real kube-scheduler places the Pods."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow import MlflowClient
+
+from kubeloop.api.constants import API_VERSION
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+GiB = 1024
+
+
+@pytest.fixture
+def model(platform, namespace):
+    """A registered version (the kubernetes backend's Pods would pull it; KWOK
+    runs no containers, so its artifacts are never read here)."""
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    name = f"{namespace}-placed"
+    client.create_registered_model(name)
+    version = client.create_model_version(name, source=f"s3://models/{name}/1")
+    client.set_registered_model_alias(name, "champion", version.version)
+    client.create_model_version(name, source=f"s3://models/{name}/2")
+    client.set_registered_model_alias(name, "challenger", "2")
+    return name
+
+
+@pytest.fixture
+def operator(platform, namespace, start_operator):
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow",
+                        MLFLOW_TRACKING_URI=platform.env()["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_SERVING_BACKEND="kubernetes")
+    op.wait_for_log("Initial authentication has finished")
+    return op
+
+
+CASES = {
+    # name: (gpu spec, node, resource, extra expectations)
+    "mig-8g": ({"sharing": "mig", "mig": {"profile": "auto"}, "memoryMib": 8 * GiB},
+               "gpu-h100-mig-mixed", "nvidia.com/mig-1g.10gb", {}),
+    "mig-15g": ({"sharing": "mig", "memoryMib": 15 * GiB}, "gpu-h100-mig-mixed", "nvidia.com/mig-2g.20gb", {}),
+    "a100-single": ({"sharing": "mig", "product": "NVIDIA-A100-SXM4-40GB", "memoryMib": 4 * GiB},
+                    "gpu-a100-mig-single", "nvidia.com/gpu",
+                    {"selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"}}),
+    "mps": ({"sharing": "mps", "mps": {"activeThreadPercentage": 25}, "memoryMib": 4 * GiB},
+            "gpu-l4-mps", "nvidia.com/gpu",
+            {"env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4505M"}}),
+    "whole": ({"sharing": "exclusive", "memoryMib": 30 * GiB}, "gpu-l40s", "nvidia.com/gpu", {}),
+}
+
+
+def isvc(namespace: str, name: str, model: str, gpu: dict, **spec) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "InferenceService", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"name": model, "alias": "champion"}, "backend": "kubernetes",
+                     "resources": {"cpu": "100m", "memory": "128Mi"}, "gpu": gpu, **spec}}
+
+
+def pods_of(kube, namespace: str, name: str) -> list[dict]:
+    return kube.list("v1", "Pod", namespace, f"kubeloop.dev/inferenceservice={name}")
+
+
+def test_the_scheduler_places_each_model_on_the_slice_the_planner_chose(kube, namespace, model, operator):
+    for name, (gpu, *_rest) in CASES.items():
+        kube.create(isvc(namespace, name, model, gpu))
+    for name, (gpu, node, resource, extra) in CASES.items():
+        status = wait_for(lambda: (o := kube.get(API_VERSION, "InferenceService", name, namespace))
+                          and o.get("status", {}).get("phase") == "Ready" and o["status"], timeout=60,
+                          what=f"{name} Ready")
+        assert status["placement"]["resource"] == resource and node in status["placement"]["nodes"], name
+        pods = wait_for(lambda: [p for p in pods_of(kube, namespace, name) if p["status"].get("phase") == "Running"],
+                        timeout=30, what=f"{name} pods running")
+        pod = pods[0]
+        assert pod["spec"]["nodeName"] == node, name
+        triton = pod["spec"]["containers"][0]
+        assert triton["resources"]["limits"][resource] == "1", name
+        for key, value in extra.get("selector", {}).items():
+            assert pod["spec"]["nodeSelector"][key] == value
+        env = {e["name"]: e["value"] for e in triton.get("env", [])}
+        for key, value in extra.get("env", {}).items():
+            assert env[key] == value, (name, env)
+        assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+
+
+def test_an_impossible_request_is_a_condition_not_a_pending_pod(kube, namespace, model, operator):
+    kube.create(isvc(namespace, "too-big", model, {"sharing": "mig", "mig": {"profile": "1g.10gb"},
+                                                   "memoryMib": 80 * GiB}))
+    status = wait_for(lambda: (o := kube.get(API_VERSION, "InferenceService", "too-big", namespace))
+                      and o.get("status", {}).get("phase") == "Failed" and o["status"], timeout=30, what="Failed")
+    placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+    assert placed["status"] == "False" and placed["reason"] == "NoFittingCapacity"
+    assert "81920 MiB does not fit MIG profile 1g.10gb" in placed["message"]
+    assert kube.list("apps/v1", "Deployment", namespace) == []
+    assert pods_of(kube, namespace, "too-big") == []
+
+
+def test_a_canary_splits_by_replica_ratio(kube, namespace, model, operator):
+    kube.create(isvc(namespace, "canary", model, {"sharing": "mig", "memoryMib": 4 * GiB}, replicas=5,
+                     canary={"alias": "challenger", "percent": 20}))
+    wait_for(lambda: (o := kube.get(API_VERSION, "InferenceService", "canary", namespace))
+             and o.get("status", {}).get("canaryVersion") == "2" and o["status"]["phase"] == "Ready", timeout=60,
+             what="canary Ready")
+    running = wait_for(lambda: (p := [x for x in pods_of(kube, namespace, "canary")
+                                      if x["status"].get("phase") == "Running"]) and len(p) == 5 and p,
+                       timeout=30, what="5 pods")
+    roles = sorted(p["metadata"]["labels"]["kubeloop.dev/role"] for p in running)
+    assert roles == ["canary", "primary", "primary", "primary", "primary"]
+    versions = {p["metadata"]["labels"]["kubeloop.dev/role"]: p["metadata"]["labels"]["kubeloop.dev/model-version"]
+                for p in running}
+    assert versions == {"primary": "1", "canary": "2"}
+    service = kube.get("v1", "Service", "canary", namespace)
+    assert service["spec"]["selector"] == {"kubeloop.dev/inferenceservice": "canary"}

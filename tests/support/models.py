@@ -1,0 +1,52 @@
+"""Register small but real models (trained, exported, tagged) without
+running a pipeline, for tests that need something to serve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.data import DatasetInfo
+from kubeloop.components.registration import register, start_run
+from kubeloop.components.training import TrainSettings, train
+
+N_FEATURES = 18
+
+
+def synthetic(rows: int = 4000, seed: int = 0, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(shift, 1.0, (rows, N_FEATURES)).astype(np.float32)
+    logit = 1.5 * x[:, 0] - 1.0 * x[:, 1] + 0.5 * x[:, 2] - 2.0
+    y = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    return x, y
+
+
+def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: str | None = None) -> str:
+    """Train for a second on synthetic data and register; returns the version."""
+    x, y = synthetic(seed=seed)
+    model = train(x, y, None, None, TrainSettings(epochs=2, batch_size=256, seed=seed)).model
+    spec = TrainingJobSpec.model_validate({"modelName": name, "features": {"featureViews": ["synthetic"]}})
+    info = DatasetInfo(entity_rows=len(y), dropped_by_ttl=0, rows=len(y), train_rows=len(y), holdout_rows=0,
+                       positives=int(y.sum()), dataset_hash=f"synthetic-{seed}",
+                       feature_columns=[f"f{i}" for i in range(N_FEATURES)], label="y", feature_views={},
+                       slice_column=None, holdout_start="")
+    run = pipeline_run or f"test-{name}-{seed}"
+    run_id = start_run(tracking_uri, spec, run, "tests/models", "h", "test")
+    return register(tracking_uri, run_id, model, spec, info, {"auc": 0.8}, run, "tests/models", "test")["version"]
+
+
+def register_broken(tracking_uri: str, name: str) -> str:
+    """A version whose ONNX file is garbage: Triton cannot load it."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    version = register_model(tracking_uri, name, seed=99, pipeline_run=f"broken-{name}")
+    run_id = MlflowClient(tracking_uri).get_model_version(name, version).run_id
+    mlflow.set_tracking_uri(tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        path = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/exported/model.onnx")).with_name("model.onnx")
+        path.write_bytes(b"not an onnx model")
+        mlflow.log_artifact(str(path), "exported")
+    return version
