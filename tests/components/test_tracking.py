@@ -46,4 +46,4 @@ def test_tuning_logs_nested_trials_and_registration_is_idempotent(tracking, data
     # The legacy stage name is mapped onto its alias.
     assert str(client.get_model_version_by_alias("fraud-test", "challenger").version) == "1"
     artifacts = {a.path for a in client.list_artifacts(run_id, "exported")}
-    assert artifacts == {"exported/model.onnx", "exported/model.pt", "exported/model_card.json"}
+    assert artifacts == {"exported/model.onnx", "exported/model.pt", "exported/model_card.json", "exported/state.pt"}
