@@ -155,6 +155,8 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
         rows, variants = measure_variants(ctx, job.techniques, job.batch_sizes, job.accuracy_budget.metric,
                                           x_hold, y_hold.to_numpy(), on_variant=log_variant)
         choice = choose(rows, job.accuracy_budget, job.latency_slo)
+        source_metric = next(r.metric for r in rows if r.technique == "source")
+        champion = _score_champion(job, tracking_uri, source_version, source_metric, x_hold, y_hold.to_numpy())
         winner = variants[choice.winner.technique]
         shutil.copyfile(winner.onnx, workdir / "winner.onnx")
         plan = plan_batching(choice.winner.latency, job.latency_slo.milliseconds, job.target.device, os.cpu_count() or 1)
@@ -169,8 +171,24 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
         "chosen": {"technique": choice.winner.technique, "speedup": round(choice.winner.speedup or 1.0, 3),
                    "meetsSlo": choice.meets_slo},
         "gpu_memory_mib": footprint, "gpu_memory_source": source_of, "n_features": len(cols),
-        "run_id": parent_id,
+        "run_id": parent_id, "metric": {job.accuracy_budget.metric: choice.winner.metric}, "champion": champion,
     })
+
+
+def _score_champion(job: OptimizedModelSpec, tracking_uri: str, source_version: str, source_metric: float,
+                    x: np.ndarray, y: np.ndarray) -> dict | None:
+    """The current champion's budget metric on this hold-out, for the
+    not-worse-than-champion gate (the source's own score when it is the champion)."""
+    from kubeloop.registry.mlflow import MlflowRegistry
+    from kubeloop.serving.scoring import score_version
+
+    champion = MlflowRegistry(tracking_uri).get_alias(job.source.name, "champion")
+    if champion is None:
+        return None
+    metric = job.accuracy_budget.metric
+    value = source_metric if champion.version == source_version else _metric(
+        metric, y, score_version(tracking_uri, champion, x))
+    return {"version": champion.version, "metrics": {metric: value}}
 
 
 def _wire(row, slo) -> dict:  # noqa: ANN001 - Measured, LatencySLO
@@ -253,6 +271,14 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
             "exported": f"runs:/{run_id}/{EXPORTED}", "triton": f"runs:/{run_id}/triton",
             **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label", "threshold")
                if k in source.tags},
+            # Gate evidence: the source's metrics, the winner's own measured
+            # budget metric over them, and the champion on the same hold-out.
+            **{k: v for k, v in source.tags.items() if k.startswith(tags.METRIC_PREFIX)},
+            **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in results["metric"].items()},
+            **({f"{tags.CHAMPION_PREFIX}version": results["champion"]["version"],
+                **{f"{tags.CHAMPION_PREFIX}{k}": f"{v:.6f}" for k, v in results["champion"]["metrics"].items()}}
+               if results.get("champion") else {}),
+            tags.MEETS_SLO: str(results["chosen"]["meetsSlo"]).lower(),
         }
         existing = mlflow.register_model(info.model_uri, name, tags=version_tags)
     if job.promotion and job.promotion.register_as:

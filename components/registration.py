@@ -123,7 +123,7 @@ def find_registered(tracking_uri: str, name: str, pipeline_run: str):  # noqa: A
 
 def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: TrainingJobSpec,
              dataset: DatasetInfo, metrics: dict[str, float], pipeline_run: str, owner: str,
-             git_sha: str) -> dict:
+             git_sha: str, champion: dict | None = None) -> dict:
     """Log the model (native, TorchScript, ONNX) and register a version; a
     version already registered by this pipeline run is returned instead."""
     client = MlflowClient(tracking_uri)
@@ -156,10 +156,20 @@ def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: Train
             "threshold": str(spec.evaluation.threshold),
             "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
             tags.TRAINING_SPEC: spec.model_dump_json(by_alias=True, exclude_none=True),
-            **{f"metric.{k}": f"{v:.6f}" for k, v in metrics.items() if k in ("auc", "average_precision")},
+            **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in metrics.items() if v == v and k not in ("rows", "positives")},
+            **(_champion_tags(champion) if champion else {}),
         }
         existing = mlflow.register_model(info.model_uri, spec.model_name, tags=version_tags)
     if spec.promotion and spec.promotion.register_as:
         client.set_registered_model_alias(spec.model_name, alias_for(spec.promotion.register_as), existing.version)
     return {"name": spec.model_name, "version": str(existing.version),
             "uri": f"models:/{spec.model_name}/{existing.version}", "run_url": run_url(tracking_uri, run_id)}
+
+
+def _champion_tags(champion: dict) -> dict[str, str]:
+    """The champion's scores on this version's evaluation set, for the
+    not-worse-than-champion gate."""
+    out = {f"{tags.CHAMPION_PREFIX}version": str(champion["version"])}
+    out.update({f"{tags.CHAMPION_PREFIX}{k}": f"{v:.6f}" for k, v in champion["metrics"].items()
+                if v == v and k not in ("rows", "positives")})
+    return out

@@ -113,7 +113,26 @@ def evaluate_step(spec: dict, dataset_path: str, info_json: str, model_dir: str,
     slices = (evaluate_slices(y.to_numpy(), probabilities, frame[info.slice_column].to_numpy(), threshold)
               if info.slice_column else {})
     registration.log_evaluation(tracking_uri, run_id, metrics, slices)
-    return json.dumps({"metrics": metrics, "slices": slices})
+    champion = _evaluate_champion(job, tracking_uri, frame[info.feature_columns].to_numpy(np.float32), y.to_numpy())
+    return json.dumps({"metrics": metrics, "slices": slices, "champion": champion})
+
+
+def _evaluate_champion(job: TrainingJobSpec, tracking_uri: str, x: np.ndarray, y: np.ndarray) -> dict | None:
+    """The current champion scored on the same hold-out, when a gate will
+    compare with it."""
+    from kubeloop.api.promotion import alias_for
+    from kubeloop.components.evaluation import evaluate
+    from kubeloop.registry.mlflow import MlflowRegistry
+    from kubeloop.serving.scoring import score_version
+
+    if not job.promotion or not job.promotion.gates.not_worse_than_champion:
+        return None
+    alias = alias_for(job.promotion.promote_to or "champion")
+    champion = MlflowRegistry(tracking_uri).get_alias(job.model_name, alias)
+    if champion is None:
+        return None
+    scores = score_version(tracking_uri, champion, x)
+    return {"version": champion.version, "metrics": evaluate(y, scores, job.evaluation.threshold)}
 
 
 def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: str, tracking_uri: str,
@@ -123,9 +142,10 @@ def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: s
 
     job = TrainingJobSpec.model_validate(spec)
     info = DatasetInfo.from_json(info_json)
-    metrics = json.loads(evaluation_json)["metrics"]
+    evaluation = json.loads(evaluation_json)
+    metrics = evaluation["metrics"]
     model = registration.register(tracking_uri, run_id, load_model(Path(model_dir)), job, info, metrics,
-                                  pipeline_run, owner, git_sha)
+                                  pipeline_run, owner, git_sha, champion=evaluation.get("champion"))
     shown = {k: round(v, 6) for k, v in metrics.items() if v == v and k not in ("rows", "positives")}
     return {"model": model, "metrics": shown, "dataset_hash": info.dataset_hash,
             "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows}

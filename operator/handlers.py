@@ -85,7 +85,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.login(registry=registry)(kopf.login_via_client)
 
     @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         # kopf's own bookkeeping lives under our API group, not kopf.zalando.org.
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -99,6 +99,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             from kubeloop.operator.wiring import build_ports
 
             memo.ports = build_ports(config)
+        if config.webhook_port and getattr(memo, "webhooks", None) is None:
+            memo.webhooks = await _serve_webhooks(config, memo.ports)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_webhooks(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "webhooks", None) is not None:
+            await memo.webhooks.cleanup()
 
     for kind, reconciler, timer_when in (
         (TRAINING_JOB, reconcile_training_job, _unfinished),
@@ -119,12 +126,39 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.delete(GROUP, VERSION, INFERENCE_SERVICE.plural, id="stop-serving", registry=registry)
     def stop_serving(meta: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
-        """Backends that run processes outside Kubernetes stop them here."""
+        """Backends that run processes outside Kubernetes stop them here, and
+        the drift monitor lets go of the object."""
+        ref = ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta)
         backend = memo.ports.serving.get(spec.get("backend") or memo.ports.default_serving_backend)
         if backend:
-            backend.delete(ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta))
+            backend.delete(ref)
+        if memo.ports.monitor:
+            memo.ports.monitor.forget(ref)
 
     return registry
+
+
+async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202 - aiohttp AppRunner
+    """Alertmanager's and MLflow's webhooks and /metrics, in kopf's event loop."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from kubeloop.monitoring.metrics import DriftCollector
+    from kubeloop.operator.kube import Kube
+    from kubeloop.operator.webhooks import WebhookConfig, Webhooks, ensure_mlflow_webhook, serve
+
+    token = config.webhook_token_file.read_text().strip() if config.webhook_token_file else ""
+    if not token:
+        raise kopf.PermanentError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE (a bearer token)")
+    metrics = CollectorRegistry()
+    metrics.register(DriftCollector(config.state_dir / "monitoring"))
+    webhooks = Webhooks(ports.objects or Kube.from_environment(), WebhookConfig(token, tuple(config.namespaces)),
+                        metrics)
+    runner = await serve(webhooks, config.webhook_address, config.webhook_port)
+    if config.mlflow_webhook_url and config.tracking_uri:
+        await asyncio.to_thread(ensure_mlflow_webhook, config.tracking_uri, config.mlflow_webhook_url, token)
+    return runner
 
 
 def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kind,
@@ -138,7 +172,8 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kin
 
     handler.__name__ = f"reconcile_{kind.singular}"
     kopf.on.create(*resource, id="reconcile", registry=registry)(handler)
-    kopf.on.update(*resource, id="reconcile", field="spec", registry=registry)(handler)
+    # Any change but status: the spec, and the annotations webhooks write.
+    kopf.on.update(*resource, id="reconcile", registry=registry)(handler)
     kopf.on.resume(*resource, id="reconcile", registry=registry)(handler)
     kopf.timer(*resource, id="resync", interval=config.resync_seconds, initial_delay=config.resync_seconds,
                when=timer_when, registry=registry)(handler)

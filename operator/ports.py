@@ -4,13 +4,26 @@ build whatever they need."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from kubeloop.gpu.placement import NodeInfo
+from kubeloop.monitoring.base import DriftMonitor
 from kubeloop.pipelines.backends.base import PipelineBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
+
+
+class Objects(Protocol):
+    """Kubernetes objects the reconcilers create and read (kubeloop.operator.kube.Kube)."""
+
+    def apply(self, obj: dict) -> dict: ...
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None: ...
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None,
+             label_selector: str | None = None) -> list[dict]: ...
 
 
 @dataclass
@@ -25,3 +38,9 @@ class Ports:
     """Base URL of the tracking server's UI, for links in status."""
     tensorrt: bool = False
     """Whether the optimiser's image has TensorRT (decides which techniques a GPU target may ask for)."""
+    objects: Objects | None = None
+    """Child custom objects (drift-triggered TrainingJobs and OptimizedModels)."""
+    monitor: DriftMonitor | None = None
+    tracking_uri: str | None = None
+    feast_repo: str | None = None
+    clock: Callable[[], float] = time.time

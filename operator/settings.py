@@ -46,8 +46,15 @@ class OperatorConfig:
     tensorrt: bool = False
     """Whether the components image has TensorRT (KUBELOOP_TENSORRT=true)."""
     webhook_port: int = 0
-    """Port of the Alertmanager webhook and /metrics (0: not served)."""
+    """Port of the Alertmanager and MLflow webhooks and /metrics (0: not served)."""
+    webhook_address: str = "127.0.0.1"
+    """Address the webhooks listen on (0.0.0.0 in a Pod)."""
     webhook_token_file: Path | None = None
+    """Bearer token of Alertmanager's calls, and the MLflow webhooks' signing secret."""
+    mlflow_webhook_url: str | None = None
+    """This operator's /hooks/mlflow as MLflow reaches it; set, the operator registers the webhook."""
+    prometheus_targets: Path | None = None
+    """A Prometheus file_sd folder where local routers and Triton servers register."""
     request_log_dir: Path | None = None
     """Where the local serving backend logs requests (default: under the work dir)."""
 
@@ -78,6 +85,9 @@ class OperatorConfig:
             gateway_domain=get("KUBELOOP_GATEWAY_DOMAIN", defaults.gateway_domain),
             tensorrt=get("KUBELOOP_TENSORRT", "false").lower() == "true",
             webhook_port=int(get("KUBELOOP_WEBHOOK_PORT", "0")),
+            webhook_address=get("KUBELOOP_WEBHOOK_ADDRESS", defaults.webhook_address),
+            mlflow_webhook_url=get("KUBELOOP_MLFLOW_WEBHOOK_URL"),
+            prometheus_targets=Path(get("KUBELOOP_PROMETHEUS_TARGETS")) if get("KUBELOOP_PROMETHEUS_TARGETS") else None,
             webhook_token_file=Path(get("KUBELOOP_WEBHOOK_TOKEN_FILE")) if get("KUBELOOP_WEBHOOK_TOKEN_FILE") else None,
             request_log_dir=Path(get("KUBELOOP_REQUEST_LOG_DIR")) if get("KUBELOOP_REQUEST_LOG_DIR") else None,
         )

@@ -84,13 +84,16 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
             if not config.tracking_uri:
                 raise ConfigurationError("the local serving backend needs MLFLOW_TRACKING_URI")
             backends[name] = LocalServing(config.state_dir, config.tracking_uri,
-                                          log_dir=config.request_log_dir or config.state_dir / "requests")
+                                          log_dir=config.request_log_dir or config.state_dir / "requests",
+                                          targets=config.prometheus_targets)
         else:
             raise ConfigurationError(f"unknown serving backend {name}; use kubernetes or local")
     return backends
 
 
 def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
+    from kubeloop.monitoring.local import LocalDriftMonitor
+
     kube = kube or Kube.from_environment()
     return Ports(
         registry=build_registry(config),
@@ -101,4 +104,8 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         default_serving_backend=config.default_serving_backend,
         tracking_ui=config.tracking_uri,
         tensorrt=config.tensorrt,
+        objects=kube,
+        monitor=LocalDriftMonitor(config.state_dir) if config.tracking_uri and config.feast_repo else None,
+        tracking_uri=config.tracking_uri,
+        feast_repo=str(config.feast_repo) if config.feast_repo else None,
     )

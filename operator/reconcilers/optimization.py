@@ -11,6 +11,7 @@ from kubeloop.operator.builders.pipelines import build_optimization_run, spec_ha
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish, follow_run
+from kubeloop.operator.reconcilers.promotion import promote_when_gated
 from kubeloop.registry.base import RegistryUnavailable
 
 KIND = "OptimizedModel"
@@ -111,4 +112,13 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         fields["batching"] = out.get("batching")
     elif backend_name != "noop":
         observations.append(Observation("ModelRegistered", "Unknown", "AwaitingRun", ""))
+    model = fields.get("model")
+    if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
+        try:
+            observations.append(promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
+                                                   by=str(ref), metric=spec.accuracy_budget.metric))
+        except RegistryUnavailable as exc:
+            observations.append(Observation("Promoted", "Unknown", "RegistryUnavailable", str(exc)))
+            return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields),
+                           retry_after=backoff(attempt), retry_reason=str(exc))
     return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields))

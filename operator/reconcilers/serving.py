@@ -1,18 +1,26 @@
 """InferenceService: resolve the model versions, place them on the fleet,
-converge the serving backend, and report where and how it serves."""
+converge the serving backend, watch the inputs for drift, and carry a
+drift-triggered retrain through to promotion."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from kubeloop.api.base import ModelRef
 from kubeloop.api.refs import ObjectRef
-from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus, Placement, TrafficSplit
+from kubeloop.api.serving import (
+    DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, TrafficSplit,
+)
 from kubeloop.gpu.placement import PlacementDecision, plan
+from kubeloop.operator.builders.retraining import seconds
 from kubeloop.operator.conditions import Observation
+from kubeloop.operator.kube import KubeError
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish
+from kubeloop.operator.reconcilers.retraining import RetrainStep, advance_retraining
 from kubeloop.registry import tags
 from kubeloop.registry.base import ModelVersion, RegistryUnavailable
-from kubeloop.serving.base import ServedVersion, ServingRequest, ServingUnavailable
+from kubeloop.serving.base import ServedVersion, ServingBackend, ServingRequest, ServingUnavailable
 
 KIND = "InferenceService"
 REQUIRED = ["ModelResolved", "Placed", "Deployed"]
@@ -27,60 +35,63 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     if backend is None:
         obs = [Observation("Deployed", "False", "BackendNotConfigured",
                            f"the operator has no '{backend_name}' serving backend")]
-        new = finish(status, obs, ref.generation, REQUIRED, phase="Failed")
-        return Outcome(new)
-
+        return Outcome(finish(status, obs, ref.generation, REQUIRED, phase="Failed"))
     try:
+        retrain = advance_retraining(ref, spec, status, ports) if spec.retraining else None
         primary = _resolve(ports, spec.model)
         splits = {role: _resolve_split(ports, spec.model, split)
                   for role, split in (("canary", spec.canary), ("shadow", spec.shadow)) if split}
-    except RegistryUnavailable as exc:
+        canary_percent = spec.canary.percent if spec.canary else 0
+        if retrain and retrain.canary():
+            # A retrained challenger in its canary period takes the canary slot.
+            splits["canary"] = ports.registry.get_version(spec.model.name, retrain.canary())
+            canary_percent = spec.retraining.canary_percent
+    except (RegistryUnavailable, KubeError) as exc:
+        if isinstance(exc, KubeError) and not exc.transient:
+            raise
         obs = [Observation("ModelResolved", "Unknown", "RegistryUnavailable", str(exc))]
-        new = finish(status, obs, ref.generation, REQUIRED)
-        return Outcome(new, retry_after=backoff(attempt), retry_reason=str(exc))
+        return Outcome(finish(status, obs, ref.generation, REQUIRED), retry_after=backoff(attempt),
+                       retry_reason=str(exc))
+    retrained = _retrain_fields(retrain)
+    observations = list(retrain.observations) if retrain else []
     if primary is None:
-        obs = [Observation("ModelResolved", "False", "ModelNotFound",
-                           f"{spec.model.uri} does not exist in the registry")]
-        new = finish(status, obs, ref.generation, REQUIRED, phase="Pending")
-        return Outcome(new)
+        observations.append(Observation("ModelResolved", "False", "ModelNotFound",
+                                        f"{spec.model.uri} does not exist in the registry"))
+        return Outcome(finish(status, observations, ref.generation, REQUIRED, phase="Pending", **retrained))
     missing = [f"{role} {_split_uri(spec.model, s)}" for role, s in (("canary", spec.canary),
                ("shadow", spec.shadow)) if s and splits.get(role) is None]
-    observations = [Observation("ModelResolved", "True" if not missing else "False",
-                                "Resolved" if not missing else "ModelNotFound",
-                                f"{spec.model.uri} is version {primary.version}"
-                                + (f"; not found: {', '.join(missing)}" if missing else ""))]
+    observations.append(Observation("ModelResolved", "True" if not missing else "False",
+                                    "Resolved" if not missing else "ModelNotFound",
+                                    f"{spec.model.uri} is version {primary.version}"
+                                    + (f"; not found: {', '.join(missing)}" if missing else "")))
 
-    footprint = primary.tags.get(tags.GPU_MEMORY_MIB)
-    if backend_name == "local":
-        placement = LOCAL
-    else:
-        placement = plan(spec.gpu, int(footprint) if footprint else None, ports.fleet() if spec.gpu else [],
-                         replicas=spec.replicas)
+    placement = _place(spec, primary, backend_name, ports)
     if not placement.feasible:
         observations.append(Observation("Placed", "False", "NoFittingCapacity", placement.reason))
-        new = finish(status, observations, ref.generation, REQUIRED, phase="Failed",
-                     placement=_placement_status(placement))
-        return Outcome(new)
+        return Outcome(finish(status, observations, ref.generation, REQUIRED, phase="Failed",
+                              placement=_placement_status(placement), **retrained))
     observations.append(Observation("Placed", "True", "Capacity" if not placement.waiting_for_capacity
                                     else "WaitingForCapacity", placement.reason))
 
     canary = splits.get("canary")
-    # A canary that failed readiness stays out until the spec names another.
+    if canary and canary.version == primary.version:
+        canary = None  # promoted: nothing left to compare
+    # A canary that failed readiness stays out until another version replaces it.
     rolled_back = status.rolled_back_version if canary and canary.version == status.rolled_back_version else None
     if rolled_back:
         canary = None
-    versions = [ServedVersion("primary", primary, 100 - (spec.canary.percent if canary else 0))]
+    versions = [ServedVersion("primary", primary, 100 - (canary_percent if canary else 0))]
     if canary:
-        versions.append(ServedVersion("canary", canary, spec.canary.percent))
+        versions.append(ServedVersion("canary", canary, canary_percent))
     if splits.get("shadow"):
         versions.append(ServedVersion("shadow", splits["shadow"], spec.shadow.percent))
-    request = ServingRequest(ref, spec, tuple(versions), placement)
     try:
-        served = backend.ensure(request)
+        served = backend.ensure(ServingRequest(ref, spec, tuple(versions), placement))
     except ServingUnavailable as exc:
         observations.append(Observation("Deployed", "Unknown", "BackendUnavailable", str(exc)))
-        new = finish(status, observations, ref.generation, REQUIRED, placement=_placement_status(placement))
-        return Outcome(new, retry_after=backoff(attempt), retry_reason=str(exc))
+        return Outcome(finish(status, observations, ref.generation, REQUIRED,
+                              placement=_placement_status(placement), **retrained),
+                       retry_after=backoff(attempt), retry_reason=str(exc))
 
     observations.append(Observation(
         "Deployed", "True" if served.primary_ready else "False",
@@ -94,7 +105,9 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     elif canary:
         ok = served.ready.get("canary", False)
         observations.append(Observation("CanaryReady", "True" if ok else "False", "Ready" if ok else "RollingOut",
-                                        f"version {canary.version} gets {spec.canary.percent}% of requests"))
+                                        f"version {canary.version} gets {canary_percent}% of requests"))
+    drift, drift_obs = _monitor(ref, spec, primary, backend, ports)
+    observations += drift_obs
     degraded = bool(missing) or bool(rolled_back) or any(
         not ok for role, ok in served.ready.items() if role != "primary")
     phase = "Ready" if served.primary_ready and not degraded else "Degraded" if served.primary_ready else "Pending"
@@ -105,10 +118,62 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         rolled_back_version=rolled_back,
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
+        drift=drift if spec.monitoring else None, **retrained,
     )
-    if not spec.canary:
+    if not canary and not rolled_back:
         new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type != "CanaryReady"]})
     return Outcome(new)
+
+
+def _retrain_fields(retrain: RetrainStep | None) -> dict:
+    if retrain is None:
+        return {}
+    return {"retraining": retrain.retraining, "retrains": retrain.retrains, "handled_alerts": retrain.handled_alerts,
+            "last_retrain_at": retrain.last_retrain_at}
+
+
+def _place(spec: InferenceServiceSpec, primary: ModelVersion, backend_name: str, ports: Ports) -> PlacementDecision:
+    if backend_name == "local":
+        return LOCAL
+    footprint = primary.tags.get(tags.GPU_MEMORY_MIB)
+    return plan(spec.gpu, int(footprint) if footprint else None, ports.fleet() if spec.gpu else [],
+                replicas=spec.replicas)
+
+
+def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, backend: ServingBackend,
+             ports: Ports) -> tuple[DriftStatus | None, list[Observation]]:
+    """Start the drift job when it is due; report what the latest one found."""
+    if spec.monitoring is None:
+        return None, []
+    if ports.monitor is None:
+        return None, [Observation("DriftMonitored", "False", "NoMonitor", "the operator runs no drift monitor")]
+    log = backend.request_log(ref, spec)
+    if log is None:
+        return None, [Observation("DriftMonitored", "False", "NoRequestLog",
+                                  "set spec.requestLogging.destination: the drift job reads the request log")]
+    latest = ports.monitor.latest(ref)
+    due = latest is None or ports.clock() - latest.get("at", 0) >= seconds(spec.monitoring.schedule)
+    if due and not ports.monitor.running(ref):
+        ports.monitor.start(ref, {
+            "service": f"{ref.namespace}/{ref.name}", "model": primary.name, "version": primary.version,
+            "tracking_uri": ports.tracking_uri, "feast_repo": ports.feast_repo, "request_log": log,
+            "window_seconds": seconds(spec.monitoring.window), "threshold": spec.monitoring.drift_share_threshold,
+            "features": list(spec.monitoring.features), "min_rows": spec.monitoring.min_rows,
+        })
+    if latest is None:
+        return DriftStatus(message="the first drift job is running"), [
+            Observation("DriftMonitored", "Unknown", "FirstRun", "the first drift job is running")]
+    at = dt.datetime.fromtimestamp(latest["at"], dt.timezone.utc).replace(microsecond=0).isoformat()
+    if "error" in latest or "skipped" in latest:
+        message = latest.get("error") or latest["skipped"]
+        return DriftStatus(last_run_at=at, rows=latest.get("rows", 0), message=message), [
+            Observation("DriftMonitored", "Unknown" if "skipped" in latest else "False",
+                        "NotEnoughRows" if "skipped" in latest else "DriftJobFailed", message)]
+    drift = DriftStatus(last_run_at=at, share=round(latest["share"], 4), drifted=latest["drifted"],
+                        rows=latest["rows"], features_drifted=latest.get("features_drifted", []),
+                        report=latest.get("report"))
+    summary = f"{drift.share:.0%} of features drifted over {drift.rows} requests"
+    return drift, [Observation("DriftMonitored", "True", "Drifted" if drift.drifted else "NoDrift", summary)]
 
 
 def _resolve(ports: Ports, ref: ModelRef) -> ModelVersion | None:

@@ -10,6 +10,8 @@ from kubeloop.operator.builders.pipelines import build_training_run, spec_hash
 from kubeloop.operator.conditions import Observation, now
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, backoff, finish, follow_run
+from kubeloop.operator.reconcilers.promotion import promote_when_gated
+from kubeloop.registry.base import RegistryUnavailable
 
 KIND = "TrainingJob"
 
@@ -67,6 +69,15 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
     phase = {"Succeeded": "Succeeded", "Failed": "Failed"}.get(run.phase, "Running")
     if phase == "Succeeded" and backend_name != "noop" and not run.outputs.get("model"):
         phase = "Failed"
+    model = fields.get("model")
+    if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
+        try:
+            observations.append(promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
+                                                   by=str(ref), metric=spec.tuning.metric))
+        except RegistryUnavailable as exc:
+            observations.append(Observation("Promoted", "Unknown", "RegistryUnavailable", str(exc)))
+            new = finish(status, observations, ref.generation, required, phase=phase, **fields)
+            return Outcome(new, retry_after=backoff(attempt), retry_reason=str(exc))
     new = finish(status, observations, ref.generation, required, phase=phase, **fields)
     events = []
     if progress.superseded:

@@ -53,3 +53,30 @@ class RecordingServing(ServingBackend):
 
     def delete(self, ref: ObjectRef) -> None:
         self.deleted.append(ref)
+
+
+class FakeObjects:
+    """Objects the reconcilers create, kept in a dict; tests play their
+    controllers by writing status."""
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.applies = 0
+
+    def apply(self, obj: dict) -> dict:
+        self.applies += 1
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        merged = {**self.objects.get(key, {}), **obj}
+        self.objects[key] = merged
+        return merged
+
+    def get(self, api_version, kind, name, namespace=None):  # noqa: ANN001
+        return self.objects.get((kind, namespace, name))
+
+    def list(self, api_version, kind, namespace=None, label_selector=None):  # noqa: ANN001
+        key, _, value = (label_selector or "").partition("=")
+        return [o for (k, ns, _), o in self.objects.items()
+                if k == kind and ns == namespace and (not key or o["metadata"].get("labels", {}).get(key) == value)]
+
+    def set_status(self, kind: str, namespace: str, name: str, **status) -> None:
+        self.objects[(kind, namespace, name)]["status"] = status

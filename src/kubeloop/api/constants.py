@@ -15,3 +15,8 @@ LABEL_OWNER_KIND = f"{GROUP}/owner-kind"
 LABEL_OWNER_NAME = f"{GROUP}/owner-name"
 LABEL_ROLE = f"{GROUP}/role"
 ANNOTATION_INPUT_HASH = f"{GROUP}/input-hash"
+# What webhooks record on objects. Not under GROUP/: kopf keeps its own
+# bookkeeping there and ignores those annotations when it looks for changes.
+SIGNALS = f"signals.{GROUP}"
+ANNOTATION_DRIFT_ALERT = f"{SIGNALS}/drift-alert"
+ANNOTATION_REGISTRY_EVENT = f"{SIGNALS}/registry-event"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kubeloop.api.constants import API_VERSION
 
@@ -16,10 +16,13 @@ class ObjectRef:
     name: str
     uid: str
     generation: int = 0
+    annotations: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    """What webhooks recorded on the object (drift alerts, registry events)."""
 
     @classmethod
     def from_meta(cls, kind: str, meta: dict) -> "ObjectRef":
-        return cls(kind, meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 0))
+        return cls(kind, meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 0),
+                   dict(meta.get("annotations") or {}))
 
     def owner_reference(self) -> dict:
         """Makes the owner's deletion garbage-collect the child."""

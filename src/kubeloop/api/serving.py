@@ -162,7 +162,11 @@ class Retraining(KubeModel):
     """Retrain when drift is detected."""
 
     template: TrainingJobSpec
-    """The TrainingJob spec of a retrain; its time window is moved to end now."""
+    """The TrainingJob spec of a retrain. Its modelName is replaced by the served
+    model's name and its time window ends when the retrain starts."""
+    lookback: Duration | None = None
+    """Train on the last this-long of data (for example 21d); omitted keeps the
+    template's window start."""
     cooldown: Duration = "1h"
     """No new retrain starts within this long of the previous one."""
     max_concurrent: int = Field(default=1, ge=1, le=10)
@@ -171,6 +175,8 @@ class Retraining(KubeModel):
     """Optimise the retrained model before it is canaried; omitted serves it as trained."""
     canary_percent: int = Field(default=20, ge=0, le=100)
     """Traffic the challenger gets while it is evaluated."""
+    canary_duration: Duration = "2m"
+    """How long the challenger serves its canary share, healthy, before it is promoted."""
     promotion: PromotionPolicy = Field(default_factory=lambda: PromotionPolicy(promote_to="champion"))
     """Aliases and gates for the retrained version."""
 
@@ -230,6 +236,45 @@ class Placement(KubeModel):
     """Why this placement was chosen."""
 
 
+class DriftStatus(KubeModel):
+    """The latest drift evaluation."""
+
+    last_run_at: str | None = None
+    """When the latest drift job finished (RFC 3339)."""
+    share: float | None = None
+    """Share of the compared features that drifted."""
+    drifted: bool = False
+    """Whether the share reached spec.monitoring.driftShareThreshold."""
+    rows: int = 0
+    """Logged requests in the evaluated window."""
+    features_drifted: list[str] = Field(default_factory=list)
+    """Features whose distribution moved."""
+    report: str | None = None
+    """The Evidently HTML report (an MLflow artifact URI)."""
+    message: str | None = None
+    """Why the latest run evaluated nothing, or failed."""
+
+
+class RetrainingStatus(KubeModel):
+    """The retrain in progress (or the last one), step by step."""
+
+    state: Literal["Training", "Optimizing", "Gating", "Canary", "Promoted", "GateFailed", "RolledBack",
+                   "Failed"]
+    """Where the retrain is; Promoted, GateFailed, RolledBack and Failed are final."""
+    alert: str
+    """The drift alert that started it (fingerprint@startsAt)."""
+    training_job: str
+    """The TrainingJob it created."""
+    optimized_model: str | None = None
+    """The OptimizedModel it created."""
+    challenger: str | None = None
+    """The registered version being evaluated."""
+    canary_since: str | None = None
+    """When the challenger started serving its canary share (RFC 3339)."""
+    message: str = ""
+    """What happened last, for people."""
+
+
 class InferenceServiceStatus(BaseStatus):
     """What is served, where, and how well."""
 
@@ -254,3 +299,9 @@ class InferenceServiceStatus(BaseStatus):
     """When the last retrain started (RFC 3339)."""
     retrains: list[str] = Field(default_factory=list, max_length=64)
     """TrainingJobs started by drift, newest last."""
+    handled_alerts: list[str] = Field(default_factory=list, max_length=64)
+    """Drift alerts already acted on or set aside (fingerprint@startsAt), newest last."""
+    drift: DriftStatus | None = None
+    """The latest drift evaluation."""
+    retraining: RetrainingStatus | None = None
+    """The current or last retrain."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kubeloop.cli import api, demo, dev, operator, placement, serving
+from kubeloop.cli import api, demo, dev, operator, placement, registry, serving
 from kubeloop.featurestore import cli as features
 from kubeloop.pipelines import cli as pipelines
 
@@ -19,3 +19,6 @@ app.command("operator")(operator.run)
 app.command("crds")(api.crds)
 app.command("gpus")(api.gpus)
 app.command("demo")(demo.demo)
+app.command("promote")(registry.promote)
+app.command("rollback")(registry.rollback)
+app.command("audit")(registry.audit)

@@ -1,7 +1,8 @@
 """The local platform: a real Kubernetes control plane (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler) with KWOK faking a GPU fleet, and an
-MLflow tracking server, run as background processes on 127.0.0.1 from a state
-directory.
+kube-controller-manager, kube-scheduler) with KWOK faking a GPU fleet, an
+MLflow tracking server, a Feast repository, and Prometheus and Alertmanager
+(Debian's) with kubeloop's rules, run as background processes on 127.0.0.1
+from a state directory.
 
 `up` is idempotent: a platform whose processes all run is left alone, one that
 is half dead is torn down and started again. `down` stops every process `up`
@@ -10,8 +11,11 @@ started and removes the state directory.
 
 from __future__ import annotations
 
+import base64
 import json
+from importlib import resources
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -30,7 +34,9 @@ from kubeloop.operator.kube import Kube, KubeError
 
 Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
-CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus",
+        "alertmanager")
+RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
 SERVICE_CIDR = "10.96.0.0/12"
 POD_CIDR = "10.244.0.0/16"
 
@@ -193,7 +199,7 @@ class Platform:
         self.dir.mkdir(parents=True, exist_ok=True)
         pki = create_pki(self.dir / "pki")
         ports = state.ports
-        for name in ("etcd", "etcd-peer", "apiserver", "mlflow"):
+        for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", "operator"):
             ports[name] = processes.free_port()
         api = f"https://127.0.0.1:{ports['apiserver']}"
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
@@ -214,6 +220,7 @@ class Platform:
         ])
         self._start_mlflow(state)
         self._start_featurestore(state)
+        self._start_monitoring(state, pki)
         self._wait(state, "etcd", lambda: _http_ok(f"{etcd_url}/health"), 30)
 
         progress("starting kube-apiserver")
@@ -292,8 +299,47 @@ class Platform:
         self._wait(state, "kube-controller-manager", controllers_running, 30)
         progress("waiting for MLflow")
         self._wait(state, "mlflow", lambda: _http_ok(f"{state.urls['MLFLOW_TRACKING_URI']}/health"), 60)
+        progress("waiting for Prometheus and Alertmanager")
+        self._wait(state, "prometheus", lambda: _http_ok(f"{state.urls['PROMETHEUS_URL']}/-/ready"), 60)
+        self._wait(state, "alertmanager", lambda: _http_ok(f"{state.urls['ALERTMANAGER_URL']}/-/ready"), 60)
         progress("waiting for the feature repository")
         self._wait_job(state, "featurestore", 120)
+
+    def _start_monitoring(self, state: PlatformState, pki: Pki) -> None:
+        """Prometheus with kubeloop's rules, scraping what registers itself
+        under prometheus/targets; Alertmanager sending retrain alerts to the
+        operator's webhook (at a port reserved for it) with a bearer token."""
+        ports = state.ports
+        root = self.dir / "monitoring"
+        targets = root / "targets"
+        targets.mkdir(parents=True, exist_ok=True)
+        token = pki.dir / "webhook-token"
+        token.write_text(secrets.token_urlsafe(32))
+        token.chmod(0o600)
+        operator = f"127.0.0.1:{ports['operator']}"
+        (targets / "operator.json").write_text(json.dumps([{"targets": [operator], "labels": {"job": "kubeloop-operator"}}]))
+        prometheus_config = build_prometheus_config(RULES, targets, ports["alertmanager"])
+        (root / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config, sort_keys=False))
+        (root / "alertmanager.yml").write_text(yaml.safe_dump(
+            build_alertmanager_config(f"http://{operator}/hooks/alertmanager", token), sort_keys=False))
+        self._spawn(state, "prometheus", [
+            shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={root / 'prometheus.yml'}",
+            f"--storage.tsdb.path={root / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+            "--web.enable-lifecycle", "--storage.tsdb.retention.time=1d", "--log.level=warn",
+        ])
+        self._spawn(state, "alertmanager", [
+            shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager",
+            f"--config.file={root / 'alertmanager.yml'}", f"--storage.path={root / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{ports['alertmanager']}", "--cluster.listen-address=", "--log.level=warn",
+        ])
+        state.urls.update({
+            "PROMETHEUS_URL": f"http://127.0.0.1:{ports['prometheus']}",
+            "ALERTMANAGER_URL": f"http://127.0.0.1:{ports['alertmanager']}",
+            "KUBELOOP_WEBHOOK_PORT": str(ports["operator"]),
+            "KUBELOOP_WEBHOOK_TOKEN_FILE": str(token),
+            "KUBELOOP_PROMETHEUS_TARGETS": str(targets),
+            "KUBELOOP_MLFLOW_WEBHOOK_URL": f"http://{operator}/hooks/mlflow",
+        })
 
     def _start_featurestore(self, state: PlatformState) -> None:
         """A Feast repository with generated card-transaction data; its last
@@ -318,6 +364,11 @@ class Platform:
         ], env={
             # Job workers cost ~2.4 GB and nothing here uses them.
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+            # Registry webhooks may reach the operator on loopback over http
+            # (local development only), and new webhooks take effect at once.
+            "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+            "MLFLOW_WEBHOOK_CACHE_TTL": "1",
+            "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": _fernet_key(root / "webhook.key"),
         })
         state.urls["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
 
@@ -359,6 +410,43 @@ class Platform:
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
         raise PlatformError(f"{component} not ready after {timeout:.0f} s:\n{processes.log_tail(record.log)}")
+
+
+def build_prometheus_config(rules: Path, targets: Path, alertmanager_port: int) -> dict:
+    return {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "rule_files": [str(rules / "*.yaml")],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
+        "scrape_configs": [{"job_name": "kubeloop", "file_sd_configs": [{"files": [str(targets / "*.json")],
+                                                                          "refresh_interval": "5s"}]}],
+    }
+
+
+def build_alertmanager_config(webhook_url: str, token_file: Path) -> dict:
+    """Retrain alerts go to the operator at once and are re-sent hourly while
+    they fire (the operator's handling is idempotent); the rest go nowhere."""
+    return {
+        "route": {
+            "receiver": "discard", "group_by": ["alertname", "namespace", "inferenceservice"],
+            "group_wait": "1s", "group_interval": "10s", "repeat_interval": "1h",
+            "routes": [{"receiver": "kubeloop-operator", "matchers": ['kubeloop_action="retrain"']}],
+        },
+        "receivers": [
+            {"name": "discard"},
+            {"name": "kubeloop-operator", "webhook_configs": [{
+                "url": webhook_url, "send_resolved": False,
+                "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
+            }]},
+        ],
+    }
+
+
+def _fernet_key(path: Path) -> str:
+    """A key MLflow encrypts webhook secrets with, kept in the state dir."""
+    if not path.exists():
+        path.write_text(base64.urlsafe_b64encode(secrets.token_bytes(32)).decode())
+        path.chmod(0o600)
+    return path.read_text()
 
 
 def build_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict:

@@ -42,6 +42,18 @@ class ModelRegistry(abc.ABC):
     def delete_alias(self, name: str, alias: str) -> None:
         """Remove the alias if it exists."""
 
+    @abc.abstractmethod
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        """Tag a version."""
+
+    @abc.abstractmethod
+    def get_model_tags(self, name: str) -> dict[str, str]:
+        """The registered model's own tags (empty if it does not exist)."""
+
+    @abc.abstractmethod
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        """Tag the registered model."""
+
     def resolve(self, name: str, version: str | None = None, alias: str | None = None) -> ModelVersion | None:
         """The version a reference means (by number or alias)."""
         if alias:

@@ -12,6 +12,7 @@ class InMemoryRegistry(ModelRegistry):
     def __init__(self) -> None:
         self._versions: dict[tuple[str, str], ModelVersion] = {}
         self._aliases: dict[tuple[str, str], str] = {}
+        self._model_tags: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
     def add_version(self, name: str, source: str, run_id: str | None = None,
@@ -44,3 +45,16 @@ class InMemoryRegistry(ModelRegistry):
     def delete_alias(self, name: str, alias: str) -> None:
         with self._lock:
             self._aliases.pop((name, alias), None)
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        with self._lock:
+            found = self._versions[(name, str(version))]
+            self._versions[(name, str(version))] = dataclasses.replace(found, tags={**found.tags, key: value})
+
+    def get_model_tags(self, name: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._model_tags.get(name, {}))
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        with self._lock:
+            self._model_tags.setdefault(name, {})[key] = value

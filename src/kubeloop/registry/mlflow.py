@@ -41,6 +41,16 @@ class MlflowRegistry(ModelRegistry):
     def delete_alias(self, name: str, alias: str) -> None:
         self._call(lambda: self.client.delete_registered_model_alias(name, alias), missing_ok=True)
 
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        self._call(lambda: self.client.set_model_version_tag(name, str(version), key, value))
+
+    def get_model_tags(self, name: str) -> dict[str, str]:
+        model = self._call(lambda: self.client.get_registered_model(name), missing_ok=True)
+        return dict(model.tags or {}) if model else {}
+
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        self._call(lambda: self.client.set_registered_model_tag(name, key, value))
+
     def _call(self, fn, missing_ok: bool = False):  # noqa: ANN001, ANN202 - thin adapter
         try:
             result = fn()

@@ -76,3 +76,7 @@ class ServingBackend(abc.ABC):
     @abc.abstractmethod
     def delete(self, ref: ObjectRef) -> None:
         """Stop serving the object; a no-op if nothing runs."""
+
+    def request_log(self, ref: ObjectRef, spec: InferenceServiceSpec) -> str | None:
+        """Where the object's logged requests are (what the drift job reads)."""
+        return spec.request_logging.destination if spec.request_logging.enabled else None

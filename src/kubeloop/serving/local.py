@@ -62,11 +62,13 @@ class LocalServing(ServingBackend):
     name = "local"
 
     def __init__(self, work_dir: Path, tracking_uri: str, runtime: TritonRuntime | None = None,
-                 log_dir: Path | None = None):
+                 log_dir: Path | None = None, targets: Path | None = None):
         self.root = Path(work_dir) / "serving"
         self.tracking_uri = tracking_uri
         self._runtime = runtime
         self.log_dir = log_dir
+        self.targets = targets
+        """A Prometheus file_sd folder: each router and tritonserver registers its metrics there."""
 
     @property
     def runtime(self) -> TritonRuntime:
@@ -113,13 +115,40 @@ class LocalServing(ServingBackend):
         self._ensure_process(state, state_path, "router", [
             sys.executable, "-m", "kubeloop.serving.router", "--config", str(folder / "router.json"),
             "--port", str(router_port)], folder, {}, ready=f"http://127.0.0.1:{router_port}/v2/health/live")
+        self._register_targets(request.ref, state)
         message = "; ".join(f"{role} version {wanted[role]} failed to load and was rolled back: {failed[wanted[role]]}"
                             for role in rolled_back)
         return ServingState(url=f"http://127.0.0.1:{router_port}", ready=ready,
                             ready_replicas=1 if ready.get("primary") else 0, message=message,
                             rolled_back=rolled_back)
 
+    def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
+        if not spec.request_logging.enabled:
+            return None
+        return spec.request_logging.destination or self._default_log(ref)
+
+    def _default_log(self, ref: ObjectRef) -> str:
+        if self.log_dir:
+            return str(self.log_dir / f"{ref.namespace}-{ref.name}")
+        return str(self.folder(ref) / "requests")
+
+    def _register_targets(self, ref: ObjectRef, state: InstanceState) -> None:
+        if not self.targets:
+            return
+        labels = {"namespace": ref.namespace, "inferenceservice": ref.name}
+        targets = [{"targets": [f"127.0.0.1:{state.ports['router']}"], "labels": {**labels, "job": "kubeloop-router"}},
+                   {"targets": [f"127.0.0.1:{state.ports['metrics']}"], "labels": {**labels, "job": "triton"}}]
+        path = self.targets / f"serving-{ref.namespace}-{ref.name}.json"
+        text = json.dumps(targets)
+        if not path.exists() or path.read_text() != text:
+            self.targets.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+
     def delete(self, ref: ObjectRef) -> None:
+        if self.targets:
+            (self.targets / f"serving-{ref.namespace}-{ref.name}.json").unlink(missing_ok=True)
         folder = self.folder(ref)
         state = InstanceState.read(folder / "state.json")
         if state:
@@ -198,14 +227,13 @@ class LocalServing(ServingBackend):
             routes.append({"role": "canary", "version": canary.model.version, "percent": canary.percent})
         shadow = by_role.get("shadow") if "shadow" in roles else None
         logging = request.spec.request_logging
-        log_dir = logging.destination or (str(self.log_dir / f"{request.ref.namespace}-{request.ref.name}")
-                                          if self.log_dir else str(folder / "requests"))
+        log_dir = self.request_log(request.ref, request.spec)
         config = {
             "service": f"{request.ref.namespace}/{request.ref.name}", "model": by_role["primary"].model.name,
             "triton_model": name, "triton_url": triton, "routes": routes,
             "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
             "threshold": float(by_role["primary"].model.tags.get("threshold", 0.5)),
-            "log_dir": log_dir if logging.enabled else None, "sample_rate": logging.sample_rate,
+            "log_dir": log_dir, "sample_rate": logging.sample_rate,
         }
         path = folder / "router.json"
         text = json.dumps(config, indent=2)

@@ -1,0 +1,118 @@
+"""The drift job of one InferenceService: the training data of the served
+version (from the Feast offline store, cached per version) against the
+request log's window; writes latest.json and an HTML report, and logs the
+run to MLflow.
+
+    python -m kubeloop.monitoring.job <folder>    # reads <folder>/job.json
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+log = logging.getLogger("kubeloop.monitoring.job")
+
+
+@dataclass(frozen=True)
+class DriftJob:
+    service: str
+    model: str
+    version: str
+    tracking_uri: str
+    feast_repo: str
+    request_log: str
+    window_seconds: float
+    threshold: float
+    features: list[str]
+    min_rows: int
+    sample_rows: int | None = 50_000
+
+    @classmethod
+    def read(cls, folder: Path) -> "DriftJob":
+        return cls(**json.loads((folder / "job.json").read_text()))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def reference_data(job: DriftJob, folder: Path, columns: list[str]) -> pd.DataFrame:
+    """The training split the served version learned from, rebuilt from Feast once."""
+    cached = folder / f"reference-{job.model}-{job.version}.parquet"
+    if cached.exists():
+        return pd.read_parquet(cached)
+    from mlflow import MlflowClient
+
+    from kubeloop.api.training import TrainingJobSpec
+    from kubeloop.components.data import build_dataset, load_split
+    from kubeloop.registry import tags
+
+    version = MlflowClient(job.tracking_uri).get_model_version(job.model, job.version)
+    spec = TrainingJobSpec.model_validate_json(version.tags[tags.TRAINING_SPEC])
+    staging = folder / "reference-build.parquet"
+    info = build_dataset(spec, Path(job.feast_repo), staging)
+    frame, _ = load_split(staging, info, "train")
+    frame[columns].to_parquet(cached, index=False)
+    staging.unlink()
+    return frame[columns]
+
+
+def run(folder: Path) -> dict:
+    import mlflow
+    from mlflow import MlflowClient
+
+    from kubeloop.monitoring.drift import evaluate, load_requests
+
+    job = DriftJob.read(folder)
+    columns = json.loads(MlflowClient(job.tracking_uri).get_model_version(job.model, job.version)
+                         .tags["feature_columns"])
+    features = [f for f in (job.features or columns) if f in columns]
+    since = time.time() - job.window_seconds
+    current = load_requests(Path(job.request_log), since, columns)
+    base = {"service": job.service, "model": job.model, "version": job.version, "at": time.time()}
+    if len(current) < job.min_rows:
+        result = {**base, "skipped": f"only {len(current)} logged rows in the window (at least {job.min_rows})",
+                  "rows": len(current), "threshold": job.threshold}
+        write_atomic(folder / "latest.json", json.dumps(result))
+        return result
+    reference = reference_data(job, folder, columns)
+    drift = evaluate(reference, current, features, job.threshold, sample_rows=job.sample_rows,
+                     report=folder / "report.html")
+    mlflow.set_tracking_uri(job.tracking_uri)
+    mlflow.set_experiment(f"kubeloop/{job.model}/monitoring")
+    with mlflow.start_run(run_name=f"drift {job.service}", tags={"kubeloop.service": job.service,
+                                                               "kubeloop.model_version": job.version}) as run:
+        mlflow.log_metrics({"drift_share": drift.share, "rows": drift.rows, "drifted": float(drift.drifted),
+                            **{f"score.{k}": v for k, v in drift.scores.items()}})
+        mlflow.log_artifact(str(folder / "report.html"), "drift")
+        report = f"runs:/{run.info.run_id}/drift/report.html"
+    result = {**base, **json.loads(drift.to_json()), "report": report}
+    write_atomic(folder / "latest.json", json.dumps(result))
+    return result
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    folder = Path(sys.argv[1])
+    try:
+        result = run(folder)
+    except Exception as exc:  # recorded for the operator, which reports it in a condition
+        log.exception("drift job failed")
+        write_atomic(folder / "latest.json", json.dumps({"error": f"{type(exc).__name__}: {exc}", "at": time.time()}))
+        return 1
+    log.info("drift: %s", {k: result.get(k) for k in ("share", "drifted", "rows", "skipped")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Drift jobs as background processes on the operator's machine; their
+results are files the operator's /metrics and the reconciler read."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.dev import processes
+from kubeloop.monitoring.base import DriftMonitor
+
+
+class LocalDriftMonitor(DriftMonitor):
+    def __init__(self, work_dir: Path):
+        self.root = Path(work_dir) / "monitoring"
+
+    def folder(self, ref: ObjectRef) -> Path:
+        return self.root / f"{ref.namespace}-{ref.name}"
+
+    def _record(self, ref: ObjectRef) -> processes.ProcessRecord | None:
+        path = self.folder(ref) / "process.json"
+        try:
+            return processes.ProcessRecord(**json.loads(path.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return None
+
+    def running(self, ref: ObjectRef) -> bool:
+        record = self._record(ref)
+        if record is not None:
+            processes.reap(record.pid)
+        return record is not None and record.running()
+
+    def start(self, ref: ObjectRef, job: dict) -> None:
+        if self.running(ref):
+            return
+        folder = self.folder(ref)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "job.json").write_text(json.dumps(job, indent=2))
+        record = processes.start("drift", [sys.executable, "-m", "kubeloop.monitoring.job", str(folder)],
+                                 folder / "logs")
+        (folder / "process.json").write_text(json.dumps(record.to_dict()))
+
+    def latest(self, ref: ObjectRef) -> dict | None:
+        try:
+            return json.loads((self.folder(ref) / "latest.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def forget(self, ref: ObjectRef) -> None:
+        record = self._record(ref)
+        if record is not None:
+            processes.stop(record)
+        shutil.rmtree(self.folder(ref), ignore_errors=True)

@@ -1,0 +1,48 @@
+"""Drift results as Prometheus gauges (Evidently has no Prometheus
+integration any more; these are ours), read from the drift jobs' latest
+results whenever Prometheus scrapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class DriftCollector(Collector):
+    def __init__(self, results: Path):
+        self.results = Path(results)
+
+    def collect(self):  # noqa: ANN201 - prometheus_client protocol
+        labels = ["namespace", "inferenceservice", "model", "version"]
+        share = GaugeMetricFamily("kubeloop_drift_share", "Share of the model's input features that drifted "
+                                  "in the latest window.", labels=labels)
+        threshold = GaugeMetricFamily("kubeloop_drift_threshold", "Drift share at which the dataset counts as "
+                                      "drifted (the InferenceService's driftShareThreshold).", labels=labels)
+        detected = GaugeMetricFamily("kubeloop_drift_detected", "1 when the latest window drifted.", labels=labels)
+        rows = GaugeMetricFamily("kubeloop_drift_rows_evaluated", "Logged requests in the latest window.",
+                                 labels=labels)
+        last = GaugeMetricFamily("kubeloop_drift_last_run_timestamp_seconds",
+                                 "When the latest drift job finished.", labels=labels)
+        score = GaugeMetricFamily("kubeloop_drift_feature_score", "Drift score per feature (the statistic or "
+                                  "p-value of the test Evidently chose).", labels=[*labels, "feature", "method"])
+        for path in sorted(self.results.glob("*/latest.json")):
+            try:
+                result = json.loads(path.read_text())
+            except ValueError:
+                continue
+            if "service" not in result:
+                continue
+            namespace, name = result["service"].split("/", 1)
+            values = [namespace, name, result["model"], str(result["version"])]
+            rows.add_metric(values, result.get("rows", 0))
+            last.add_metric(values, result["at"])
+            threshold.add_metric(values, result.get("threshold", 0))
+            if "share" in result:
+                share.add_metric(values, result["share"])
+                detected.add_metric(values, 1.0 if result["drifted"] else 0.0)
+                for feature, value in result.get("scores", {}).items():
+                    score.add_metric([*values, feature, result["methods"].get(feature, "")], value)
+        yield from (share, threshold, detected, rows, last, score)

@@ -1,0 +1,67 @@
+"""The TrainingJob and OptimizedModel a drift-triggered retrain creates (pure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+
+from kubeloop.api.constants import API_VERSION
+from kubeloop.api.promotion import PromotionPolicy
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import InferenceServiceSpec
+from kubeloop.operator.builders.meta import child_metadata, dns_name
+
+LABEL_RETRAIN_OF = "kubeloop.dev/retrain-of"
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(duration: str) -> float:
+    """A Kubernetes-style duration ("90s", "1h30m", "7d") in seconds."""
+    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", duration))
+
+
+def retrain_name(ref: ObjectRef, alert: str) -> str:
+    """One name per alert: a redelivered alert finds the job it started."""
+    return dns_name(ref.name, "retrain", hashlib.sha256(alert.encode()).hexdigest()[:8])
+
+
+def _iso(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def build_retrain_job(ref: ObjectRef, spec: InferenceServiceSpec, name: str, now: float) -> dict:
+    retraining = spec.retraining
+    template = retraining.template.to_wire()
+    template["modelName"] = spec.model.name
+    window = template.setdefault("features", {}).setdefault("window", {})
+    window["end"] = _iso(now)
+    if retraining.lookback:
+        window["start"] = _iso(now - seconds(retraining.lookback))
+    # Registered as challenger and gated by this service; it promotes after the canary.
+    policy = retraining.promotion
+    template["promotion"] = PromotionPolicy(register_as=policy.register_as, gates=policy.gates).to_wire()
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "TrainingJob",
+        "metadata": child_metadata(ref, name, {LABEL_RETRAIN_OF: ref.name}),
+        "spec": template,
+    }
+
+
+def build_retrain_optimization(ref: ObjectRef, spec: InferenceServiceSpec, name: str, source_version: str) -> dict:
+    optimization = spec.retraining.optimization
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "OptimizedModel",
+        "metadata": child_metadata(ref, name, {LABEL_RETRAIN_OF: ref.name}),
+        "spec": {
+            "source": {"name": spec.model.name, "version": source_version},
+            "techniques": list(optimization.techniques),
+            "accuracyBudget": optimization.accuracy_budget.to_wire(),
+            "latencySLO": optimization.latency_slo.to_wire(),
+            "batchSizes": sorted({1, 8, optimization.latency_slo.batch_size}),
+            "registeredName": spec.model.name,
+            "promotion": {"registerAs": spec.retraining.promotion.register_as},
+        },
+    }

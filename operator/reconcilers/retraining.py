@@ -1,0 +1,175 @@
+"""Drift -> retrain -> optimise -> gate -> canary -> promote, as steps an
+InferenceService's reconcile advances from whatever state it finds.
+
+The state lives in the InferenceService's status and in the children it
+creates (deterministically named, so a restart or a redelivered alert finds
+them instead of creating more); every step reads the children's and the
+registry's actual state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+
+from kubeloop.api.constants import ANNOTATION_DRIFT_ALERT as DRIFT_ALERT
+from kubeloop.api.constants import API_VERSION
+from kubeloop.api.promotion import alias_for
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus, RetrainingStatus
+from kubeloop.operator.builders.retraining import (
+    LABEL_RETRAIN_OF, build_retrain_job, build_retrain_optimization, retrain_name, seconds,
+)
+from kubeloop.operator.conditions import Observation
+from kubeloop.operator.ports import Ports
+from kubeloop.operator.reconcilers.promotion import gate
+from kubeloop.registry.promotion import promote, reject
+
+FINAL = ("Promoted", "GateFailed", "RolledBack", "Failed")
+HANDLED_LIMIT = 64
+
+
+@dataclass
+class RetrainStep:
+    """What the retraining step changes on the InferenceService."""
+
+    retraining: RetrainingStatus | None
+    retrains: list[str]
+    handled_alerts: list[str]
+    last_retrain_at: str | None
+    observations: list[Observation] = field(default_factory=list)
+
+    def canary(self) -> str | None:
+        """The challenger version to canary now, if any."""
+        r = self.retraining
+        return r.challenger if r and r.state == "Canary" else None
+
+
+def _iso(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _epoch(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def pending_alert(ref: ObjectRef) -> str | None:
+    raw = ref.annotations.get(DRIFT_ALERT)
+    if not raw:
+        return None
+    alert = json.loads(raw)
+    return f"{alert.get('fingerprint', '')}@{alert.get('startsAt', '')}"
+
+
+def advance_retraining(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServiceStatus,
+                       ports: Ports) -> RetrainStep:
+    now = ports.clock()
+    step = RetrainStep(status.retraining, list(status.retrains), list(status.handled_alerts), status.last_retrain_at)
+    alert = pending_alert(ref)
+    if alert and alert not in step.handled_alerts:
+        _consider(ref, spec, step, alert, now, ports)
+    # As many steps as the world allows now (a finished TrainingJob whose
+    # version passes its gates goes straight on to its canary).
+    for _ in range(len(FINAL) + 4):
+        if not step.retraining or step.retraining.state in FINAL:
+            break
+        advanced = _advance(ref, spec, status, step.retraining, now, ports)
+        if advanced == step.retraining:
+            break
+        step.retraining = advanced
+    if step.retraining:
+        r = step.retraining
+        good = r.state in ("Promoted",) or r.state not in FINAL
+        step.observations.append(Observation("Retraining", "True" if good else "False", r.state, r.message))
+    return step
+
+
+def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, alert: str, now: float,
+              ports: Ports) -> None:
+    """Start a retrain for a new drift alert, or set it aside and say why."""
+    retraining = spec.retraining
+    step.handled_alerts = (step.handled_alerts + [alert])[-HANDLED_LIMIT:]
+    reason = None
+    if step.retraining and step.retraining.state not in FINAL:
+        reason = f"retrain {step.retraining.training_job} is still {step.retraining.state}"
+    elif step.last_retrain_at and now - _epoch(step.last_retrain_at) < seconds(retraining.cooldown):
+        until = _iso(_epoch(step.last_retrain_at) + seconds(retraining.cooldown))
+        reason = f"cooling down until {until} (cooldown {retraining.cooldown})"
+    else:
+        running = [j for j in ports.objects.list(API_VERSION, "TrainingJob", ref.namespace,
+                                                 f"{LABEL_RETRAIN_OF}={ref.name}")
+                   if j.get("status", {}).get("phase") not in ("Succeeded", "Failed")]
+        if len(running) >= retraining.max_concurrent:
+            reason = f"{len(running)} retrain(s) running (maxConcurrent {retraining.max_concurrent})"
+    if reason:
+        step.observations.append(Observation("RetrainSuppressed", "True", "Suppressed", f"drift alert {alert}: {reason}"))
+        return
+    name = retrain_name(ref, alert)
+    ports.objects.apply(build_retrain_job(ref, spec, name, now))
+    step.retrains = (step.retrains + [name])[-HANDLED_LIMIT:]
+    step.last_retrain_at = _iso(now)
+    step.retraining = RetrainingStatus(state="Training", alert=alert, training_job=name,
+                                       message=f"drift alert {alert} started TrainingJob {name}")
+    step.observations.append(Observation("RetrainSuppressed", "False", "Started", f"TrainingJob {name}"))
+
+
+def _child(ports: Ports, kind: str, name: str, namespace: str) -> dict:
+    return (ports.objects.get(API_VERSION, kind, name, namespace) or {}).get("status", {})
+
+
+def _advance(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServiceStatus, r: RetrainingStatus,
+             now: float, ports: Ports) -> RetrainingStatus:
+    retraining = spec.retraining
+    model = spec.model.name
+    by = f"InferenceService {ref.namespace}/{ref.name}"
+    if r.state == "Training":
+        job = _child(ports, "TrainingJob", r.training_job, ref.namespace)
+        if job.get("phase") == "Failed":
+            return r.model_copy(update={"state": "Failed", "message": f"TrainingJob {r.training_job} failed"})
+        if job.get("phase") != "Succeeded" or not job.get("model"):
+            return r
+        version = job["model"]["version"]
+        if retraining.optimization:
+            name = f"{r.training_job}-opt"
+            ports.objects.apply(build_retrain_optimization(ref, spec, name, version))
+            return r.model_copy(update={"state": "Optimizing", "optimized_model": name,
+                                        "message": f"version {version} trained; optimising in {name}"})
+        return r.model_copy(update={"state": "Gating", "challenger": version,
+                                    "message": f"version {version} trained"})
+    if r.state == "Optimizing":
+        om = _child(ports, "OptimizedModel", r.optimized_model, ref.namespace)
+        if om.get("phase") == "Failed":
+            return r.model_copy(update={"state": "Failed", "message": f"OptimizedModel {r.optimized_model} failed"})
+        if om.get("phase") != "Succeeded" or not om.get("model"):
+            return r
+        return r.model_copy(update={"state": "Gating", "challenger": om["model"]["version"],
+                                    "message": f"optimised: {om.get('chosen', {}).get('technique', '?')} is version "
+                                               f"{om['model']['version']}"})
+    if r.state == "Gating":
+        policy = retraining.promotion
+        verdict = gate(ports.registry, model, r.challenger, policy, retraining.template.tuning.metric)
+        if not verdict.passed:
+            reject(ports.registry, model, r.challenger, policy.promote_to or "champion", by=by,
+                   reason="promotion gates failed", verdict=verdict)
+            return r.model_copy(update={"state": "GateFailed", "message": verdict.summary()})
+        ports.registry.set_alias(model, alias_for(policy.register_as), r.challenger)
+        return r.model_copy(update={"state": "Canary", "canary_since": _iso(now),
+                                    "message": f"gates passed ({verdict.summary()}); canary "
+                                               f"{retraining.canary_percent}% for {retraining.canary_duration}"})
+    if r.state == "Canary":
+        policy = retraining.promotion
+        if status.rolled_back_version == r.challenger:
+            reject(ports.registry, model, r.challenger, policy.promote_to or "champion", by=by,
+                   reason="the canary failed readiness and was rolled back")
+            return r.model_copy(update={"state": "RolledBack",
+                                        "message": f"version {r.challenger} failed its canary; the champion stays"})
+        healthy = status.canary_version == r.challenger and any(
+            c.type == "CanaryReady" and c.status == "True" for c in status.conditions)
+        if healthy and now - _epoch(r.canary_since) >= seconds(retraining.canary_duration):
+            promote(ports.registry, model, r.challenger, policy.promote_to or "champion", by=by,
+                    reason=f"drift retrain; healthy canary for {retraining.canary_duration}")
+            return r.model_copy(update={"state": "Promoted",
+                                        "message": f"version {r.challenger} promoted to "
+                                                   f"{alias_for(policy.promote_to or 'champion')}"})
+    return r

@@ -1,0 +1,148 @@
+"""Promotion through registry aliases: gates, and promotions and rollbacks
+recorded in the registry so they can be audited.
+
+Every move of an alias is written twice: on the version (what it was
+promoted to, when, by whom, why, and the gate results) and in the registered
+model's audit trail (kubeloop.audit, newest last), which is also what
+`rollback` reads to find the version an alias pointed at before.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from dataclasses import asdict, dataclass, field
+
+from kubeloop.api.promotion import PromotionGates, alias_for
+from kubeloop.registry.base import ModelRegistry, ModelVersion
+from kubeloop.registry.tags import AUDIT as AUDIT_TAG, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
+
+AUDIT_LIMIT = 40
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    results: list[GateResult] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return "; ".join(f"{r.gate}: {'pass' if r.passed else 'FAIL'} ({r.detail})" for r in self.results) or "no gates"
+
+
+def metrics_of(version: ModelVersion, prefix: str = METRIC_PREFIX) -> dict[str, float]:
+    out = {}
+    for key, value in version.tags.items():
+        if key.startswith(prefix):
+            try:
+                out[key.removeprefix(prefix)] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def check_gates(gates: PromotionGates, candidate: ModelVersion, champion: ModelVersion | None,
+                metric: str = "auc") -> Verdict:
+    """Every gate against the candidate's recorded evidence (pure).
+
+    not worse than champion compares the candidate with the champion's score
+    on the candidate's own evaluation set (gate.champion.* tags, written by the
+    evaluate step), never with numbers from another data set.
+    """
+    results = []
+    metrics = metrics_of(candidate)
+    for bound in gates.metrics:
+        value = metrics.get(bound.metric)
+        ok = value is not None and (bound.min is None or value >= bound.min) and (bound.max is None or value <= bound.max)
+        results.append(GateResult(f"{bound.metric} in [{bound.min}, {bound.max}]", ok,
+                                  f"{bound.metric}={value:.4f}" if value is not None else "not measured"))
+    if gates.not_worse_than_champion:
+        if champion is None or champion.version == candidate.version:
+            results.append(GateResult("not worse than champion", True, "no champion to compare with"))
+        else:
+            mine = metrics.get(metric)
+            theirs = metrics_of(candidate, CHAMPION_PREFIX).get(metric)
+            ok = mine is not None and theirs is not None and mine >= theirs - gates.tolerance
+            detail = (f"{metric} {mine:.4f} vs champion version {champion.version} {theirs:.4f} on the same data"
+                      if mine is not None and theirs is not None else "the champion was not evaluated on this data")
+            results.append(GateResult("not worse than champion", ok, detail))
+    if gates.require_latency_slo:
+        meets = candidate.tags.get(MEETS_SLO)
+        results.append(GateResult("latency SLO", meets == "true",
+                                  "met" if meets == "true" else "missed" if meets == "false" else "not measured"))
+    return Verdict(all(r.passed for r in results), results)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    at: str
+    action: str
+    alias: str
+    version: str
+    previous: str | None
+    by: str
+    reason: str
+    gates: str = ""
+
+
+def audit_trail(registry: ModelRegistry, name: str) -> list[AuditEntry]:
+    raw = registry.get_model_tags(name).get(AUDIT_TAG)
+    return [AuditEntry(**entry) for entry in json.loads(raw)] if raw else []
+
+
+def _record(registry: ModelRegistry, name: str, entry: AuditEntry) -> None:
+    trail = [asdict(e) for e in audit_trail(registry, name)] + [asdict(entry)]
+    registry.set_model_tag(name, AUDIT_TAG, json.dumps(trail[-AUDIT_LIMIT:], separators=(",", ":")))
+    registry.set_version_tag(name, entry.version, f"kubeloop.{entry.action}.{entry.alias}",
+                             json.dumps(asdict(entry), separators=(",", ":")))
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def promote(registry: ModelRegistry, name: str, version: str, to: str, by: str, reason: str,
+            verdict: Verdict | None = None) -> AuditEntry:
+    """Move the alias (or a legacy stage's alias) to the version, and record it."""
+    alias = alias_for(to)
+    previous = registry.get_alias(name, alias)
+    if registry.get_version(name, version) is None:
+        raise KeyError(f"{name} has no version {version}")
+    registry.set_alias(name, alias, version)
+    entry = AuditEntry(_now(), "promote", alias, str(version), previous.version if previous else None, by, reason,
+                       verdict.summary() if verdict else "")
+    _record(registry, name, entry)
+    return entry
+
+
+def reject(registry: ModelRegistry, name: str, version: str, alias: str, by: str, reason: str,
+           verdict: Verdict | None = None) -> AuditEntry:
+    """Record that a version was not promoted to the alias, and why."""
+    current = registry.get_alias(name, alias_for(alias))
+    entry = AuditEntry(_now(), "reject", alias_for(alias), str(version), current.version if current else None, by,
+                       reason, verdict.summary() if verdict else "")
+    _record(registry, name, entry)
+    return entry
+
+
+def rollback(registry: ModelRegistry, name: str, alias: str, by: str, reason: str) -> AuditEntry:
+    """Point the alias back at the version it pointed at before its last promotion."""
+    alias = alias_for(alias)
+    current = registry.get_alias(name, alias)
+    last = next((e for e in reversed(audit_trail(registry, name))
+                 if e.alias == alias and e.action == "promote" and current and e.version == current.version), None)
+    if current is None or last is None or last.previous is None:
+        raise LookupError(f"the audit trail of {name} has no earlier version for {alias}")
+    registry.set_alias(name, alias, last.previous)
+    entry = AuditEntry(_now(), "rollback", alias, last.previous, current.version, by, reason)
+    _record(registry, name, entry)
+    return entry
+
+

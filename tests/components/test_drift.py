@@ -1,0 +1,98 @@
+"""Drift evaluation with Evidently, and the metrics and rules around it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kubeloop.monitoring.drift import evaluate, load_requests
+from kubeloop.monitoring.metrics import DriftCollector
+
+FEATURES = [f"f{i}" for i in range(6)]
+RULES = Path(__file__).resolve().parents[2] / "monitoring" / "rules"
+
+
+def frame(rows: int, shift: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    data = rng.normal(0, 1, (rows, len(FEATURES)))
+    data[:, :3] += shift  # half the features move
+    return pd.DataFrame(data, columns=FEATURES)
+
+
+def test_a_shift_in_half_the_features_is_drift_and_none_is_not(tmp_path):
+    reference = frame(5000, seed=1)
+    same = evaluate(reference, frame(2000, seed=2), FEATURES, threshold=0.3)
+    assert not same.drifted and same.share < 0.3
+    moved = evaluate(reference, frame(2000, shift=1.0, seed=3), FEATURES, threshold=0.3, report=tmp_path / "r.html")
+    assert moved.drifted and moved.share == pytest.approx(0.5)
+    assert moved.features_drifted == ["f0", "f1", "f2"]
+    assert set(moved.scores) == set(FEATURES) and (tmp_path / "r.html").stat().st_size > 10_000
+
+
+def test_sampling_bounds_the_work_and_keeps_the_verdict():
+    reference, current = frame(60_000, seed=4), frame(60_000, shift=0.5, seed=5)
+    full = evaluate(reference, current, FEATURES, threshold=0.3)
+    sampled = evaluate(reference, current, FEATURES, threshold=0.3, sample_rows=10_000)
+    assert sampled.sampled and not full.sampled
+    assert sampled.drifted == full.drifted and sampled.features_drifted == full.features_drifted
+
+
+def test_the_request_log_is_read_by_window_without_shadow_copies(tmp_path):
+    now = time.time()
+    rows = [{"ts": now - 3600, "role": "primary", "features": [[9.0] * 6]},
+            {"ts": now - 10, "role": "primary", "features": [[1.0] * 6, [2.0] * 6]},
+            {"ts": now - 5, "role": "canary", "features": [[3.0] * 6]},
+            {"ts": now - 5, "role": "shadow", "scores": [0.1]}]
+    (tmp_path / "requests-1.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    current = load_requests(tmp_path, now - 60, FEATURES)
+    assert current["f0"].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_drift_gauges_pass_promtool_check_metrics(tmp_path):
+    folder = tmp_path / "ml-fraud"
+    folder.mkdir()
+    moved = evaluate(frame(2000, seed=1), frame(1000, shift=1.0, seed=2), FEATURES, threshold=0.3)
+    result = {"service": "ml/fraud", "model": "fraud", "version": "3", **json.loads(moved.to_json()),
+              "report": "runs:/x/drift/report.html"}
+    (folder / "latest.json").write_text(json.dumps(result))
+    registry = CollectorRegistry()
+    registry.register(DriftCollector(tmp_path))
+    text = generate_latest(registry).decode()
+    assert 'kubeloop_drift_share{inferenceservice="fraud",model="fraud",namespace="ml",version="3"} 0.5' in text
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_alert_rules_are_valid_and_their_unit_tests_pass():
+    check = subprocess.run(["promtool", "check", "rules", *map(str, RULES.glob("*.yaml"))], capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    tests = subprocess.run(["promtool", "test", "rules", *map(str, (RULES / "tests").glob("*.yaml"))],
+                           capture_output=True, text=True)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "SUCCESS" in tests.stdout
+
+
+def test_router_and_webhook_metrics_pass_promtool_check_metrics():
+    from kubeloop.operator.webhooks import WebhookConfig, Webhooks
+    from kubeloop.serving.router import Metrics
+
+    router = Metrics()
+    router.latency.labels("ml/fraud", "fraud", "3", "primary").observe(0.002)
+    router.requests.labels("ml/fraud", "fraud", "3", "primary", "200").inc()
+    router.scores.labels("ml/fraud", "fraud", "3").observe(0.04)
+    router.shadow_comparisons.labels("ml/fraud", "fraud", "3", "4").inc()
+    router.shadow_disagreements.labels("ml/fraud", "fraud", "3", "4").inc()
+    operator = CollectorRegistry()
+    Webhooks(kube=None, config=WebhookConfig("t"), registry=operator).received.labels("mlflow", "accepted").inc()
+    for registry in (router.registry, operator):
+        text = generate_latest(registry).decode()
+        lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -1,0 +1,79 @@
+"""An InferenceService follows its alias when it moves: told at once by
+MLflow's registry webhook, or found by the periodic resync without it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from mlflow import MlflowClient
+
+from kubeloop.api.constants import API_VERSION
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def model(platform, namespace):
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    name = f"{namespace}-follow"
+    client.create_registered_model(name)
+    for i in (1, 2):
+        client.create_model_version(name, source=f"s3://models/{name}/{i}")
+    client.set_registered_model_alias(name, "champion", "1")
+    return client, name
+
+
+def isvc(namespace: str, model: str) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "InferenceService", "metadata": {"name": "follow", "namespace": namespace},
+            "spec": {"model": {"name": model, "alias": "champion"}, "backend": "kubernetes",
+                     "resources": {"cpu": "50m", "memory": "64Mi"}}}
+
+
+def serving(kube, namespace) -> str | None:
+    obj = kube.get(API_VERSION, "InferenceService", "follow", namespace)
+    return obj.get("status", {}).get("modelVersion") if obj else None
+
+
+def test_the_webhook_moves_the_service_without_waiting_for_a_resync(platform, kube, namespace, model,
+                                                                     start_operator):
+    client, name = model
+    env = platform.env()
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_RESYNC_SECONDS="600",
+                        KUBELOOP_WEBHOOK_PORT=env["KUBELOOP_WEBHOOK_PORT"],
+                        KUBELOOP_WEBHOOK_TOKEN_FILE=env["KUBELOOP_WEBHOOK_TOKEN_FILE"],
+                        KUBELOOP_MLFLOW_WEBHOOK_URL=env["KUBELOOP_MLFLOW_WEBHOOK_URL"])
+    op.wait_for_log("Initial authentication has finished")
+    kube.create(isvc(namespace, name))
+    wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
+    moved = time.monotonic()
+    client.set_registered_model_alias(name, "champion", "2")
+    wait_for(lambda: serving(kube, namespace) == "2", timeout=20, interval=0.2, what="following the alias")
+    assert time.monotonic() - moved < 20, "far sooner than the 600 s resync"
+    event = kube.get(API_VERSION, "InferenceService", "follow", namespace)["metadata"]["annotations"]
+    assert event["signals.kubeloop.dev/registry-event"].startswith("champion=2@")
+    deployment = kube.get("apps/v1", "Deployment", "follow-predictor", namespace)
+    assert deployment["spec"]["template"]["metadata"]["labels"]["kubeloop.dev/model-version"] == "2"
+
+    # A forged delivery is refused.
+    forged = requests.post(f"http://127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}/hooks/mlflow", json={
+        "entity": "model_version_alias", "action": "created", "data": {"name": name, "alias": "champion"}},
+        headers={"X-MLflow-Signature": "v1,forged", "X-MLflow-Timestamp": str(int(time.time()))}, timeout=5)
+    assert forged.status_code == 401
+
+
+def test_without_the_webhook_the_resync_finds_the_move(platform, kube, namespace, model, start_operator):
+    client, name = model
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow",
+                        MLFLOW_TRACKING_URI=platform.env()["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_RESYNC_SECONDS="3")
+    op.wait_for_log("Initial authentication has finished")
+    kube.create(isvc(namespace, name))
+    wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
+    client.set_registered_model_alias(name, "champion", "2")
+    wait_for(lambda: serving(kube, namespace) == "2", timeout=20, what="the resync following the alias")
+    assert "signals.kubeloop.dev/registry-event" not in (
+        kube.get(API_VERSION, "InferenceService", "follow", namespace)["metadata"].get("annotations") or {})

@@ -1,0 +1,61 @@
+"""Gates, promotion and rollback through the registry port, with an audit trail."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeloop.api.promotion import MetricGate, PromotionGates, PromotionPolicy
+from kubeloop.operator.reconcilers.promotion import promote_when_gated
+from kubeloop.registry.memory import InMemoryRegistry
+from kubeloop.registry.promotion import audit_trail, check_gates, promote, rollback
+
+
+@pytest.fixture
+def registry():
+    reg = InMemoryRegistry()
+    reg.add_version("fraud", "s3://1", tags={"metric.auc": "0.850"})
+    reg.add_version("fraud", "s3://2", tags={"metric.auc": "0.870", "gate.champion.auc": "0.860",
+                                             "gate.champion.version": "1", "kubeloop.meets_slo": "true"})
+    reg.add_version("fraud", "s3://3", tags={"metric.auc": "0.840", "gate.champion.auc": "0.860"})
+    reg.set_alias("fraud", "champion", "1")
+    return reg
+
+
+def test_gates_read_the_versions_evidence(registry):
+    gates = PromotionGates(metrics=[MetricGate(metric="auc", min=0.8)], require_latency_slo=True)
+    good = check_gates(gates, registry.get_version("fraud", "2"), registry.get_alias("fraud", "champion"))
+    assert good.passed and "0.8700 vs champion version 1 0.8600 on the same data" in good.summary()
+    bad = check_gates(gates, registry.get_version("fraud", "3"), registry.get_alias("fraud", "champion"))
+    assert not bad.passed
+    assert [r.gate for r in bad.results if not r.passed] == ["not worse than champion", "latency SLO"]
+
+
+def test_tolerance_allows_a_small_regression(registry):
+    gates = PromotionGates(tolerance=0.05)
+    assert check_gates(gates, registry.get_version("fraud", "3"), registry.get_alias("fraud", "champion")).passed
+
+
+def test_promotion_and_rollback_are_audited(registry):
+    promote(registry, "fraud", "2", "Production", by="alice", reason="better")
+    assert registry.get_alias("fraud", "champion").version == "2"
+    entry = rollback(registry, "fraud", "champion", by="bob", reason="incident")
+    assert (entry.version, entry.previous) == ("1", "2")
+    assert registry.get_alias("fraud", "champion").version == "1"
+    trail = audit_trail(registry, "fraud")
+    assert [(e.action, e.by, e.alias, e.version) for e in trail] == [
+        ("promote", "alice", "champion", "2"), ("rollback", "bob", "champion", "1")]
+    assert "kubeloop.promote.champion" in registry.get_version("fraud", "2").tags
+    with pytest.raises(LookupError):
+        rollback(registry, "fraud", "champion", by="bob", reason="again")
+
+
+def test_declarative_promotion_happens_once_and_a_failed_gate_sticks(registry):
+    policy = PromotionPolicy(promote_to="champion", gates=PromotionGates())
+    obs = promote_when_gated(registry, "fraud", "2", policy, by="TrainingJob ml/fraud")
+    assert (obs.status, obs.reason) == ("True", "Promoted")
+    again = promote_when_gated(registry, "fraud", "2", policy, by="TrainingJob ml/fraud")
+    assert again.status == "True" and len(audit_trail(registry, "fraud")) == 1
+    failed = promote_when_gated(registry, "fraud", "3", policy, by="TrainingJob ml/other")
+    assert (failed.status, failed.reason) == ("False", "GateFailed")
+    assert registry.get_alias("fraud", "champion").version == "2", "a failed gate leaves the champion"
+    assert "kubeloop.gate.champion" in registry.get_version("fraud", "3").tags
