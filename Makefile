@@ -73,6 +73,7 @@ debs:
 	fi
 
 lint: setup
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
 test: setup lint

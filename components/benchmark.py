@@ -22,14 +22,14 @@ class Latency:
     calls: int
 
 
-def measure(predict: Predict, pool: np.ndarray, batch_size: int, *, device: torch.device = torch.device("cpu"),
+def measure(predict: Predict, pool: np.ndarray, batch_size: int, *, device: torch.device | None = None,
             warmup: int = 30, min_calls: int = 200, max_calls: int = 3000, seconds: float = 1.0) -> Latency:
     """Time predict on batch_size rows drawn in turn from pool (so no two
     consecutive calls see the same data)."""
     batches = [np.ascontiguousarray(pool[i:i + batch_size]) for i in range(0, len(pool) - batch_size + 1, batch_size)]
     if not batches:
         raise ValueError(f"the pool has fewer than {batch_size} rows")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
     for i in range(warmup):
         predict(batches[i % len(batches)])
     sync()

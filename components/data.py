@@ -31,6 +31,11 @@ class DatasetInfo:
     feature_views: dict[str, str]
     slice_column: str | None
     holdout_start: str
+    window_start: str = ""
+    window_end: str = ""
+    """The event-time window the rows came from, pinned (RFC 3339): rebuilding
+    the data set from it later yields the same rows even after newer data
+    arrives, which is what the optimiser and the drift job rely on."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -80,7 +85,19 @@ def build_dataset(spec: TrainingJobSpec, feast_repo: Path, output: Path) -> Data
         positives=int(frame[data.label].sum()), dataset_hash=data.dataset_hash,
         feature_columns=data.feature_columns, label=data.label, feature_views=data.feature_views,
         slice_column=slice_column, holdout_start=str(holdout["event_timestamp"].min()),
+        window_start=spec.features.window.start or frame["event_timestamp"].min().isoformat(),
+        window_end=spec.features.window.end
+        or (frame["event_timestamp"].max() + pd.Timedelta(microseconds=1)).isoformat(),
     )
+
+
+def pinned(spec: TrainingJobSpec, info: DatasetInfo) -> TrainingJobSpec:
+    """The spec with its time window fixed to the rows it was trained on."""
+    if not info.window_start:
+        return spec
+    window = spec.features.window.model_copy(update={"start": info.window_start, "end": info.window_end})
+    features = spec.features.model_copy(update={"window": window})
+    return spec.model_copy(update={"features": features})
 
 
 def load_split(path: Path, info: DatasetInfo, split: str) -> tuple[pd.DataFrame, pd.Series]:

@@ -7,6 +7,7 @@ takes the same raw feature vector a caller gets from the feature store.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
@@ -24,7 +25,7 @@ class FraudNet(nn.Module):
         widths = [n_features, *hidden_units]
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.Linear(w_in, w_out), nn.ReLU(), nn.Dropout(dropout))
-            for w_in, w_out in zip(widths, widths[1:])
+            for w_in, w_out in itertools.pairwise(widths)
         )
         self.head = nn.Linear(widths[-1], 1)
         self.activation_checkpointing = activation_checkpointing

@@ -208,7 +208,6 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 def _footprint(winner, ctx, batch: int) -> tuple[int, str]:  # noqa: ANN001
     """GPU memory the served model needs: measured by the allocator on a GPU,
     estimated from weights and activations on CPU (stated as such)."""
-    import torch
 
     from kubeloop.components.benchmark import peak_memory_mib
 

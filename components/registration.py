@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 
 from kubeloop.api.promotion import alias_for
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.components.data import DatasetInfo
+from kubeloop.components.data import DatasetInfo, pinned
 from kubeloop.components.model import export_onnx, export_torchscript
 from kubeloop.components.steps import save_module
 from kubeloop.registry import tags
@@ -155,7 +155,7 @@ def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: Train
             "feature_columns": json.dumps(dataset.feature_columns), "label": dataset.label,
             "threshold": str(spec.evaluation.threshold),
             "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
-            tags.TRAINING_SPEC: spec.model_dump_json(by_alias=True, exclude_none=True),
+            tags.TRAINING_SPEC: pinned(spec, dataset).model_dump_json(by_alias=True, exclude_none=True),
             **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in metrics.items() if v == v and k not in ("rows", "positives")},
             **(_champion_tags(champion) if champion else {}),
         }

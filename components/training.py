@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from sklearn.metrics import roc_auc_score
 from torch import nn
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from kubeloop.components.model import FraudNet, build_model
 

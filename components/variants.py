@@ -192,7 +192,7 @@ def structured_pruning(ctx: BuildContext) -> Variant:
     pruned.scale.copy_(src.scale)
     previous = torch.arange(ctx.n_features)
     with torch.no_grad():
-        for i, (block, new) in enumerate(zip(src.blocks, pruned.blocks)):
+        for i, (block, new) in enumerate(zip(src.blocks, pruned.blocks, strict=True)):
             weight, bias = block[0].weight[:, previous], block[0].bias
             chosen = torch.argsort(weight.norm(dim=1), descending=True)[: keep[i]].sort().values
             new[0].weight.copy_(weight[chosen])

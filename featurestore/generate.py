@@ -15,7 +15,7 @@ monitoring loop has to notice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -25,6 +25,8 @@ import pandas as pd
 CATEGORIES = ("grocery", "fuel", "restaurants", "electronics", "travel", "gaming", "marketplace")
 CATEGORY_RISK = np.array([0.4, 0.6, 0.5, 1.6, 1.3, 2.0, 1.4])
 CHANNELS = ("in_store", "online", "contactless")
+WARMUP_DAYS = 30
+"""Simulated history before a scenario's first day (the longest feature window)."""
 
 
 @dataclass(frozen=True)
@@ -51,17 +53,26 @@ def default_start(days: int, now: datetime | None = None) -> datetime:
 
 
 def simulate(s: Scenario) -> dict[str, pd.DataFrame]:
-    """All tables of the scenario (pure, deterministic for a seed)."""
+    """All tables of the scenario (pure, deterministic for a seed).
+
+    The world runs for WARMUP_DAYS before the scenario starts: its
+    transactions are not in the tables, but the first feature snapshots
+    aggregate them, so a 30-day statistic on the first day is as complete as
+    on the last and the features are stationary unless drift moves them.
+    """
     rng = np.random.default_rng(s.seed)
     cards = _cards(s, rng)
     merchants = _merchants(s, rng)
-    transactions = _transactions(s, rng, cards, merchants)
+    history = _transactions(replace(s, start=s.start - timedelta(days=WARMUP_DAYS), days=s.days + WARMUP_DAYS),
+                            rng, cards, merchants)
+    transactions = history[history["event_timestamp"] >= pd.Timestamp(s.start)].reset_index(drop=True)
+    transactions["transaction_id"] = np.arange(1, len(transactions) + 1, dtype=np.int64)
     return {
         "cards": cards,
         "merchants": merchants,
         "transactions": transactions,
-        "card_activity": _card_activity(s, transactions),
-        "merchant_risk": _merchant_risk(s, transactions, merchants),
+        "card_activity": _card_activity(s, history),
+        "merchant_risk": _merchant_risk(s, history, merchants),
         "card_profile": cards[["card_id", "credit_limit", "account_age_days", "is_credit", "event_timestamp"]],
     }
 
@@ -150,14 +161,16 @@ def _transactions(s: Scenario, rng: np.random.Generator, cards: pd.DataFrame, me
 
 def _card_activity(s: Scenario, tx: pd.DataFrame) -> pd.DataFrame:
     """Daily 7-day aggregates per card, only for cards active in the window
-    (a dormant card has no fresh snapshot, so ttl can drop its rows)."""
+    (a dormant card has no fresh snapshot, so ttl can drop its rows).
+    Snapshots start at the first midnight of the scenario, never inside the
+    period before an appended one."""
     tx = tx.assign(day=tx["event_timestamp"].dt.floor("D"), online=(tx["channel"] == "online").astype(float))
     daily = tx.groupby(["card_id", "day"]).agg(
         n=("amount", "size"), total=("amount", "sum"), peak=("amount", "max"), online=("online", "sum"),
         merchants=("merchant_id", "nunique"),
     )
     frames = []
-    days = pd.date_range(pd.Timestamp(s.start).floor("D") + pd.Timedelta(days=1), periods=s.days, freq="D")
+    days = pd.date_range(pd.Timestamp(s.start).ceil("D"), pd.Timestamp(s.end), freq="D")
     for snapshot in days:
         window = daily.loc[(daily.index.get_level_values("day") >= snapshot - pd.Timedelta(days=7))
                            & (daily.index.get_level_values("day") < snapshot)]
@@ -181,7 +194,7 @@ def _card_activity(s: Scenario, tx: pd.DataFrame) -> pd.DataFrame:
 def _merchant_risk(s: Scenario, tx: pd.DataFrame, merchants: pd.DataFrame) -> pd.DataFrame:
     """Weekly 30-day merchant statistics from labels known by then."""
     frames = []
-    for snapshot in pd.date_range(pd.Timestamp(s.start).floor("D"), pd.Timestamp(s.end), freq="7D"):
+    for snapshot in pd.date_range(pd.Timestamp(s.start).ceil("D"), pd.Timestamp(s.end), freq="7D"):
         window = tx[(tx["event_timestamp"] >= snapshot - pd.Timedelta(days=30)) & (tx["event_timestamp"] < snapshot)]
         stats = window.groupby("merchant_id").agg(fraud_rate_30d=("is_fraud", "mean"),
                                                   avg_ticket_30d=("amount", "mean"),

@@ -9,6 +9,7 @@ periodic timer, so the operator converges from whatever state it finds.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable
 
 import kopf
@@ -116,13 +117,15 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.delete(GROUP, VERSION, TRAINING_JOB.plural, id="cancel-run", registry=registry)
     @kopf.on.delete(GROUP, VERSION, OPTIMIZED_MODEL.plural, id="cancel-run", registry=registry)
-    def cancel_run(status: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
+    def cancel_run(meta: dict, status: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
         """A deleted object's pipeline run is cancelled if it is still going."""
         status = status or {}
         backend = memo.ports.pipelines.get(status.get("backend") or spec.get("backend")
                                            or memo.ports.default_pipeline_backend)
-        if backend and status.get("runId") and status.get("phase") == "Running":
-            backend.cancel(status["runId"])
+        with _locks.of(meta["uid"]):
+            if backend and status.get("runId") and status.get("phase") == "Running":
+                backend.cancel(status["runId"])
+        _locks.forget(meta["uid"])
 
     @kopf.on.delete(GROUP, VERSION, INFERENCE_SERVICE.plural, id="stop-serving", registry=registry)
     def stop_serving(meta: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
@@ -130,10 +133,12 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         the drift monitor lets go of the object."""
         ref = ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta)
         backend = memo.ports.serving.get(spec.get("backend") or memo.ports.default_serving_backend)
-        if backend:
-            backend.delete(ref)
-        if memo.ports.monitor:
-            memo.ports.monitor.forget(ref)
+        with _locks.of(meta["uid"]):
+            if backend:
+                backend.delete(ref)
+            if memo.ports.monitor:
+                memo.ports.monitor.forget(ref)
+        _locks.forget(meta["uid"])
 
     return registry
 
@@ -161,13 +166,34 @@ async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202
     return runner
 
 
+class ObjectLocks:
+    """A lock per object, for reconciles that run in kopf's thread pool."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def of(self, uid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+    def forget(self, uid: str) -> None:
+        with self._guard:
+            self._locks.pop(uid, None)
+
+
+_locks = ObjectLocks()
+
+
 def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kind,
               reconciler: Reconciler, timer_when: Callable[..., bool] | None) -> None:
     resource = (GROUP, VERSION, kind.plural)
 
     def handler(meta: dict, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
                 memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
-        outcome = reconcile(kind, reconciler, meta, spec, status, memo.ports, retry)
+        # kopf runs timers beside change handlers: one reconcile of an object at a time.
+        with _locks.of(meta["uid"]):
+            outcome = reconcile(kind, reconciler, meta, spec, status, memo.ports, retry)
         apply_outcome(outcome, status, patch, body)
 
     handler.__name__ = f"reconcile_{kind.singular}"

@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import re
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
+from kubeloop.api.times import iso, seconds
 from kubeloop.operator.builders.meta import child_metadata, dns_name
 
 LABEL_RETRAIN_OF = "kubeloop.dev/retrain-of"
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def seconds(duration: str) -> float:
-    """A Kubernetes-style duration ("90s", "1h30m", "7d") in seconds."""
-    return sum(float(n) * _UNITS[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", duration))
-
-
 def retrain_name(ref: ObjectRef, alert: str) -> str:
     """One name per alert: a redelivered alert finds the job it started."""
     return dns_name(ref.name, "retrain", hashlib.sha256(alert.encode()).hexdigest()[:8])
-
-
-def _iso(timestamp: float) -> str:
-    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def build_retrain_job(ref: ObjectRef, spec: InferenceServiceSpec, name: str, now: float) -> dict:
@@ -35,9 +22,9 @@ def build_retrain_job(ref: ObjectRef, spec: InferenceServiceSpec, name: str, now
     template = retraining.template.to_wire()
     template["modelName"] = spec.model.name
     window = template.setdefault("features", {}).setdefault("window", {})
-    window["end"] = _iso(now)
+    window["end"] = iso(now)
     if retraining.lookback:
-        window["start"] = _iso(now - seconds(retraining.lookback))
+        window["start"] = iso(now - seconds(retraining.lookback))
     # Registered as challenger and gated by this service; it promotes after the canary.
     policy = retraining.promotion
     template["promotion"] = PromotionPolicy(register_as=policy.register_as, gates=policy.gates).to_wire()

@@ -9,7 +9,6 @@ registry's actual state.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import dataclass, field
 
@@ -18,8 +17,9 @@ from kubeloop.api.constants import API_VERSION
 from kubeloop.api.promotion import alias_for
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus, RetrainingStatus
+from kubeloop.api.times import epoch, iso, seconds
 from kubeloop.operator.builders.retraining import (
-    LABEL_RETRAIN_OF, build_retrain_job, build_retrain_optimization, retrain_name, seconds,
+    LABEL_RETRAIN_OF, build_retrain_job, build_retrain_optimization, retrain_name,
 )
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.ports import Ports
@@ -44,14 +44,6 @@ class RetrainStep:
         """The challenger version to canary now, if any."""
         r = self.retraining
         return r.challenger if r and r.state == "Canary" else None
-
-
-def _iso(timestamp: float) -> str:
-    return dt.datetime.fromtimestamp(timestamp, dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _epoch(iso: str) -> float:
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def pending_alert(ref: ObjectRef) -> str | None:
@@ -93,8 +85,8 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
     reason = None
     if step.retraining and step.retraining.state not in FINAL:
         reason = f"retrain {step.retraining.training_job} is still {step.retraining.state}"
-    elif step.last_retrain_at and now - _epoch(step.last_retrain_at) < seconds(retraining.cooldown):
-        until = _iso(_epoch(step.last_retrain_at) + seconds(retraining.cooldown))
+    elif step.last_retrain_at and now - epoch(step.last_retrain_at) < seconds(retraining.cooldown):
+        until = iso(epoch(step.last_retrain_at) + seconds(retraining.cooldown))
         reason = f"cooling down until {until} (cooldown {retraining.cooldown})"
     else:
         running = [j for j in ports.objects.list(API_VERSION, "TrainingJob", ref.namespace,
@@ -108,7 +100,7 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
     name = retrain_name(ref, alert)
     ports.objects.apply(build_retrain_job(ref, spec, name, now))
     step.retrains = (step.retrains + [name])[-HANDLED_LIMIT:]
-    step.last_retrain_at = _iso(now)
+    step.last_retrain_at = iso(now)
     step.retraining = RetrainingStatus(state="Training", alert=alert, training_job=name,
                                        message=f"drift alert {alert} started TrainingJob {name}")
     step.observations.append(Observation("RetrainSuppressed", "False", "Started", f"TrainingJob {name}"))
@@ -154,7 +146,7 @@ def _advance(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServic
                    reason="promotion gates failed", verdict=verdict)
             return r.model_copy(update={"state": "GateFailed", "message": verdict.summary()})
         ports.registry.set_alias(model, alias_for(policy.register_as), r.challenger)
-        return r.model_copy(update={"state": "Canary", "canary_since": _iso(now),
+        return r.model_copy(update={"state": "Canary", "canary_since": iso(now),
                                     "message": f"gates passed ({verdict.summary()}); canary "
                                                f"{retraining.canary_percent}% for {retraining.canary_duration}"})
     if r.state == "Canary":
@@ -166,7 +158,7 @@ def _advance(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServic
                                         "message": f"version {r.challenger} failed its canary; the champion stays"})
         healthy = status.canary_version == r.challenger and any(
             c.type == "CanaryReady" and c.status == "True" for c in status.conditions)
-        if healthy and now - _epoch(r.canary_since) >= seconds(retraining.canary_duration):
+        if healthy and now - epoch(r.canary_since) >= seconds(retraining.canary_duration):
             promote(ports.registry, model, r.challenger, policy.promote_to or "champion", by=by,
                     reason=f"drift retrain; healthy canary for {retraining.canary_duration}")
             return r.model_copy(update={"state": "Promoted",

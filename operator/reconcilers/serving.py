@@ -8,11 +8,11 @@ import datetime as dt
 
 from kubeloop.api.base import ModelRef
 from kubeloop.api.refs import ObjectRef
+from kubeloop.api.times import seconds
 from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, TrafficSplit,
 )
 from kubeloop.gpu.placement import PlacementDecision, plan
-from kubeloop.operator.builders.retraining import seconds
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.kube import KubeError
 from kubeloop.operator.ports import Ports

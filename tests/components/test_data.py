@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -47,3 +49,22 @@ def test_unknown_feature_view_names_the_view(feature_repo, job_spec, tmp_path):
                                            "features": {"featureViews": [*VIEWS[:1], "does_not_exist"]}})
     with pytest.raises(ValueError, match="feature view 'does_not_exist' does not exist"):
         build_dataset(spec, feature_repo, tmp_path / "x.parquet")
+
+
+def test_the_pinned_window_rebuilds_the_same_rows_after_newer_data_arrives(feature_repo, job_spec, tmp_path):
+    """The optimiser and the drift job rebuild a version's data from its
+    recorded spec; newer data must not leak into it."""
+    import shutil
+
+    from kubeloop.components.data import pinned
+    from kubeloop.featurestore.generate import Scenario
+    from kubeloop.featurestore.store import append_period
+
+    repo = Path(shutil.copytree(feature_repo, tmp_path / "repo"))
+    first = build_dataset(job_spec, repo, tmp_path / "first.parquet")
+    recorded = TrainingJobSpec.model_validate_json(pinned(job_spec, first).model_dump_json(by_alias=True))
+    last = pd.read_parquet(repo / "data" / "transactions.parquet").event_timestamp.max()
+    append_period(repo, Scenario(start=(last + pd.Timedelta(seconds=1)).to_pydatetime(), days=3, cards=1200,
+                                 drift=1.0, seed=3))
+    assert build_dataset(recorded, repo, tmp_path / "again.parquet").dataset_hash == first.dataset_hash
+    assert build_dataset(job_spec, repo, tmp_path / "open.parquet").rows > first.rows

@@ -83,7 +83,7 @@ def test_tuned_and_naive_loaders_yield_the_same_rows(dataset):
     y = torch.as_tensor(dataset["y"][:1000])
     tuned, _ = make_loader(x, y, 64, tuned_loader_settings(torch.device("cpu")), seed=1)
     naive, _ = make_loader(x, y, 64, NAIVE_LOADER, seed=1)
-    for (xt, yt), (xn, yn) in zip(tuned, naive):
+    for (xt, yt), (xn, yn) in zip(tuned, naive, strict=False):
         assert torch.equal(xt, xn) and torch.equal(yt, yn)
 
 

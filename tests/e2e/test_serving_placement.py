@@ -64,12 +64,12 @@ def pods_of(kube, namespace: str, name: str) -> list[dict]:
 def test_the_scheduler_places_each_model_on_the_slice_the_planner_chose(kube, namespace, model, operator):
     for name, (gpu, *_rest) in CASES.items():
         kube.create(isvc(namespace, name, model, gpu))
-    for name, (gpu, node, resource, extra) in CASES.items():
-        status = wait_for(lambda: (o := kube.get(API_VERSION, "InferenceService", name, namespace))
+    for name, (_gpu, node, resource, extra) in CASES.items():
+        status = wait_for(lambda name=name: (o := kube.get(API_VERSION, "InferenceService", name, namespace))
                           and o.get("status", {}).get("phase") == "Ready" and o["status"], timeout=60,
                           what=f"{name} Ready")
         assert status["placement"]["resource"] == resource and node in status["placement"]["nodes"], name
-        pods = wait_for(lambda: [p for p in pods_of(kube, namespace, name) if p["status"].get("phase") == "Running"],
+        pods = wait_for(lambda name=name: [p for p in pods_of(kube, namespace, name) if p["status"].get("phase") == "Running"],
                         timeout=30, what=f"{name} pods running")
         pod = pods[0]
         assert pod["spec"]["nodeName"] == node, name

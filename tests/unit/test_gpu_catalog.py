@@ -50,7 +50,7 @@ def test_placement_starts_are_valid_and_disjoint():
     chosen = profiles(H100, "1g.10gb", "3g.40gb", "2g.20gb", "1g.10gb")
     starts = place_on_one_gpu(H100, chosen)
     used = []
-    for profile, start in zip(chosen, starts):
+    for profile, start in zip(chosen, starts, strict=True):
         assert start in profile.starts
         used += list(range(start, start + profile.memory_slices))
     assert len(used) == len(set(used))

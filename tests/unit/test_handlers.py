@@ -53,3 +53,35 @@ def test_retry_becomes_a_temporary_error(monkeypatch):
         apply_outcome(Outcome(TrainingJobStatus(), retry_after=8, retry_reason="kfp down"), {}, kopf.Patch(),
                       kopf.Body({}))
     assert err.value.delay == 8
+
+
+def test_reconciles_of_one_object_never_overlap(monkeypatch):
+    """kopf runs the resync timer beside the change handlers; two reconciles
+    of one InferenceService at once once started two tritonservers."""
+    import threading
+    import time
+
+    from kubeloop.operator import handlers
+    from kubeloop.operator.settings import OperatorConfig
+
+    running, overlaps = {}, []
+
+    def slow_reconcile(kind, reconciler, meta, *args):
+        running[meta["uid"]] = running.get(meta["uid"], 0) + 1
+        if running[meta["uid"]] > 1:
+            overlaps.append(meta["uid"])
+        time.sleep(0.05)
+        running[meta["uid"]] -= 1
+
+    monkeypatch.setattr(handlers, "reconcile", slow_reconcile)
+    monkeypatch.setattr(handlers, "apply_outcome", lambda *args: None)
+    registry = handlers.build_registry(OperatorConfig())
+    fn = next(h.fn for h in registry._changing.get_all_handlers() if h.fn.__name__ == "reconcile_inferenceservice")
+    calls = [threading.Thread(target=fn, kwargs={"meta": {**META, "uid": uid}, "spec": {}, "status": {},
+                                                 "patch": None, "body": None, "memo": kopf.Memo(ports=None)})
+             for uid in ("a", "a", "a", "b")]
+    for t in calls:
+        t.start()
+    for t in calls:
+        t.join()
+    assert overlaps == [] and running == {"a": 0, "b": 0}

@@ -59,3 +59,17 @@ def test_declarative_promotion_happens_once_and_a_failed_gate_sticks(registry):
     assert (failed.status, failed.reason) == ("False", "GateFailed")
     assert registry.get_alias("fraud", "champion").version == "2", "a failed gate leaves the champion"
     assert "kubeloop.gate.champion" in registry.get_version("fraud", "3").tags
+
+
+def test_a_repeated_promotion_or_rejection_is_recorded_once(registry):
+    """A reconcile that runs again on a status from before its own write
+    repeats the call; the trail (which rollback reads) must not."""
+    from kubeloop.registry.promotion import reject
+
+    first = promote(registry, "fraud", "2", "champion", by="op", reason="canary healthy")
+    assert promote(registry, "fraud", "2", "champion", by="op", reason="canary healthy") == first
+    reject(registry, "fraud", "3", "champion", by="op", reason="gates failed")
+    reject(registry, "fraud", "3", "champion", by="op", reason="gates failed")
+    assert [(e.action, e.version, e.previous) for e in audit_trail(registry, "fraud")] == [
+        ("promote", "2", "1"), ("reject", "3", "2")]
+    assert rollback(registry, "fraud", "champion", by="op", reason="incident").version == "1"

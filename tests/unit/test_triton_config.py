@@ -42,3 +42,14 @@ def test_without_a_plan_batching_is_off():
     config = build_config("fraud", 18, None, "python")
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
     assert list(config.input[0].dims) == [-1, 18]
+
+
+def test_the_python_backend_stub_runs_in_the_serving_environment(tmp_path):
+    """The stub's interpreter takes its prefix from the first python on PATH;
+    an active virtualenv there once put its numpy under model.py."""
+    from kubeloop.serving.runtime import TritonRuntime
+
+    site = tmp_path / ".venv-serving" / "lib" / "python3.11" / "site-packages"
+    env = TritonRuntime(site).env()
+    assert env["PATH"].split(":")[0] == str(tmp_path / ".venv-serving" / "bin")
+    assert env["VIRTUAL_ENV"] == str(tmp_path / ".venv-serving") and env["KUBELOOP_SITE_PACKAGES"] == str(site)

@@ -1,16 +1,17 @@
-"""`kubeloop demo`: bring the platform up and show the loop, step by step.
+"""`kubeloop demo`: the whole loop on this machine, told as a timeline.
 
-Every step checks that what it claims really happened; the demo exits
-non-zero at the first step that did not.
+A fresh platform, the operator, the examples; then traffic, drift, the
+alert, the retrain, its gate, canary and promotion. Every hop checks that
+what it claims really happened (see kubeloop.story.loop); the demo exits 1
+at the first that did not.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 import yaml
@@ -19,129 +20,118 @@ from rich.table import Table
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev.binaries import repo_root
-from kubeloop.dev.platform import Platform
+from kubeloop.dev.platform import Platform, PlatformError, default_state_dir
 
 console = Console()
-
-
-class StepFailed(Exception):
-    """A demo step did not happen."""
-
-
-@dataclass
-class Timeline:
-    """A readable, timed log of the story."""
-
-    started: float = field(default_factory=time.monotonic)
-
-    def step(self, title: str, action: Callable[[], str | None]) -> None:
-        at = time.monotonic() - self.started
-        with console.status(f"[bold]{title}[/bold]"):
-            try:
-                detail = action()
-            except StepFailed as exc:
-                console.print(f"[red]✗[/red] [dim]{at:6.1f}s[/dim] {title}: {exc}")
-                raise
-        console.print(f"[green]✓[/green] [dim]{at:6.1f}s[/dim] {title}" + (f" [dim]— {detail}[/dim]" if detail else ""))
-
-
-def wait_until(probe: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(interval)
-    raise StepFailed(f"{what} did not happen within {timeout:.0f} s")
+MODEL = "fraud-detector"
 
 
 def load_examples(folder: Path) -> list[dict]:
     docs = []
     for path in sorted(folder.glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("apiVersion") == API_VERSION]
-    return docs
+    # The order the story needs them in: what is trained, optimised, then served.
+    order = {"TrainingJob": 0, "OptimizedModel": 1, "InferenceService": 2}
+    return sorted(docs, key=lambda d: order.get(d["kind"], 3))
 
 
 def demo(
-    state_dir: Annotated[Optional[Path], typer.Option(envvar="KUBELOOP_STATE_DIR",
-                                                      help="Where the platform keeps its state.")] = None,
+    state_dir: Annotated[Optional[Path], typer.Option(
+        help="Where the demo's platform keeps its state (replaced on every run, so the story starts from "
+             "nothing).")] = None,
     namespace: Annotated[str, typer.Option(help="Namespace for the example objects.")] = "kubeloop-demo",
+    scale: Annotated[float, typer.Option(help="Multiply every wait (slow machines).")] = 1.0,
 ) -> None:
-    """Run the loop on this machine: platform, operator, examples, status."""
-    platform = Platform(state_dir)
-    timeline = Timeline()
+    """Run the loop on this machine: train, optimise, serve, drift, alert, retrain, gate, canary, promote."""
+    from kubeloop.registry.mlflow import MlflowRegistry, fail_fast
+    from kubeloop.story.loop import Loop, StepFailed, Timings, operator_env, prepare
+
+    platform = Platform(state_dir or default_state_dir().parent / "demo")
+    started = time.monotonic()
+
+    def show(title: str, action) -> str:  # noqa: ANN001 - a hop
+        at = time.monotonic() - started
+        with console.status(f"[bold]{title}[/bold]"):
+            try:
+                detail = action()
+            except (StepFailed, PlatformError) as exc:
+                console.print(f"[red]✗[/red] [dim]{at:6.1f}s[/dim] {title}\n  [red]{exc}[/red]")
+                raise
+        console.print(f"[green]✓[/green] [dim]{at:6.1f}s[/dim] [bold]{title}[/bold]\n  [dim]{detail}[/dim]")
+        return detail
+
+    loop = None
     try:
-        timeline.step("start the platform (etcd, Kubernetes, KWOK GPU fleet, MLflow)",
-                      lambda: f"ready in {platform.up().ready_seconds} s")
-        kube = platform.kube()
-        timeline.step("start the kubeloop operator", lambda: _start_operator(platform))
-        examples = load_examples(repo_root() / "examples")
-        timeline.step(f"apply examples/ to namespace {namespace}", lambda: _apply(kube, namespace, examples))
-        timeline.step("operator reports status on every object", lambda: _reported(kube, namespace, examples))
-        timeline.step("train: Feast features -> torch -> MLflow (kfp local runner)",
-                      lambda: _trained(kube, namespace, examples))
-    except StepFailed:
-        console.print(f"operator log: {platform.logs / 'operator.log'}")
-        raise typer.Exit(1)
-    _show(kube, namespace, examples)
-    env = platform.env()
-    console.print(f"\n[bold]Where to look[/bold]\n  eval $(kubeloop dev env --state-dir {platform.dir})\n"
-                  f"  kubectl get kubeloop -n {namespace}\n  kubectl explain inferenceservice.spec.gpu\n"
-                  f"  MLflow UI: {env.get('MLFLOW_TRACKING_URI')}\n  logs: {platform.logs}\n"
-                  "  stop everything: kubeloop dev down")
+        show("a fresh platform: etcd, Kubernetes, KWOK GPU fleet, MLflow, Feast, Prometheus, Alertmanager",
+             lambda: _fresh_platform(platform))
+        env = platform.env()
+        repo = Path(env["KUBELOOP_FEAST_REPO"])
+        show("the kubeloop operator", lambda: _start_operator(platform, operator_env(env, repo, platform.dir / "operator")))
+        fail_fast()
+        timings = Timings()
+        docs = prepare(load_examples(repo_root() / "examples"), namespace, MODEL, timings)
+        loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale)
+        console.print(f"  [dim]demo timings: drift checked every {timings.schedule} over the last {timings.window}; "
+                      f"canary for {timings.canary_duration}[/dim]")
+        for title, step in loop.steps():
+            show(title, step)
+    except (StepFailed, PlatformError):
+        console.print(f"\nlogs: {platform.logs} (the operator's: {platform.logs / 'operator.log'})")
+        raise typer.Exit(1) from None
+    finally:
+        if loop:
+            loop.stop()
+    _summary(platform, loop, namespace, time.monotonic() - started)
 
 
-def _start_operator(platform: Platform) -> str:
-    record = platform.start_process("operator", [sys.executable, "-m", "kubeloop.cli", "operator"], env={
-        "KUBELOOP_REGISTRY": "mlflow",
-        "KUBELOOP_PIPELINE_BACKENDS": "local,noop",
-        "KUBELOOP_PIPELINE_BACKEND": "local",
-        "KUBELOOP_WORK_DIR": str(platform.dir / "operator"),
-        "KUBELOOP_RESYNC_SECONDS": "5",
-    })
-    wait_until(lambda: "Initial authentication has finished" in Path(record.log).read_text(errors="replace"),
-               60, "operator start-up")
-    return f"pid {record.pid}, log {record.log}"
+def _fresh_platform(platform: Platform) -> str:
+    if platform.dir.exists():
+        platform.down()
+    state = platform.up()
+    return f"ready in {state.ready_seconds} s; state in {platform.dir}"
 
 
-def _apply(kube, namespace: str, examples: list[dict]) -> str:  # noqa: ANN001 - Kube
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    for doc in examples:
-        kube.apply({**doc, "metadata": {**doc["metadata"], "namespace": namespace}}, field_manager="kubectl")
-    return ", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in examples)
+def _start_operator(platform: Platform, env: dict[str, str]) -> str:
+    import requests
+
+    from kubeloop.story.loop import wait_until
+
+    record = platform.start_process("operator", [sys.executable, "-m", "kubeloop.cli", "operator"], env=env)
+    health = f"http://127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}/healthz"
+
+    def healthy() -> bool:
+        if not record.running():
+            raise PlatformError(f"the operator exited; see {record.log}")
+        try:
+            return requests.get(health, timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(healthy, 60, "the operator's start-up", interval=0.5)
+    return f"pid {record.pid}; webhooks and /metrics on 127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}; log {record.log}"
 
 
-def _reported(kube, namespace: str, examples: list[dict]) -> str:  # noqa: ANN001
-    def all_reported():
-        live = [kube.get(d["apiVersion"], d["kind"], d["metadata"]["name"], namespace) for d in examples]
-        return all(o and o.get("status", {}).get("conditions") for o in live)
-
-    wait_until(all_reported, 60, "status on every example")
-    return f"{len(examples)} objects"
-
-
-def _trained(kube, namespace: str, examples: list[dict]) -> str:  # noqa: ANN001
-    doc = next(d for d in examples if d["kind"] == "TrainingJob")
-    name = doc["metadata"]["name"]
-
-    def done():
-        obj = kube.get(doc["apiVersion"], "TrainingJob", name, namespace)
-        phase = obj.get("status", {}).get("phase")
-        return obj if phase in ("Succeeded", "Failed") else None
-
-    status = wait_until(done, 900, f"TrainingJob {name} finishing", interval=2)["status"]
-    if status["phase"] != "Succeeded":
-        reasons = "; ".join(c["message"] for c in status["conditions"] if c["status"] == "False")
-        raise StepFailed(f"TrainingJob {name} failed: {reasons}")
-    model = status["model"]
-    return f"{model['name']} version {model['version']}, hold-out AUC {status['metrics'].get('auc', 0):.3f}"
-
-
-def _show(kube, namespace: str, examples: list[dict]) -> None:  # noqa: ANN001
-    table = Table("kind", "name", "phase", "ready", "why")
-    for doc in examples:
-        obj = kube.get(doc["apiVersion"], doc["kind"], doc["metadata"]["name"], namespace)
-        ready = next((c for c in obj["status"]["conditions"] if c["type"] == "Ready"), {})
-        table.add_row(doc["kind"], doc["metadata"]["name"], obj["status"].get("phase", ""),
-                      ready.get("status", ""), ready.get("message") or ready.get("reason", ""))
+def _summary(platform: Platform, loop, namespace: str, took: float) -> None:  # noqa: ANN001 - Loop
+    table = Table("kind", "name", "phase", "why", title="what the operator made")
+    for kind in ("TrainingJob", "OptimizedModel", "InferenceService"):
+        for obj in platform.kube().list(API_VERSION, kind, namespace):
+            ready = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+            table.add_row(kind, obj["metadata"]["name"], obj.get("status", {}).get("phase", ""),
+                          ready.get("message") or ready.get("reason", ""))
     console.print(table)
+    env, facts = platform.env(), loop.facts
+    report = Path(platform.dir / "operator" / "monitoring" / f"{namespace}-{loop.service['metadata']['name']}"
+                  / "report.html")
+    console.print(
+        f"\n[bold]The loop closed in {took:.0f} s[/bold]; drift injection to the promoted model serving: "
+        f"{facts['injection_to_promoted']:.0f} s.\n\n[bold]Where to look[/bold]\n"
+        f"  eval $(kubeloop dev env --state-dir {platform.dir})\n"
+        f"  kubectl get trainingjobs,optimizedmodels,inferenceservices -n {namespace}\n"
+        f"  kubectl describe inferenceservice {loop.service['metadata']['name']} -n {namespace}\n"
+        f"  kubeloop audit {loop.model}\n"
+        f"  MLflow:       {env['MLFLOW_TRACKING_URI']}/#/models/{loop.model}\n"
+        f"  Prometheus:   {env['PROMETHEUS_URL']}/graph?g0.expr=kubeloop_drift_share  (alerts: /alerts)\n"
+        f"  Alertmanager: {env['ALERTMANAGER_URL']}/#/alerts\n"
+        f"  drift report: {report}  (and in MLflow: {facts['drift'].get('report')})\n"
+        f"  logs:         {platform.logs}\n"
+        f"  stop it all:  kubeloop dev down --state-dir {platform.dir}")

@@ -27,7 +27,7 @@ def up(state_dir: StateDir = None) -> None:
             platform.up(progress=lambda msg: status.update(msg))
     except PlatformError as exc:
         console.print(f"[red]the platform did not come up:[/red] {exc}")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     state = platform.state()
     console.print(f"[green]platform up[/green] in {state.ready_seconds} s; "
                   f"run [bold]eval $(kubeloop dev env)[/bold]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import getpass
 import socket
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -68,7 +68,7 @@ def rollback(
         entry = move_back(_registry(tracking_uri), model, alias, by=_who(), reason=reason)
     except LookupError as exc:
         console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     console.print(f"{model}: {entry.alias} {entry.previous} -> {entry.version}")
 
 

@@ -54,13 +54,15 @@ class MlflowRegistry(ModelRegistry):
     def _call(self, fn, missing_ok: bool = False):  # noqa: ANN001, ANN202 - thin adapter
         try:
             result = fn()
-        except RestException as exc:
+        except MlflowException as exc:
+            # A file/sqlite store raises MlflowException where the REST store raises RestException:
+            # "not found" means the same thing from both.
             if missing_ok and (exc.error_code in _NOT_FOUND or "not found" in str(exc).lower()):
                 return None
-            if exc.get_http_status_code() >= 500:
-                raise RegistryUnavailable(f"MLflow at {self.tracking_uri}: {exc}") from exc
-            raise
-        except (MlflowException, requests.RequestException, OSError) as exc:
+            if isinstance(exc, RestException) and exc.get_http_status_code() < 500:
+                raise
+            raise RegistryUnavailable(f"MLflow at {self.tracking_uri} is unreachable: {exc}") from exc
+        except (requests.RequestException, OSError) as exc:
             raise RegistryUnavailable(f"MLflow at {self.tracking_uri} is unreachable: {exc}") from exc
         return _convert(result) if isinstance(result, MlflowModelVersion) else result
 

@@ -115,6 +115,13 @@ def promote(registry: ModelRegistry, name: str, version: str, to: str, by: str, 
     previous = registry.get_alias(name, alias)
     if registry.get_version(name, version) is None:
         raise KeyError(f"{name} has no version {version}")
+    if previous is not None and previous.version == str(version):
+        # A retried reconcile or a repeated command: the move is recorded once.
+        recorded = next((e for e in reversed(audit_trail(registry, name))
+                         if e.alias == alias and e.version == str(version) and e.action in ("promote", "rollback")),
+                        None)
+        if recorded is not None:
+            return recorded
     registry.set_alias(name, alias, version)
     entry = AuditEntry(_now(), "promote", alias, str(version), previous.version if previous else None, by, reason,
                        verdict.summary() if verdict else "")
@@ -124,7 +131,10 @@ def promote(registry: ModelRegistry, name: str, version: str, to: str, by: str, 
 
 def reject(registry: ModelRegistry, name: str, version: str, alias: str, by: str, reason: str,
            verdict: Verdict | None = None) -> AuditEntry:
-    """Record that a version was not promoted to the alias, and why."""
+    """Record that a version was not promoted to the alias, and why (once)."""
+    recorded = registry.get_version(name, version).tags.get(f"kubeloop.reject.{alias_for(alias)}")
+    if recorded:
+        return AuditEntry(**json.loads(recorded))
     current = registry.get_alias(name, alias_for(alias))
     entry = AuditEntry(_now(), "reject", alias_for(alias), str(version), current.version if current else None, by,
                        reason, verdict.summary() if verdict else "")

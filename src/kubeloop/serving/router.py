@@ -223,7 +223,7 @@ class Router:
         scores = _scores(answer) if status == 200 else None
         if scores and primary and len(scores) == len(primary):
             pair = (c.service, c.model, primary_version, shadow.version)
-            for p, s in zip(primary, scores):
+            for p, s in zip(primary, scores, strict=True):
                 self.metrics.shadow_comparisons.labels(*pair).inc()
                 if (p >= c.threshold) != (s >= c.threshold):
                     self.metrics.shadow_disagreements.labels(*pair).inc()

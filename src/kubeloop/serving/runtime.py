@@ -64,7 +64,12 @@ class TritonRuntime:
         libs = [sysconfig.get_config_var("LIBDIR"), str(self.site_packages / "nvidia_pytriton.libs")]
         if os.environ.get("LD_LIBRARY_PATH"):
             libs.append(os.environ["LD_LIBRARY_PATH"])
-        return {"LD_LIBRARY_PATH": ":".join(libs), "KUBELOOP_SITE_PACKAGES": str(self.site_packages)}
+        # The stub's embedded interpreter takes its prefix from the first
+        # python on PATH: it must be the serving environment's, or an active
+        # virtualenv's numpy is imported before model.py can say otherwise.
+        path = [str(self.site_packages.parents[2] / "bin"), os.environ.get("PATH", "/usr/bin:/bin")]
+        return {"LD_LIBRARY_PATH": ":".join(libs), "KUBELOOP_SITE_PACKAGES": str(self.site_packages),
+                "PATH": ":".join(path), "VIRTUAL_ENV": str(self.site_packages.parents[2])}
 
     def argv(self, repository: Path, http_port: int, grpc_port: int, metrics_port: int) -> list[str]:
         return [

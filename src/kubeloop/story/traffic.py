@@ -1,0 +1,101 @@
+"""Requests made of real feature rows, sent the way a scoring caller would."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import requests
+
+from kubeloop.api.training import TrainingJobSpec
+
+
+def feature_rows(repo: Path, spec: TrainingJobSpec, columns: list[str], start: datetime | None,
+                 end: datetime | None, limit: int = 20_000, seed: int = 0) -> np.ndarray:
+    """Rows of the model's features (in its column order) for the
+    transactions between start and end, point-in-time from Feast."""
+    from kubeloop.featurestore.store import training_data
+
+    data = training_data(repo, spec.features.feature_views, spec.features.labels.source,
+                         spec.features.labels.column, start, end)
+    frame = data.frame[columns]
+    if len(frame) > limit:
+        frame = frame.sample(limit, random_state=seed)
+    return frame.to_numpy(np.float32)
+
+
+class Traffic:
+    """Steady KServe v2 requests from a background thread. Every request has
+    its own caller key, so a canary gets its share; which version answered
+    is counted."""
+
+    def __init__(self, url: str, model: str, rows: np.ndarray, rate: float = 20.0, batch: int = 4, seed: int = 0):
+        self.url = f"{url}/v2/models/{model}/infer"
+        self.rate = rate
+        self.batch = batch
+        self.rng = np.random.default_rng(seed)
+        self.answered: Counter[str] = Counter()
+        self.recent: deque[str] = deque(maxlen=200)
+        self.failed = 0
+        self.last_error = ""
+        self._rows = rows
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
+
+    def use(self, rows: np.ndarray) -> None:
+        """Send these rows from now on (the recent answers start afresh)."""
+        with self._lock:
+            self._rows = rows
+            self.recent.clear()
+
+    def start(self) -> "Traffic":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    @property
+    def sent(self) -> int:
+        return sum(self.answered.values()) + self.failed
+
+    def recent_versions(self, last: int | None = None) -> Counter[str]:
+        """Which versions answered the most recent requests (all kept, or the last few)."""
+        with self._lock:
+            answers = list(self.recent)
+        return Counter(answers[-last:] if last else answers)
+
+    def _run(self) -> None:
+        session = requests.Session()
+        interval = 1.0 / self.rate
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                rows = self._rows[self.rng.integers(0, len(self._rows), self.batch)]
+            body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
+                                "data": rows.ravel().tolist()}]}
+            version, error = None, ""
+            try:
+                response = session.post(self.url, json=body, timeout=5, headers={"X-Request-Key": uuid.uuid4().hex})
+                if response.status_code == 200:
+                    version = response.headers.get("X-Model-Version")
+                else:
+                    error = f"HTTP {response.status_code}: {response.text[:200]}"
+            except requests.RequestException as exc:
+                error = str(exc)
+            with self._lock:
+                if version:
+                    self.answered[version] += 1
+                    self.recent.append(version)
+                else:
+                    self.failed += 1
+                    self.last_error = error
+            next_at += interval
+            self._stop.wait(max(0.0, next_at - time.monotonic()))

@@ -1,0 +1,107 @@
+"""The loop, unattended, on the real parts: Feast, torch, MLflow, Triton,
+Evidently, Prometheus, Alertmanager and the operator. The hops are the demo's
+(kubeloop.story.loop); this test runs them and then checks their order, the
+alert handling's idempotency and cooldown, and that a failed gate leaves the
+champion serving."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from mlflow import MlflowClient
+
+from kubeloop.api.constants import API_VERSION
+from kubeloop.api.times import epoch
+from kubeloop.cli.demo import load_examples
+from kubeloop.dev.binaries import repo_root
+from kubeloop.featurestore.generate import Scenario, default_start
+from kubeloop.featurestore.store import create_repository
+from kubeloop.registry.mlflow import MlflowRegistry
+from kubeloop.story.loop import LABEL_RETRAIN_OF, Loop, Timings, operator_env, prepare, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def loop(platform, kube, namespace, start_operator, tmp_path):
+    env = platform.env()
+    # A repository of its own: the story appends drifted data to it.
+    repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45 + 14), days=45))
+    op = start_operator([namespace], **operator_env(env, repo, tmp_path / "work"))
+    op.wait_for_log("webhooks and /metrics on", timeout=60)
+    docs = prepare(load_examples(repo_root() / "examples"), namespace, f"{namespace}-fraud", Timings())
+    story = Loop(kube, MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=2.0)
+    story.webhook = f"http://127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}/hooks/alertmanager"
+    story.token = open(env["KUBELOOP_WEBHOOK_TOKEN_FILE"]).read().strip()
+    yield story
+    story.stop()
+
+
+def deliver(story: Loop, alert: dict) -> requests.Response:
+    """What Alertmanager posts for a firing alert."""
+    payload = {"version": "4", "status": "firing", "receiver": "kubeloop-operator", "alerts": [{
+        "status": "firing", "labels": alert["labels"], "annotations": alert["annotations"],
+        "startsAt": alert["startsAt"], "fingerprint": alert["fingerprint"]}]}
+    return requests.post(story.webhook, json=payload, headers={"Authorization": f"Bearer {story.token}"}, timeout=10)
+
+
+def retrain_jobs(story: Loop) -> list[str]:
+    return sorted(j["metadata"]["name"] for j in story.kube.list(
+        API_VERSION, "TrainingJob", story.namespace, f"{LABEL_RETRAIN_OF}={story.service['metadata']['name']}"))
+
+
+def test_drift_retrains_gates_canaries_and_promotes(loop):
+    for title, step in loop.steps():
+        print(f"{title}: {step()}")
+    facts = loop.facts
+
+    # Each hop happened after the one before it.
+    alert, job = facts["alert"], facts["retrain_job"]
+    assert job["metadata"]["labels"][LABEL_RETRAIN_OF] == loop.service["metadata"]["name"]
+    assert epoch(alert["startsAt"]) <= epoch(job["metadata"]["creationTimestamp"])
+    challenger = loop.registry.get_version(loop.model, facts["challenger"])
+    assert int(challenger.version) > int(facts["serving"])
+    assert challenger.tags["kubeloop.owner"].endswith(f"/{job['metadata']['name']}-opt")
+    registered = MlflowClient(loop.urls["MLFLOW_TRACKING_URI"]).get_model_version(
+        loop.model, challenger.version).creation_timestamp / 1000
+    assert epoch(job["metadata"]["creationTimestamp"]) <= registered <= epoch(facts["promotion"].at) + 1
+    assert facts["promotion"].previous == facts["serving"]
+    # The gate compared both versions on the retrain's own hold-out.
+    assert float(challenger.tags["metric.auc"]) >= float(challenger.tags["gate.champion.auc"]) - 0.005
+    print(f"drift injection -> promoted and serving: {facts['injection_to_promoted']:.0f} s")
+
+    # Alertmanager redelivers the same alert: nothing new starts.
+    before = loop.status("InferenceService")
+    assert deliver(loop, alert).status_code == 200
+    time.sleep(5)
+    assert retrain_jobs(loop) == [job["metadata"]["name"]]
+    assert loop.status("InferenceService")["handledAlerts"] == before["handledAlerts"]
+
+    # A second drift alert inside the cooldown is recorded and set aside.
+    second = {**alert, "fingerprint": "0" * 16, "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    assert deliver(loop, second).json() == {"recorded": 1}
+    suppressed = wait_until(lambda: next((c for c in loop.status("InferenceService").get("conditions", [])
+                                          if c["type"] == "RetrainSuppressed" and c["reason"] == "Suppressed"), None),
+                            30, "the second alert set aside")
+    assert "cooling down" in suppressed["message"]
+    assert retrain_jobs(loop) == [job["metadata"]["name"]]
+
+    # A version that fails its gate is not promoted: the champion keeps serving.
+    champion = loop.champion()
+    strict = {**loop.by_kind["TrainingJob"], "metadata": {"name": "strict", "namespace": loop.namespace}}
+    strict["spec"] = {**strict["spec"], "hyperparameters": {"epochs": 1, "batchSize": 512},
+                      "features": {**strict["spec"]["features"], "window": {"start": job["spec"]["features"]["window"]["start"]}},
+                      "promotion": {"registerAs": "challenger", "promoteTo": "champion",
+                                    "gates": {"metrics": [{"metric": "auc", "min": 0.999}]}}}
+    loop.kube.apply(strict, field_manager="test")
+    status = loop._finished("TrainingJob", "strict")
+    promoted = next(c for c in status["conditions"] if c["type"] == "Promoted")
+    assert promoted["status"] == "False" and promoted["reason"] == "GateFailed" and "FAIL" in promoted["message"]
+    assert loop.champion() == champion
+    time.sleep(5)  # resyncs: nothing moves
+    assert loop.status("InferenceService")["modelVersion"] == champion
+    loop.traffic.use(loop.traffic_rows_now())
+    wait_until(lambda: sum(loop.traffic.recent_versions().values()) >= 50, 30, "answers")
+    assert set(loop.traffic.recent_versions()) == {champion}
