@@ -28,7 +28,7 @@ help:
 	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
 	@echo "make bench  - run the benchmarks and print their tables"
 	@echo "make setup  - install everything the above need (done by them when needed)"
-	@echo "make crds   - regenerate charts/kubeloop/crds from the typed models"
+	@echo "make crds   - regenerate the chart's CRDs and RBAC rules from the code"
 	@echo "make pipelines - recompile the pipelines' IR under pipelines/compiled"
 	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
 
@@ -93,6 +93,8 @@ demo: setup
 
 crds: python link
 	$(VENV)/bin/kubeloop crds --output charts/kubeloop/crds
+	$(VENV)/bin/kubeloop rbac --output charts/kubeloop/files/operator-rules.yaml
+	cp monitoring/rules/kubeloop.rules.yaml charts/kubeloop/files/kubeloop.rules.yaml
 
 pipelines: python link
 	$(VENV)/bin/kubeloop pipelines compile

@@ -93,6 +93,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=GROUP, key="last-handled-configuration")
         settings.posting.level = logging.WARNING
+        # The chart installs the CRDs and names the namespaces: no need to watch
+        # every CRD and namespace in the cluster (and to be allowed to).
+        settings.scanning.disabled = True
         settings.execution.max_workers = 16
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60

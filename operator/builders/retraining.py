@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 
-from kubeloop.api.constants import API_VERSION
+from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.api.times import iso, seconds
 from kubeloop.operator.builders.meta import child_metadata, dns_name
 
-LABEL_RETRAIN_OF = "kubeloop.dev/retrain-of"
 def retrain_name(ref: ObjectRef, alert: str) -> str:
     """One name per alert: a redelivered alert finds the job it started."""
     return dns_name(ref.name, "retrain", hashlib.sha256(alert.encode()).hexdigest()[:8])

@@ -12,14 +12,14 @@ import pytest
 import requests
 from mlflow import MlflowClient
 
-from kubeloop.api.constants import API_VERSION
+from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch
 from kubeloop.cli.demo import load_examples
 from kubeloop.dev.binaries import repo_root
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import create_repository
 from kubeloop.registry.mlflow import MlflowRegistry
-from kubeloop.story.loop import LABEL_RETRAIN_OF, Loop, Timings, operator_env, prepare, wait_until
+from kubeloop.story.loop import Loop, Timings, operator_env, prepare, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -14,6 +14,8 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_OWNER_KIND = f"{GROUP}/owner-kind"
 LABEL_OWNER_NAME = f"{GROUP}/owner-name"
 LABEL_ROLE = f"{GROUP}/role"
+# On a TrainingJob that retraining started: the InferenceService it retrains.
+LABEL_RETRAIN_OF = f"{GROUP}/retrain-of"
 ANNOTATION_INPUT_HASH = f"{GROUP}/input-hash"
 # What webhooks record on objects. Not under GROUP/: kopf keeps its own
 # bookkeeping there and ignores those annotations when it looks for changes.

@@ -34,6 +34,7 @@ from kubeloop.operator.kube import Kube, KubeError
 
 Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
 CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus",
         "alertmanager")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
@@ -95,6 +96,11 @@ class Platform:
     @property
     def logs(self) -> Path:
         return self.dir / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines: the API requests of ServiceAccounts (see audit-policy.yaml)."""
+        return self.logs / "audit.log"
 
     @property
     def pki(self) -> Pki:
@@ -238,6 +244,8 @@ class Platform:
             # The loopback address may not be an Endpoints IP; nothing in the
             # platform reaches the API server through the kubernetes Service.
             "--endpoint-reconciler-type=none",
+            f"--audit-policy-file={AUDIT_POLICY}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             "--profiling=false", "--v=0",
         ])
         kube = self.kube()

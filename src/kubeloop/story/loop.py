@@ -19,14 +19,13 @@ from typing import Callable
 import pandas as pd
 import requests
 
-from kubeloop.api.constants import API_VERSION
+from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch, seconds
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.registry.promotion import audit_trail
 from kubeloop.story.traffic import Traffic, feature_rows
 
-LABEL_RETRAIN_OF = "kubeloop.dev/retrain-of"
 DRIFT_ALERT = "KubeloopDataDrift"
 
 

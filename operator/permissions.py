@@ -1,0 +1,87 @@
+"""The API permissions the operator needs, derived from what its code touches.
+
+The Helm chart's Roles are generated from this module (`kubeloop rbac`), and
+an end-to-end test runs the operator with nothing but the chart's
+ServiceAccount token, so a request added to the code without a rule here
+fails there, and a rule kept here that nothing uses shows up in the audit
+comparison.
+
+Rules come in two scopes. Namespaced rules cover the objects the operator
+reconciles and the children it owns; the chart grants them cluster-wide or
+only in the watched namespaces. Cluster rules are the read-only fleet view
+the GPU placement needs: every node, and the GPU requests of every Pod on
+them, whichever namespace they run in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubeloop.api.constants import GROUP
+from kubeloop.api.resources import INFERENCE_SERVICE, KINDS, OPTIMIZED_MODEL, TRAINING_JOB
+from kubeloop.operator.kube import resource_type
+from kubeloop.serving.kubernetes import OWNED, ROUTES
+
+# Server-side apply creates an object that is missing, which RBAC authorises
+# as create as well as patch.
+APPLY = ("create", "patch")
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_group: str
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+
+    def policy(self) -> dict:
+        """The rule as a Role's PolicyRule."""
+        return {"apiGroups": [self.api_group], "resources": list(self.resources), "verbs": list(self.verbs)}
+
+
+@dataclass(frozen=True)
+class Permissions:
+    namespaced: tuple[Rule, ...]
+    cluster: tuple[Rule, ...]
+    gateway: tuple[Rule, ...]
+    """Namespaced rules needed only when canaries split traffic through a Gateway (KUBELOOP_GATEWAY)."""
+
+    def to_wire(self) -> dict:
+        return {scope: [r.policy() for r in rules]
+                for scope, rules in (("namespaced", self.namespaced), ("cluster", self.cluster),
+                                     ("gateway", self.gateway))}
+
+
+def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
+    rtype = resource_type(api_version, kind)
+    return (rtype.api_version.rpartition("/")[0], rtype.plural)
+
+
+def _owned(kinds: tuple[tuple[str, str], ...], verbs: tuple[str, ...], why: str) -> tuple[Rule, ...]:
+    return tuple(Rule(group, (plural,), verbs, why) for group, plural in
+                 (_group_and_plural(api_version, kind) for api_version, kind in kinds))
+
+
+def operator_permissions() -> Permissions:
+    """Everything the operator's requests need, and nothing more."""
+    # kopf watches each kind, patches finalizers, progress annotations and
+    # status; retraining applies TrainingJobs and OptimizedModels; the
+    # Alertmanager webhook annotates InferenceServices.
+    watched = ("get", "list", "watch", "patch")
+    namespaced = (
+        Rule(GROUP, (TRAINING_JOB.plural, OPTIMIZED_MODEL.plural), ("get", "list", "watch", "create", "patch"),
+             "reconcile; retraining creates the TrainingJob and OptimizedModel of a new version"),
+        Rule(GROUP, (INFERENCE_SERVICE.plural,), watched,
+             "reconcile; the alert webhook records alerts on the InferenceService"),
+        Rule(GROUP, tuple(f"{k.plural}/status" for k in KINDS), ("patch",), "status and conditions"),
+        Rule("", ("events",), ("create",), "events on the reconciled objects"),
+        *_owned(OWNED, ("list", "delete", *APPLY),
+                "serving: the Triton Deployments, Services and HPA an InferenceService owns"),
+        Rule("apps", ("deployments",), ("get",), "serving: each Triton Deployment's rollout progress"),
+    )
+    cluster = (
+        Rule("", ("nodes",), ("list",), "GPU placement: the fleet's GPUs, MIG and MPS slices"),
+        Rule("", ("pods",), ("list",), "GPU placement: what each node's Pods already hold"),
+    )
+    gateway = _owned((ROUTES,), ("list", "delete", *APPLY), "canary traffic split by HTTPRoute weights")
+    return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway)

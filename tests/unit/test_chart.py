@@ -1,0 +1,176 @@
+"""The Helm chart, rendered by the pinned helm: lint, golden output, the
+restricted Pod profile, RBAC generated from the code, and the images'
+Dockerfile. The chart installed into the live control plane is
+tests/e2e/test_chart.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubeloop.cli.api import render_rbac
+from kubeloop.dev.binaries import binary
+from kubeloop.operator.permissions import operator_permissions
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kubeloop"
+CI_VALUES = CHART / "ci" / "lint-values.yaml"
+GOLDEN = ROOT / "tests" / "golden"
+# Regenerate the golden files with KUBELOOP_UPDATE_GOLDEN=1 after a deliberate change.
+UPDATE = os.environ.get("KUBELOOP_UPDATE_GOLDEN") == "1"
+
+RENDERINGS = {
+    "cluster-wide": [],
+    "namespaced": ["--set", "watchNamespaces={ml-team-a,ml-team-b}", "--set", "serving.gateway.name="],
+}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        helm_bin = binary("helm")
+    except Exception as exc:  # noqa: BLE001 - any reason the pinned helm is missing
+        pytest.skip(f"helm is not built ({exc}); `make setup` builds it")
+    result = subprocess.run([str(helm_bin), *args], capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def render(*extra: str) -> list[dict]:
+    out = helm("template", "kubeloop", str(CHART), "--namespace", "kubeloop-system", "--kube-version", "1.36.3",
+               "-f", str(CI_VALUES), *extra).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def test_the_charts_generated_files_match_the_code():
+    assert (CHART / "files" / "operator-rules.yaml").read_text() == render_rbac(), "run `make crds`"
+    rules = (ROOT / "monitoring" / "rules" / "kubeloop.rules.yaml").read_text()
+    assert (CHART / "files" / "kubeloop.rules.yaml").read_text() == rules, "run `make crds`"
+
+
+def test_helm_lint_passes_with_the_required_values():
+    result = helm("lint", str(CHART), "--strict", "-f", str(CI_VALUES))
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_missing_required_values_are_named():
+    result = helm("lint", str(CHART), check=False)
+    assert result.returncode != 0
+    assert "/mlflow/trackingUri" in result.stdout and "/webhooks/tokenSecret/name" in result.stdout
+    no_endpoint = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                       "--set", "pipelines.kfp.endpoint=", check=False)
+    assert no_endpoint.returncode != 0
+    assert "pipelines.kfp.endpoint is required with pipelines.backend=kfp" in no_endpoint.stderr
+    typo = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                "--set", "watchNamespace=ml", check=False)
+    assert typo.returncode != 0 and "watchNamespace" in typo.stderr
+
+
+@pytest.mark.parametrize("name", RENDERINGS)
+def test_helm_template_matches_the_golden_file(name):
+    extra = RENDERINGS[name]
+    out = helm("template", "kubeloop", str(CHART), "--namespace", "kubeloop-system", "--kube-version", "1.36.3",
+               "-f", str(CI_VALUES), *extra).stdout
+    golden = GOLDEN / f"chart-{name}.yaml"
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(out)
+    assert out == golden.read_text(), "the chart's output changed; check it and rerun with KUBELOOP_UPDATE_GOLDEN=1"
+
+
+def _pod_specs(docs: list[dict]) -> list[dict]:
+    return [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+
+
+@pytest.mark.parametrize("name", RENDERINGS)
+def test_every_pod_meets_the_restricted_profile_with_a_read_only_root(name):
+    specs = _pod_specs(render(*RENDERINGS[name]))
+    assert specs
+    for spec in specs:
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0
+        assert pod["seccompProfile"]["type"] == "RuntimeDefault"
+        assert not any(k in spec for k in ("hostNetwork", "hostPID", "hostIPC"))
+        assert all("hostPath" not in v for v in spec.get("volumes", []))
+        for container in spec["containers"] + spec.get("initContainers", []):
+            sc = container["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+            assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
+            # Secrets by reference only: no literal credentials in the environment.
+            for env in container.get("env", []):
+                assert not re.search(r"PASSWORD|_TOKEN$|_KEY$", env["name"]) or "value" not in env, env
+
+
+def _rules(docs: list[dict], kind: str) -> dict[str, list[dict]]:
+    return {f"{d['metadata'].get('namespace', '')}/{d['metadata']['name']}": d["rules"]
+            for d in docs if d["kind"] == kind}
+
+
+def test_the_charts_roles_are_the_operators_permissions():
+    wanted = operator_permissions()
+    namespaced = [r.policy() for r in wanted.namespaced]
+    docs = render(*RENDERINGS["cluster-wide"])
+    cluster_roles = _rules(docs, "ClusterRole")
+    # Cluster-wide with a Gateway: the namespaced rules and the HTTPRoutes' in one ClusterRole.
+    assert cluster_roles == {"/kubeloop": namespaced + [r.policy() for r in wanted.gateway],
+                             "/kubeloop-fleet": [r.policy() for r in wanted.cluster]}
+    docs = render(*RENDERINGS["namespaced"])
+    assert _rules(docs, "ClusterRole") == {"/kubeloop-fleet": [r.policy() for r in wanted.cluster]}
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert {d["roleRef"]["name"] for d in bindings} == {"kubeloop", "kubeloop-fleet"}
+    assert all(s == {"kind": "ServiceAccount", "name": "kubeloop", "namespace": "kubeloop-system"}
+               for d in bindings for s in d["subjects"])
+
+
+def test_the_permissions_are_least_privilege():
+    wanted = operator_permissions()
+    every = wanted.namespaced + wanted.cluster + wanted.gateway
+    for rule in every:
+        assert "*" not in rule.verbs and "*" not in rule.resources and rule.api_group != "*"
+        assert not {"secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",
+                    "clusterrolebindings", "pods/exec"} & set(rule.resources), rule
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule.verbs), rule
+    # Cluster-wide, only reads.
+    assert all(set(rule.verbs) <= {"get", "list", "watch"} for rule in wanted.cluster)
+
+
+def test_the_prometheus_rule_carries_the_alert_templates_verbatim():
+    docs = render()
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    source = yaml.safe_load((ROOT / "monitoring" / "rules" / "kubeloop.rules.yaml").read_text())
+    assert rule["spec"] == source
+    drift = next(r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "KubeloopDataDrift")
+    assert "{{ $labels.inferenceservice }}" in drift["annotations"]["summary"]
+
+
+def _stages(dockerfile: str) -> dict[str, dict]:
+    """Each build stage's base and the last USER it sets."""
+    stages: dict[str, dict] = {}
+    current = None
+    for line in dockerfile.splitlines():
+        if m := re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, re.IGNORECASE):
+            current = m.group(2) or f"stage{len(stages)}"
+            base = m.group(1)
+            stages[current] = {"base": base, "user": stages.get(base, {}).get("user")}
+        elif (m := re.match(r"USER\s+(\S+)", line)) and current:
+            stages[current]["user"] = m.group(1)
+    return stages
+
+
+def test_the_images_use_pinned_bases_and_run_as_a_numeric_non_root_user():
+    stages = _stages((ROOT / "images" / "Dockerfile").read_text())
+    for name, stage in stages.items():
+        base = stage["base"]
+        if base in stages:
+            continue
+        # An exact version, never a floating tag.
+        assert re.match(r"^[\w./-]+:\d+\.\d+\.\d+[\w.-]*(@sha256:[0-9a-f]{64})?$", base), (name, base)
+    for target in ("operator", "components"):
+        user = stages[target]["user"]
+        assert user and re.match(r"^\d+(:\d+)?$", user) and int(user.split(":")[0]) != 0, (target, user)
