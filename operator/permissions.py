@@ -67,11 +67,10 @@ def operator_permissions() -> Permissions:
     # kopf watches each kind, patches finalizers, progress annotations and
     # status; retraining applies TrainingJobs and OptimizedModels; the
     # Alertmanager webhook annotates InferenceServices.
-    watched = ("get", "list", "watch", "patch")
     namespaced = (
         Rule(GROUP, (TRAINING_JOB.plural, OPTIMIZED_MODEL.plural), ("get", "list", "watch", "create", "patch"),
              "reconcile; retraining creates the TrainingJob and OptimizedModel of a new version"),
-        Rule(GROUP, (INFERENCE_SERVICE.plural,), watched,
+        Rule(GROUP, (INFERENCE_SERVICE.plural,), ("list", "watch", "patch"),
              "reconcile; the alert webhook records alerts on the InferenceService"),
         Rule(GROUP, tuple(f"{k.plural}/status" for k in KINDS), ("patch",), "status and conditions"),
         Rule("", ("events",), ("create",), "events on the reconciled objects"),
