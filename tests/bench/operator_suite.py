@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.operator.kube import KubeError
 from tests.support.operator import OperatorProcess
 
 
@@ -43,14 +44,25 @@ def measure(platform, count: int, workdir) -> dict:
     first_status: dict[str, float] = {}
     done = threading.Event()
 
+    def seen(obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        if name not in first_status and obj.get("status", {}).get("conditions"):
+            first_status[name] = time.monotonic()
+            if len(first_status) == count:
+                done.set()
+
     def watcher():
-        for _type, obj in kube.watch(API_VERSION, "TrainingJob", namespace, timeout=600):
-            name = obj["metadata"]["name"]
-            if name not in first_status and obj.get("status", {}).get("conditions"):
-                first_status[name] = time.monotonic()
-                if len(first_status) == count:
-                    done.set()
-                    return
+        # The API server may end a watch early; catch up with a list and watch again.
+        while not done.is_set():
+            try:
+                for _type, obj in kube.watch(API_VERSION, "TrainingJob", namespace, timeout=600):
+                    seen(obj)
+                    if done.is_set():
+                        return
+                for obj in kube.list(API_VERSION, "TrainingJob", namespace):
+                    seen(obj)
+            except KubeError:
+                time.sleep(0.5)
 
     threading.Thread(target=watcher, daemon=True).start()
     peak_rss = [0.0]
@@ -77,7 +89,8 @@ def measure(platform, count: int, workdir) -> dict:
         list(pool.map(create, range(count)))
     applied = time.monotonic() - started
     if not done.wait(timeout=max(120, count * 0.5)):
-        raise TimeoutError(f"only {len(first_status)}/{count} TrainingJobs got a status")
+        raise TimeoutError(f"only {len(first_status)}/{count} TrainingJobs got a status; operator log:\n"
+                           f"{op.log()[-3000:]}")
     latencies = [first_status[n] - sent[n] for n in sent]
     total = max(first_status.values()) - started
     rss = max(peak_rss[0], op.rss_mib())
