@@ -19,6 +19,7 @@ from kubeloop.api.constants import FINALIZER, GROUP, VERSION
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
 from kubeloop.operator.conditions import INVALID_SPEC, Observation, merge_conditions, now
+from kubeloop.operator.kube import KubeError
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, transition_events
 from kubeloop.operator.reconcilers.optimization import reconcile_optimized_model
@@ -58,15 +59,18 @@ def parse_status(kind: Kind, status: dict | None) -> BaseModel:
         return kind.status()
 
 
+def status_changes(old: dict | None, new: dict) -> dict:
+    """The status fields that changed; removed ones as None, which a merge patch deletes."""
+    old = old or {}
+    changes = {key: new[key] for key in new if old.get(key) != new[key]}
+    changes.update({key: None for key in old if key not in new and old[key] is not None})
+    return changes
+
+
 def apply_outcome(outcome: Outcome, status: dict | None, patch: kopf.Patch, body: kopf.Body) -> None:
-    """Write the status fields that changed and post the outcome's events."""
-    old = status or {}
-    new = outcome.status.to_wire()
-    for key in set(old) | set(new):
-        if key in new and old.get(key) != new[key]:
-            patch.status[key] = new[key]
-        elif key not in new and old.get(key) is not None:
-            patch.status[key] = None
+    """Put the status fields that changed in kopf's patch and post the outcome's events."""
+    for key, value in status_changes(status, outcome.status.to_wire()).items():
+        patch.status[key] = value
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
     if outcome.retry_after is not None:
@@ -169,6 +173,23 @@ async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202
     return runner
 
 
+def _read(objects: Any, kind: Kind, meta: dict) -> dict | None:
+    try:
+        return objects.get(kind.api_version, kind.kind, meta["name"], meta["namespace"])
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"reading {kind.kind} {meta['name']}: {exc}", delay=5) from None
+
+
+def _write_status(objects: Any, kind: Kind, meta: dict, changes: dict) -> None:
+    if not changes:
+        return
+    try:
+        objects.merge_patch(kind.api_version, kind.kind, meta["name"], {"status": changes}, meta["namespace"],
+                            subresource="status")
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"writing the status of {kind.kind} {meta['name']}: {exc}", delay=5) from None
+
+
 class ObjectLocks:
     """A lock per object, for reconciles that run in kopf's thread pool."""
 
@@ -195,8 +216,20 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kin
     def handler(meta: dict, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
                 memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
         # kopf runs timers beside change handlers: one reconcile of an object at a time.
+        objects = memo.ports.objects if memo.ports else None
         with _locks.of(meta["uid"]):
+            if objects is not None:
+                # kopf hands a handler the body it had when it queued it; a reconcile that held
+                # the lock meanwhile may have written status since. Start from the latest, and
+                # write the result before letting go, so the next reconcile starts from it.
+                latest = _read(objects, kind, meta)
+                if latest is None:
+                    return
+                meta, spec, status = latest["metadata"], latest.get("spec", {}), latest.get("status")
             outcome = reconcile(kind, reconciler, meta, spec, status, memo.ports, retry)
+            if objects is not None:
+                _write_status(objects, kind, meta, status_changes(status, outcome.status.to_wire()))
+                status = outcome.status.to_wire()
         apply_outcome(outcome, status, patch, body)
 
     handler.__name__ = f"reconcile_{kind.singular}"

@@ -64,13 +64,14 @@ def _owned(kinds: tuple[tuple[str, str], ...], verbs: tuple[str, ...], why: str)
 
 def operator_permissions() -> Permissions:
     """Everything the operator's requests need, and nothing more."""
-    # kopf watches each kind, patches finalizers, progress annotations and
-    # status; retraining applies TrainingJobs and OptimizedModels; the
-    # Alertmanager webhook annotates InferenceServices.
+    # kopf watches each kind and patches finalizers and progress annotations;
+    # each reconcile reads the latest object and writes its status; retraining
+    # applies TrainingJobs and OptimizedModels; the Alertmanager webhook
+    # annotates InferenceServices.
     namespaced = (
         Rule(GROUP, (TRAINING_JOB.plural, OPTIMIZED_MODEL.plural), ("get", "list", "watch", "create", "patch"),
              "reconcile; retraining creates the TrainingJob and OptimizedModel of a new version"),
-        Rule(GROUP, (INFERENCE_SERVICE.plural,), ("list", "watch", "patch"),
+        Rule(GROUP, (INFERENCE_SERVICE.plural,), ("get", "list", "watch", "patch"),
              "reconcile; the alert webhook records alerts on the InferenceService"),
         Rule(GROUP, tuple(f"{k.plural}/status" for k in KINDS), ("patch",), "status and conditions"),
         Rule("", ("events",), ("create",), "events on the reconciled objects"),

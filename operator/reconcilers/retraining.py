@@ -82,6 +82,13 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
     """Start a retrain for a new drift alert, or set it aside and say why."""
     retraining = spec.retraining
     step.handled_alerts = (step.handled_alerts + [alert])[-HANDLED_LIMIT:]
+    name = retrain_name(ref, alert)
+    started = ports.objects.get(API_VERSION, "TrainingJob", name, ref.namespace)
+    if started:
+        # This alert's job exists, though the status does not say so (written by a
+        # reconcile that raced this one, or lost): take it up again, start nothing.
+        _start(step, alert, name, started["metadata"].get("creationTimestamp") or iso(now))
+        return
     reason = None
     if step.retraining and step.retraining.state not in FINAL:
         reason = f"retrain {step.retraining.training_job} is still {step.retraining.state}"
@@ -97,10 +104,14 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
     if reason:
         step.observations.append(Observation("RetrainSuppressed", "True", "Suppressed", f"drift alert {alert}: {reason}"))
         return
-    name = retrain_name(ref, alert)
     ports.objects.apply(build_retrain_job(ref, spec, name, now))
-    step.retrains = (step.retrains + [name])[-HANDLED_LIMIT:]
-    step.last_retrain_at = iso(now)
+    _start(step, alert, name, iso(now))
+
+
+def _start(step: RetrainStep, alert: str, name: str, at: str) -> None:
+    if name not in step.retrains:
+        step.retrains = (step.retrains + [name])[-HANDLED_LIMIT:]
+    step.last_retrain_at = at
     step.retraining = RetrainingStatus(state="Training", alert=alert, training_job=name,
                                        message=f"drift alert {alert} started TrainingJob {name}")
     step.observations.append(Observation("RetrainSuppressed", "False", "Started", f"TrainingJob {name}"))

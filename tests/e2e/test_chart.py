@@ -34,7 +34,6 @@ NOT_EXERCISED = {
     ("", "services", "delete"): "a Service the spec no longer wants",
     ("autoscaling", "horizontalpodautoscalers", "delete"): "autoscaling removed from the spec",
     ("kubeloop.dev", "optimizedmodels", "create"): "retraining's OptimizedModel, once a retrained version exists",
-    ("kubeloop.dev", "optimizedmodels", "get"): "retraining reads that OptimizedModel's status",
 }
 
 

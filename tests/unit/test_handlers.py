@@ -85,3 +85,43 @@ def test_reconciles_of_one_object_never_overlap(monkeypatch):
     for t in calls:
         t.join()
     assert overlaps == [] and running == {"a": 0, "b": 0}
+
+
+def test_a_reconcile_starts_from_the_latest_status_and_writes_it_under_the_lock(monkeypatch):
+    """kopf queues a handler with the body it had then; the status another
+    reconcile wrote meanwhile must be its starting point, not be overwritten."""
+    from kubeloop.operator import handlers
+    from kubeloop.operator.reconcilers.common import Outcome
+    from kubeloop.operator.settings import OperatorConfig
+
+    class Objects:
+        def __init__(self):
+            self.live = {"metadata": {**META, "uid": "x"}, "spec": {"n": 2}, "status": {"phase": "Running", "seen": 1}}
+            self.patches = []
+
+        def get(self, api_version, kind, name, namespace):
+            return self.live
+
+        def merge_patch(self, api_version, kind, name, patch, namespace, subresource=None):
+            self.patches.append((subresource, patch))
+
+    seen = []
+
+    def fake_reconcile(kind, reconciler, meta, spec, status, ports, retry):
+        from kubeloop.api.serving import InferenceServiceStatus
+
+        seen.append((spec, status))
+        return Outcome(InferenceServiceStatus(phase="Ready"))
+
+    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
+    objects = Objects()
+    registry = handlers.build_registry(OperatorConfig())
+    fn = next(h.fn for h in registry._changing.get_all_handlers() if h.fn.__name__ == "reconcile_inferenceservice")
+    patch = kopf.Patch()
+    fn(meta={**META, "uid": "x"}, spec={"n": 1}, status={"phase": "Pending"}, patch=patch, body=kopf.Body({}),
+       memo=kopf.Memo(ports=Ports(registry=InMemoryRegistry(), objects=objects)))
+    assert seen == [({"n": 2}, {"phase": "Running", "seen": 1})]
+    [(subresource, written)] = objects.patches
+    assert subresource == "status"
+    assert written["status"]["phase"] == "Ready" and written["status"]["seen"] is None
+    assert dict(patch) == {}, "the status is written once, by the handler, not again by kopf"

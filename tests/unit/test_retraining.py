@@ -73,6 +73,19 @@ def test_an_alert_becomes_one_retrain_whatever_the_redeliveries(world):
     assert status.handled_alerts == ["abc@2027-01-15T08:00:00Z"]
 
 
+def test_a_status_that_lost_the_retrain_takes_up_the_alerts_job_again(world):
+    """A reconcile that raced the one which started the retrain wrote a status
+    without it; the next one finds the alert's TrainingJob instead of setting
+    the alert aside as over maxConcurrent (the demo once stalled so)."""
+    registry, objects, serving, clock, ports = world
+    started = step(ports, InferenceServiceStatus())
+    status = step(ports, InferenceServiceStatus())
+    assert status.retraining is not None and status.retraining.training_job == started.retraining.training_job
+    assert status.retraining.state == "Training" and status.retrains == started.retrains
+    assert not any(c.type == "RetrainSuppressed" and c.reason == "Suppressed" for c in status.conditions)
+    assert len([k for k in objects.objects if k[0] == "TrainingJob"]) == 1
+
+
 def test_a_second_alert_inside_the_cooldown_starts_nothing(world):
     registry, objects, serving, clock, ports = world
     status = step(ports, InferenceServiceStatus())

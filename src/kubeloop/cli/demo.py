@@ -64,6 +64,7 @@ def demo(
     try:
         show("a fresh platform: etcd, Kubernetes, KWOK GPU fleet, MLflow, Feast, Prometheus, Alertmanager",
              lambda: _fresh_platform(platform))
+        _log_to(platform.logs / "demo.log")
         env = platform.env()
         repo = Path(env["KUBELOOP_FEAST_REPO"])
         show("the kubeloop operator", lambda: _start_operator(platform, operator_env(env, repo, platform.dir / "operator")))
@@ -76,12 +77,23 @@ def demo(
         for title, step in loop.steps():
             show(title, step)
     except (StepFailed, PlatformError):
-        console.print(f"\nlogs: {platform.logs} (the operator's: {platform.logs / 'operator.log'})")
+        console.print(f"\nlogs: {platform.logs} (the operator's: {platform.logs / 'operator.log'}, "
+                      f"this command's: {platform.logs / 'demo.log'})")
         raise typer.Exit(1) from None
     finally:
         if loop:
             loop.stop()
     _summary(platform, loop, namespace, time.monotonic() - started)
+
+
+def _log_to(path: Path) -> None:
+    """Library logs and warnings (Feast, dask, MLflow) go to a file, so the timeline stays readable."""
+    import logging
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    logging.captureWarnings(True)
 
 
 def _fresh_platform(platform: Platform) -> str:
