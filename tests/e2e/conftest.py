@@ -6,8 +6,10 @@ import subprocess
 
 import pytest
 
+from kubeloop.api.constants import API_VERSION
 from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +27,10 @@ def kubectl(platform):
 
 
 @pytest.fixture
-def start_operator(platform, tmp_path):
+def start_operator(platform, kube, tmp_path):
     """Start the operator (noop pipelines, in-memory registry unless overridden)
-    watching the given namespaces; stopped after the test."""
+    watching the given namespaces; stopped after the test, once it has stopped
+    what its InferenceServices run outside Kubernetes (local Triton servers)."""
     started: list[OperatorProcess] = []
 
     def start(namespaces: list[str], **env: str) -> OperatorProcess:
@@ -40,4 +43,14 @@ def start_operator(platform, tmp_path):
 
     yield start
     for op in started:
+        if op.running():
+            _delete_inference_services(kube, op.namespaces)
         op.stop()
+
+
+def _delete_inference_services(kube, namespaces: list[str]) -> None:
+    for namespace in namespaces:
+        for isvc in kube.list(API_VERSION, "InferenceService", namespace):
+            kube.delete(API_VERSION, "InferenceService", isvc["metadata"]["name"], namespace)
+        wait_for(lambda namespace=namespace: not kube.list(API_VERSION, "InferenceService", namespace),
+                 timeout=60, what=f"the InferenceServices of {namespace} cleaned up by the operator")
