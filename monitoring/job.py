@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+from kubeloop.files import write_atomic
 
 log = logging.getLogger("kubeloop.monitoring.job")
 
@@ -38,12 +39,6 @@ class DriftJob:
     @classmethod
     def read(cls, folder: Path) -> "DriftJob":
         return cls(**json.loads((folder / "job.json").read_text()))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def reference_data(job: DriftJob, folder: Path, columns: list[str]) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from kubeloop.operator.builders.pipelines import build_optimization_run, spec_ha
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish, follow_run
-from kubeloop.operator.reconcilers.promotion import promote_when_gated
+from kubeloop.operator.reconcilers.promotion import REGISTRY_UNAVAILABLE, promote_when_gated
 from kubeloop.registry.base import RegistryUnavailable
 
 KIND = "OptimizedModel"
@@ -114,11 +114,10 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         observations.append(Observation("ModelRegistered", "Unknown", "AwaitingRun", ""))
     model = fields.get("model")
     if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
-        try:
-            observations.append(promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
-                                                   by=str(ref), metric=spec.accuracy_budget.metric))
-        except RegistryUnavailable as exc:
-            observations.append(Observation("Promoted", "Unknown", "RegistryUnavailable", str(exc)))
+        promoted = promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
+                                      by=str(ref), metric=spec.accuracy_budget.metric)
+        observations.append(promoted)
+        if promoted.reason == REGISTRY_UNAVAILABLE:
             return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields),
-                           retry_after=backoff(attempt), retry_reason=str(exc))
+                           retry_after=backoff(attempt), retry_reason=promoted.message)
     return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields))

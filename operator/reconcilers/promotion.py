@@ -8,10 +8,11 @@ from dataclasses import asdict
 
 from kubeloop.api.promotion import PromotionPolicy, alias_for
 from kubeloop.operator.conditions import Observation
-from kubeloop.registry.base import ModelRegistry
+from kubeloop.registry.base import ModelRegistry, RegistryUnavailable
 from kubeloop.registry.promotion import GateResult, Verdict, check_gates, promote
 
 GATE_TAG = "kubeloop.gate.{alias}"
+REGISTRY_UNAVAILABLE = "RegistryUnavailable"
 
 
 def gate(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, metric: str) -> Verdict:
@@ -32,7 +33,16 @@ def gate(registry: ModelRegistry, model: str, version: str, policy: PromotionPol
 def promote_when_gated(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, by: str,
                        metric: str = "auc") -> Observation:
     """The Promoted condition after moving policy.promote_to to the version
-    if its gates pass (and it is not there already)."""
+    if its gates pass (and it is not there already); reason
+    REGISTRY_UNAVAILABLE when the registry could not be reached."""
+    try:
+        return _promote_when_gated(registry, model, version, policy, by, metric)
+    except RegistryUnavailable as exc:
+        return Observation("Promoted", "Unknown", REGISTRY_UNAVAILABLE, str(exc))
+
+
+def _promote_when_gated(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, by: str,
+                        metric: str) -> Observation:
     alias = alias_for(policy.promote_to)
     current = registry.get_alias(model, alias)
     if current is not None and current.version == version:

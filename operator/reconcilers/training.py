@@ -10,8 +10,7 @@ from kubeloop.operator.builders.pipelines import build_training_run, spec_hash
 from kubeloop.operator.conditions import Observation, now
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, backoff, finish, follow_run
-from kubeloop.operator.reconcilers.promotion import promote_when_gated
-from kubeloop.registry.base import RegistryUnavailable
+from kubeloop.operator.reconcilers.promotion import REGISTRY_UNAVAILABLE, promote_when_gated
 
 KIND = "TrainingJob"
 
@@ -71,13 +70,12 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
         phase = "Failed"
     model = fields.get("model")
     if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
-        try:
-            observations.append(promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
-                                                   by=str(ref), metric=spec.tuning.metric))
-        except RegistryUnavailable as exc:
-            observations.append(Observation("Promoted", "Unknown", "RegistryUnavailable", str(exc)))
+        promoted = promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
+                                      by=str(ref), metric=spec.tuning.metric)
+        observations.append(promoted)
+        if promoted.reason == REGISTRY_UNAVAILABLE:
             new = finish(status, observations, ref.generation, required, phase=phase, **fields)
-            return Outcome(new, retry_after=backoff(attempt), retry_reason=str(exc))
+            return Outcome(new, retry_after=backoff(attempt), retry_reason=promoted.message)
     new = finish(status, observations, ref.generation, required, phase=phase, **fields)
     events = []
     if progress.superseded:

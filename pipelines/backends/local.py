@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from kubeloop.files import write_atomic
 from kubeloop.pipelines.backends.base import PipelineBackend, RunRequest, RunStatus
 
 
@@ -42,9 +43,7 @@ def read_state(run_dir: Path) -> dict:
 def write_state(run_dir: Path, **fields) -> dict:
     """Merge fields into the run's state file, atomically."""
     state = {**read_state(run_dir), **fields, "updated": time.time()}
-    tmp = run_dir / "state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=2, default=str))
-    os.replace(tmp, run_dir / "state.json")
+    write_atomic(run_dir / "state.json", json.dumps(state, indent=2, default=str))
     return state
 
 

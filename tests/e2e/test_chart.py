@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
-from kubeloop.dev.binaries import binary
+from kubeloop.api.times import epoch
+from kubeloop.cli.demo import load_examples
+from kubeloop.dev.binaries import binary, repo_root
 from kubeloop.dev.platform import build_kubeconfig
 from kubeloop.dev.processes import free_port
 from kubeloop.operator.permissions import operator_permissions
-from tests.e2e.test_operator import load_examples
+from tests.support.alerts import post_alert
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
@@ -50,8 +52,6 @@ class Release:
 
 
 def helm(platform, *args: str) -> str:
-    import subprocess
-
     result = subprocess.run([str(binary("helm")), f"--kubeconfig={platform.kubeconfig}", *args],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
@@ -117,7 +117,7 @@ def test_kubectl_auth_can_i_shows_the_service_account_is_minimal(kubectl, namesp
 
 
 def examples_for(namespace: str, model: str) -> list[dict]:
-    docs = load_examples()
+    docs = load_examples(repo_root() / "examples")
     for doc in docs:
         doc["metadata"]["namespace"] = namespace
         spec = doc["spec"]
@@ -134,13 +134,8 @@ def examples_for(namespace: str, model: str) -> list[dict]:
 
 
 def audit_events(platform, user: str, since: float) -> list[dict]:
-    events = []
-    for line in platform.audit_log.read_text().splitlines():
-        event = json.loads(line)
-        if event["user"]["username"] == user and time.mktime(
-                time.strptime(event["requestReceivedTimestamp"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone >= since:
-            events.append(event)
-    return events
+    events = [json.loads(line) for line in platform.audit_log.read_text().splitlines()]
+    return [e for e in events if e["user"]["username"] == user and epoch(e["requestReceivedTimestamp"]) >= since]
 
 
 def used_permissions(events: list[dict]) -> set[tuple[str, str, str]]:
@@ -200,14 +195,12 @@ def test_the_operator_with_the_charts_token_reconciles_the_examples(platform, ku
         wait_for(lambda: phase("OptimizedModel", names["OptimizedModel"]) is not None, timeout=60,
                  what="OptimizedModel status")
         # The alert path: the webhook annotates the InferenceService, retraining creates a TrainingJob.
-        alert = {"status": "firing", "fingerprint": "chart0000000001",
+        alert = {"fingerprint": "chart0000000001",
                  "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "labels": {"alertname": "KubeloopDataDrift", "namespace": namespace,
                             "inferenceservice": names["InferenceService"]},
                  "annotations": {"share": "0.6"}}
-        response = requests.post(f"http://127.0.0.1:{port}/hooks/alertmanager", timeout=10,
-                                 json={"version": "4", "status": "firing", "alerts": [alert]},
-                                 headers={"Authorization": f"Bearer {release.token}"})
+        response = post_alert(f"http://127.0.0.1:{port}/hooks/alertmanager", release.token, alert)
         assert response.status_code == 200, response.text
         wait_for(lambda: kube.list(API_VERSION, "TrainingJob", namespace,
                                    f"{LABEL_RETRAIN_OF}={names['InferenceService']}"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import requests
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
@@ -20,6 +19,8 @@ from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import create_repository
 from kubeloop.registry.mlflow import MlflowRegistry
 from kubeloop.story.loop import Loop, Timings, operator_env, prepare, wait_until
+
+from tests.support.alerts import post_alert
 
 pytestmark = pytest.mark.e2e
 
@@ -37,14 +38,6 @@ def loop(platform, kube, namespace, start_operator, tmp_path):
     story.token = open(env["KUBELOOP_WEBHOOK_TOKEN_FILE"]).read().strip()
     yield story
     story.stop()
-
-
-def deliver(story: Loop, alert: dict) -> requests.Response:
-    """What Alertmanager posts for a firing alert."""
-    payload = {"version": "4", "status": "firing", "receiver": "kubeloop-operator", "alerts": [{
-        "status": "firing", "labels": alert["labels"], "annotations": alert["annotations"],
-        "startsAt": alert["startsAt"], "fingerprint": alert["fingerprint"]}]}
-    return requests.post(story.webhook, json=payload, headers={"Authorization": f"Bearer {story.token}"}, timeout=10)
 
 
 def retrain_jobs(story: Loop) -> list[str]:
@@ -74,14 +67,14 @@ def test_drift_retrains_gates_canaries_and_promotes(loop):
 
     # Alertmanager redelivers the same alert: nothing new starts.
     before = loop.status("InferenceService")
-    assert deliver(loop, alert).status_code == 200
+    assert post_alert(loop.webhook, loop.token, alert).status_code == 200
     time.sleep(5)
     assert retrain_jobs(loop) == [job["metadata"]["name"]]
     assert loop.status("InferenceService")["handledAlerts"] == before["handledAlerts"]
 
     # A second drift alert inside the cooldown is recorded and set aside.
     second = {**alert, "fingerprint": "0" * 16, "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    assert deliver(loop, second).json() == {"recorded": 1}
+    assert post_alert(loop.webhook, loop.token, second).json() == {"recorded": 1}
     suppressed = wait_until(lambda: next((c for c in loop.status("InferenceService").get("conditions", [])
                                           if c["type"] == "RetrainSuppressed" and c["reason"] == "Suppressed"), None),
                             30, "the second alert set aside")

@@ -4,31 +4,23 @@ and convergence without duplicates when it is killed midway."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.cli.demo import load_examples
+from kubeloop.dev.binaries import repo_root
 from kubeloop.operator.builders.pipelines import run_name, spec_hash
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def load_examples() -> list[dict]:
-    docs = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        docs += [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("apiVersion") == API_VERSION]
-    return docs
 
 
 def test_every_example_gets_status_conditions_within_seconds(kube, namespace, start_operator):
-    examples = load_examples()
+    examples = load_examples(repo_root() / "examples")
     assert {d["kind"] for d in examples} == {"TrainingJob", "OptimizedModel", "InferenceService"}
     op = start_operator([namespace])
     op.wait_for_log("Initial authentication has finished")

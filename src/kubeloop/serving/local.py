@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -23,6 +22,7 @@ import requests
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop.dev import processes
+from kubeloop.files import write_atomic, write_if_changed
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
 from kubeloop.serving.repository import fetch_version, prune_versions, write_config
 from kubeloop.serving.runtime import TritonRuntime
@@ -49,9 +49,7 @@ class InstanceState:
             return None
 
     def write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=2))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(self.__dict__, indent=2))
 
     def record(self, name: str) -> processes.ProcessRecord | None:
         data = self.processes.get(name)
@@ -139,12 +137,8 @@ class LocalServing(ServingBackend):
         targets = [{"targets": [f"127.0.0.1:{state.ports['router']}"], "labels": {**labels, "job": "kubeloop-router"}},
                    {"targets": [f"127.0.0.1:{state.ports['metrics']}"], "labels": {**labels, "job": "triton"}}]
         path = self.targets / f"serving-{ref.namespace}-{ref.name}.json"
-        text = json.dumps(targets)
-        if not path.exists() or path.read_text() != text:
-            self.targets.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        self.targets.mkdir(parents=True, exist_ok=True)
+        write_if_changed(path, json.dumps(targets))
 
     def delete(self, ref: ObjectRef) -> None:
         if self.targets:
@@ -236,11 +230,7 @@ class LocalServing(ServingBackend):
             "log_dir": log_dir, "sample_rate": logging.sample_rate,
         }
         path = folder / "router.json"
-        text = json.dumps(config, indent=2)
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+        write_if_changed(path, json.dumps(config, indent=2))
 
 
 def _ok(url: str) -> bool:
