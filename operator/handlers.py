@@ -107,6 +107,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.scanning.disabled = True
         settings.execution.max_workers = 16
         settings.watching.server_timeout = 300
+        # A timer still running when its object is deleted holds the finalizer
+        # until kopf looks again: every 60 s by default, so `kubectl delete` hung.
+        settings.background.cancellation_polling = 2
         settings.networking.request_timeout = 60
         if getattr(memo, "ports", None) is None:
             from kubeloop.operator.wiring import build_ports
@@ -221,6 +224,8 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kin
     def handler(meta: dict, spec: dict, status: dict, patch: kopf.Patch, body: kopf.Body,
                 memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
         # kopf runs timers beside change handlers: one reconcile of an object at a time.
+        if meta.get("deletionTimestamp"):
+            return  # the delete handlers own it now
         objects = memo.ports.objects if memo.ports else None
         if objects is None:  # no API client of our own (unit tests): kopf writes the status
             with _locks.of(meta["uid"]):
@@ -232,7 +237,9 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, kind: Kin
             # the lock meanwhile may have written status since. Start from the latest, and
             # write the result before letting go, so the next reconcile starts from it.
             latest = _read(objects, kind, meta)
-            if latest is None:
+            if latest is None or latest["metadata"].get("deletionTimestamp"):
+                # Gone, or being deleted while this waited: a reconcile now would
+                # start again what the delete handler just stopped.
                 return
             meta, status = latest["metadata"], latest.get("status")
             outcome = reconcile(kind, reconciler, meta, latest.get("spec", {}), status, memo.ports, retry)

@@ -43,9 +43,11 @@ def start_operator(platform, kube, tmp_path):
 
     yield start
     for op in started:
-        if op.running():
-            _delete_inference_services(kube, op.namespaces)
-        op.stop()
+        try:
+            if op.running():
+                _delete_inference_services(kube, op.namespaces)
+        finally:
+            op.stop()
 
 
 def _delete_inference_services(kube, namespaces: list[str]) -> None:

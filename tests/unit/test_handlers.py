@@ -125,3 +125,29 @@ def test_a_reconcile_starts_from_the_latest_status_and_writes_it_under_the_lock(
     assert subresource == "status"
     assert written["status"]["phase"] == "Ready" and written["status"]["seen"] is None
     assert dict(patch) == {}, "the status is written once, by the handler, not again by kopf"
+
+
+def test_an_object_being_deleted_is_not_reconciled_again(monkeypatch):
+    """A timer that waited for the lock while the delete handler stopped the
+    local Triton must not start it again."""
+    from kubeloop.operator import handlers
+    from kubeloop.operator.settings import OperatorConfig
+
+    class Objects:
+        patches: list = []
+
+        def get(self, api_version, kind, name, namespace):
+            return {"metadata": {**META, "uid": "y", "deletionTimestamp": "2026-11-22T15:30:19Z"}, "spec": {},
+                    "status": {}}
+
+        def merge_patch(self, *args, **kwargs):
+            self.patches.append(args)
+
+    calls = []
+    monkeypatch.setattr(handlers, "reconcile", lambda *args: calls.append(args))
+    registry = handlers.build_registry(OperatorConfig())
+    fn = next(h.fn for h in registry._changing.get_all_handlers() if h.fn.__name__ == "reconcile_inferenceservice")
+    objects = Objects()
+    fn(meta={**META, "uid": "y"}, spec={}, status={}, patch=kopf.Patch(), body=kopf.Body({}),
+       memo=kopf.Memo(ports=Ports(registry=InMemoryRegistry(), objects=objects)))
+    assert calls == [] and objects.patches == []
