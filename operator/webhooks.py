@@ -88,8 +88,12 @@ class Webhooks:
         if not hmac.compare_digest(request.headers.get("Authorization", ""), expected):
             self.received.labels("alertmanager", "unauthorized").inc()
             return web.json_response({"error": "unauthorized"}, status=401)
-        payload = await request.json()
-        alerts = drift_alerts(payload)
+        try:
+            payload = await request.json()
+        except ValueError:
+            self.received.labels("alertmanager", "malformed").inc()
+            return web.json_response({"error": "the body is not JSON"}, status=400)
+        alerts = drift_alerts(payload) if isinstance(payload, dict) else []
         for namespace, name, record in alerts:
             await asyncio.to_thread(self._annotate, namespace, name, DRIFT_ALERT_ANNOTATION,
                                     json.dumps(record, sort_keys=True))

@@ -17,7 +17,7 @@ from kubeloop.api.constants import API_VERSION
 from kubeloop.api.promotion import alias_for
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus, RetrainingStatus
-from kubeloop.api.times import epoch, iso, seconds
+from kubeloop.api.times import epoch, instant, iso, seconds
 from kubeloop.operator.builders.retraining import (
     LABEL_RETRAIN_OF, build_retrain_job, build_retrain_optimization, retrain_name,
 )
@@ -51,7 +51,12 @@ def pending_alert(ref: ObjectRef) -> str | None:
     if not raw:
         return None
     alert = json.loads(raw)
-    return f"{alert.get('fingerprint', '')}@{alert.get('startsAt', '')}"
+    starts_at = alert.get("startsAt", "")
+    try:
+        starts_at = instant(starts_at)
+    except ValueError:
+        pass  # written by hand, not by the webhook: the text itself is the key
+    return f"{alert.get('fingerprint', '')}@{starts_at}"
 
 
 def advance_retraining(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServiceStatus,

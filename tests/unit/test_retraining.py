@@ -70,7 +70,19 @@ def test_an_alert_becomes_one_retrain_whatever_the_redeliveries(world):
     for _ in range(3):  # Alertmanager redelivers; the operator restarts and sees the same annotation
         status = step(ports, status)
     assert len([k for k in objects.objects if k[0] == "TrainingJob"]) == 1
-    assert status.handled_alerts == ["abc@2027-01-15T08:00:00Z"]
+    assert status.handled_alerts == ["abc@2027-01-15T08:00:00.000Z"]
+
+
+def test_one_alert_spelt_two_ways_is_one_alert(world):
+    """Alertmanager's webhook trims a time's trailing zeros (.36Z), its API
+    does not (.360Z): redelivering what the API showed starts nothing new."""
+    registry, objects, serving, clock, ports = world
+    status = step(ports, InferenceServiceStatus(), alert={"fingerprint": "abc", "startsAt": "2027-01-15T08:00:00.36Z"})
+    status = step(ports, status, alert={"fingerprint": "abc", "startsAt": "2027-01-15T08:00:00.360Z"})
+    status = step(ports, status, alert={"fingerprint": "abc", "startsAt": "2027-01-15T09:00:00.360+01:00"})
+    assert status.handled_alerts == ["abc@2027-01-15T08:00:00.360Z"]
+    assert len([k for k in objects.objects if k[0] == "TrainingJob"]) == 1
+    assert not any(c.type == "RetrainSuppressed" and c.reason == "Suppressed" for c in status.conditions)
 
 
 def test_a_status_that_lost_the_retrain_takes_up_the_alerts_job_again(world):
