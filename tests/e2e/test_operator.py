@@ -3,7 +3,6 @@ and convergence without duplicates when it is killed midway."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 from mlflow import MlflowClient
@@ -24,7 +23,6 @@ def test_every_example_gets_status_conditions_within_seconds(kube, namespace, st
     assert {d["kind"] for d in examples} == {"TrainingJob", "OptimizedModel", "InferenceService"}
     op = start_operator([namespace])
     op.wait_for_log("Initial authentication has finished")
-    started = time.monotonic()
     for doc in examples:
         kube.create({**doc, "metadata": {**doc["metadata"], "namespace": namespace}})
 
@@ -35,14 +33,13 @@ def test_every_example_gets_status_conditions_within_seconds(kube, namespace, st
         return live if len(done) == len(live) else None
 
     live = wait_for(all_reported, timeout=20, what="conditions on every example")
-    elapsed = time.monotonic() - started
-    assert elapsed < 20
     for obj in live:
         types = {c["type"] for c in obj["status"]["conditions"]}
         assert "Ready" in types, obj["kind"]
         assert obj["status"]["phase"]
-    events = kube.list("v1", "Event", namespace)
-    assert {e["involvedObject"]["kind"] for e in events} >= {"TrainingJob", "OptimizedModel", "InferenceService"}
+    # kopf posts events from a queue of its own, after the status.
+    wait_for(lambda: {e["involvedObject"]["kind"] for e in kube.list("v1", "Event", namespace)}
+             >= {"TrainingJob", "OptimizedModel", "InferenceService"}, timeout=30, what="an event for every kind")
 
 
 def _isvc(name: str, model: str) -> dict:

@@ -43,8 +43,9 @@ def test_a_mig_pod_is_placed_on_the_h100_by_the_scheduler(kubectl, kube, namespa
     running = wait_for(lambda: (p := kube.get("v1", "Pod", "mig-probe", namespace))
                        and p["status"].get("phase") == "Running" and p, what="pod Running")
     assert running["spec"]["nodeName"] == "gpu-h100-mig-mixed"
-    events = kube.list("v1", "Event", namespace)
-    assert any(e["reason"] == "Scheduled" and "gpu-h100-mig-mixed" in e["message"] for e in events)
+    # The scheduler records its events asynchronously, after binding.
+    wait_for(lambda: any(e["reason"] == "Scheduled" and "gpu-h100-mig-mixed" in e["message"]
+                         for e in kube.list("v1", "Event", namespace)), timeout=30, what="the Scheduled event")
 
 
 def test_a_pod_without_toleration_stays_off_gpu_nodes(kube, namespace):

@@ -49,10 +49,9 @@ def test_the_webhook_moves_the_service_without_waiting_for_a_resync(platform, ku
     op.wait_for_log("Initial authentication has finished")
     kube.create(isvc(namespace, name))
     wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
-    moved = time.monotonic()
     client.set_registered_model_alias(name, "champion", "2")
+    # Resyncs are 600 s apart: only the webhook can move it within 20 s.
     wait_for(lambda: serving(kube, namespace) == "2", timeout=20, interval=0.2, what="following the alias")
-    assert time.monotonic() - moved < 20, "far sooner than the 600 s resync"
     event = kube.get(API_VERSION, "InferenceService", "follow", namespace)["metadata"]["annotations"]
     assert event["signals.kubeloop.dev/registry-event"].startswith("champion=2@")
     deployment = kube.get("apps/v1", "Deployment", "follow-predictor", namespace)
