@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,16 +44,24 @@ class DriftResult:
         return cls(**json.loads(text))
 
 
+def request_records(folder: Path) -> Iterator[dict]:
+    """Every complete record in a request log folder. The router appends
+    while we read, so a last line without its newline is still being
+    written: it is left for the next read."""
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        with open(path) as log:
+            for line in log:
+                if line.endswith("\n"):
+                    yield json.loads(line)
+
+
 def load_requests(folder: Path, since: float, features: list[str]) -> pd.DataFrame:
     """Logged request rows (primary and canary answers, not shadow copies)
     newer than since, one column per feature."""
     rows = []
-    for path in sorted(Path(folder).glob("*.jsonl")):
-        with open(path) as log:
-            for line in log:
-                record = json.loads(line)
-                if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
-                    rows.extend(record["features"])
+    for record in request_records(folder):
+        if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
+            rows.extend(record["features"])
     frame = pd.DataFrame(rows, columns=features) if rows else pd.DataFrame(columns=features)
     return frame.astype("float64")
 

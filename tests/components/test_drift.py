@@ -50,7 +50,9 @@ def test_the_request_log_is_read_by_window_without_shadow_copies(tmp_path):
             {"ts": now - 10, "role": "primary", "features": [[1.0] * 6, [2.0] * 6]},
             {"ts": now - 5, "role": "canary", "features": [[3.0] * 6]},
             {"ts": now - 5, "role": "shadow", "scores": [0.1]}]
-    (tmp_path / "requests-1.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    # The router is mid-write: the last line has no newline yet.
+    partial = json.dumps({"ts": now, "role": "primary", "features": [[4.0] * 6]})[:-7]
+    (tmp_path / "requests-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + partial)
     current = load_requests(tmp_path, now - 60, FEATURES)
     assert current["f0"].tolist() == [1.0, 2.0, 3.0]
 
@@ -90,6 +92,7 @@ def test_router_and_webhook_metrics_pass_promtool_check_metrics():
     router.scores.labels("ml/fraud", "fraud", "3").observe(0.04)
     router.shadow_comparisons.labels("ml/fraud", "fraud", "3", "4").inc()
     router.shadow_disagreements.labels("ml/fraud", "fraud", "3", "4").inc()
+    router.traffic.labels("ml/fraud", "fraud", "3", "primary").set(0.8)
     operator = CollectorRegistry()
     Webhooks(kube=None, config=WebhookConfig("t"), registry=operator).received.labels("mlflow", "accepted").inc()
     for registry in (router.registry, operator):

@@ -112,7 +112,9 @@ def test_kubectl_auth_can_i_shows_the_service_account_is_minimal(kubectl, namesp
                ("impersonate", "serviceaccounts", "-n", namespace),
                ("create", "serviceaccounts/token", "-n", release.namespace),
                ("patch", "customresourcedefinitions.apiextensions.k8s.io")]
-    assert [a for a in allowed if not can_i(kubectl, release, *a)] == []
+    # The authorizer reads RBAC from a watch-fed cache, a moment behind helm.
+    wait_for(lambda: [a for a in allowed if not can_i(kubectl, release, *a)] == [], timeout=15,
+             what="every needed verb allowed")
     assert [r for r in refused if can_i(kubectl, release, *r)] == []
 
 
@@ -210,7 +212,7 @@ def test_the_operator_with_the_charts_token_reconciles_the_examples(platform, ku
                  timeout=30, what="the InferenceService's finalizer released")
     finally:
         op.stop()
-    assert "403" not in op.log() and "Forbidden" not in op.log(), op.log()[-3000:]
+    assert "Forbidden" not in op.log(), op.log()[-3000:]  # not "403": a log line's milliseconds can read so
 
     events = audit_events(platform, release.user, started)
     assert events, "the audit log holds none of the operator's requests"

@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
-from kubeloop.api.times import epoch
+from kubeloop.api.times import epoch, instant
 from kubeloop.cli.demo import load_examples
 from kubeloop.dev.binaries import repo_root
 from kubeloop.featurestore.generate import Scenario, default_start
@@ -45,6 +45,7 @@ def retrain_jobs(story: Loop) -> list[str]:
         API_VERSION, "TrainingJob", story.namespace, f"{LABEL_RETRAIN_OF}={story.service['metadata']['name']}"))
 
 
+@pytest.mark.timeout(1800)  # the story's own waits (scaled for slow machines) should speak first
 def test_drift_retrains_gates_canaries_and_promotes(loop):
     for title, step in loop.steps():
         print(f"{title}: {step()}")
@@ -70,13 +71,16 @@ def test_drift_retrains_gates_canaries_and_promotes(loop):
     assert post_alert(loop.webhook, loop.token, alert).status_code == 200
     time.sleep(5)
     assert retrain_jobs(loop) == [job["metadata"]["name"]]
-    assert loop.status("InferenceService")["handledAlerts"] == before["handledAlerts"]
+    after = loop.status("InferenceService")
+    assert after.get("retrains") == before.get("retrains")
+    assert after["handledAlerts"].count(f"{alert['fingerprint']}@{instant(alert['startsAt'])}") == 1
 
     # A second drift alert inside the cooldown is recorded and set aside.
     second = {**alert, "fingerprint": "0" * 16, "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     assert post_alert(loop.webhook, loop.token, second).json() == {"recorded": 1}
     suppressed = wait_until(lambda: next((c for c in loop.status("InferenceService").get("conditions", [])
-                                          if c["type"] == "RetrainSuppressed" and c["reason"] == "Suppressed"), None),
+                                          if c["type"] == "RetrainSuppressed" and c["reason"] == "Suppressed"
+                                          and second["fingerprint"] in c["message"]), None),
                             30, "the second alert set aside")
     assert "cooling down" in suppressed["message"]
     assert retrain_jobs(loop) == [job["metadata"]["name"]]

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import requests
 from mlflow import MlflowClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev import processes
+from kubeloop.monitoring.drift import request_records
 from tests.support.models import N_FEATURES, register_broken, register_model, synthetic
 from tests.support.waiting import wait_for
 
@@ -45,6 +47,13 @@ def infer(url: str, model: str, rows: np.ndarray, key: str | None = None) -> req
                         "data": rows.tolist()}]}
     return requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=10,
                          headers={"X-Request-Key": key} if key else {})
+
+
+def routes(url: str) -> dict[tuple[str, str], float]:
+    """(role, version) -> share, as the router's /metrics says it routes now."""
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    return {(s.labels["role"], s.labels["version"]): s.value for family in text_string_to_metric_families(text)
+            if family.name == "kubeloop_router_traffic_ratio" for s in family.samples}
 
 
 def test_local_serving_end_to_end(platform, kube, namespace, operator):
@@ -85,6 +94,7 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     wait_for(lambda: get(kube, namespace)["status"].get("canaryVersion") == v2
              and get(kube, namespace)["status"]["phase"] == "Ready", timeout=30, what="canary ready")
     url = get(kube, namespace)["status"]["url"]
+    wait_for(lambda: routes(url) == {("primary", v1): 0.8, ("canary", v2): 0.2}, timeout=10, what="the router's new routes")
     served = [infer(url, model, x[i % 64:i % 64 + 1], key=f"caller-{i}").headers["X-Model-Version"]
               for i in range(2000)]
     share = served.count(v2) / len(served)
@@ -97,7 +107,7 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     live["spec"]["shadow"] = {"version": v3, "percent": 100}
     kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}}, field_manager="test")
     wait_for(lambda: get(kube, namespace)["status"].get("shadowVersion") == v3, timeout=30, what="shadow")
-    time.sleep(1.0)  # the router re-reads its routes every half second
+    wait_for(lambda: routes(url).get(("shadow", v3)) == 1.0, timeout=10, what="the router mirroring")
     answers = [infer(url, model, x[i:i + 1], key=f"s-{i}") for i in range(50)]
     assert {a.headers["X-Model-Version"] for a in answers} <= {v1, v2}
     assert all(a.json()["model_version"] in (v1, v2) for a in answers)
@@ -112,7 +122,7 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     assert "kubeloop_shadow_comparisons_total" in requests.get(f"{url}/metrics", timeout=5).text
 
     def logged() -> list[dict]:
-        return [json.loads(line) for f in sorted(operator.requests.rglob("*.jsonl")) for line in f.read_text().splitlines()]
+        return [r for folder in {f.parent for f in operator.requests.rglob("*.jsonl")} for r in request_records(folder)]
 
     # The router writes its log every half second.
     rows = wait_for(lambda: (r := logged()) and any(x["role"] == "shadow" and x["version"] == v3 for x in r) and r,
@@ -127,7 +137,8 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     cond = next(c for c in degraded["status"]["conditions"] if c["type"] == "CanaryReady")
     assert cond["reason"] == "RolledBack" and degraded["status"]["phase"] == "Degraded"
     assert "canaryVersion" not in degraded["status"]
-    time.sleep(1.0)
+    wait_for(lambda: {k: v for k, v in routes(url).items() if k[0] != "shadow"} == {("primary", v1): 1.0},
+             timeout=10, what="the router without the canary")
     assert {infer(url, model, x[:1], key=f"after-{i}").headers["X-Model-Version"] for i in range(100)} == {v1}
 
     # Deleting the InferenceService stops its processes.

@@ -34,3 +34,37 @@ def test_features_from_flat_and_nested_v2_tensors():
     nested = {"inputs": [{"shape": [2, 3], "data": [[1, 2, 3], [4, 5, 6]]}]}
     flat = {"inputs": [{"shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]}]}
     assert _features(nested) == _features(flat) == [[1, 2, 3], [4, 5, 6]]
+
+
+def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path):
+    import json
+    import os
+
+    from prometheus_client import generate_latest
+
+    from kubeloop.serving.router import Router
+
+    config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": "http://127.0.0.1:1",
+              "routes": [{"role": "primary", "version": "1", "percent": 80},
+                         {"role": "canary", "version": "2", "percent": 20}]}
+    path = tmp_path / "routes.json"
+    path.write_text(json.dumps(config))
+    router = Router(path)
+
+    def shown() -> dict:
+        return {(s.labels["role"], s.labels["version"]): s.value
+                for metric in router.metrics.registry.collect() if metric.name == "kubeloop_router_traffic_ratio"
+                for s in metric.samples}
+
+    assert shown() == {("primary", "1"): 0.8, ("canary", "2"): 0.2}
+    config["routes"] = [{"role": "primary", "version": "2", "percent": 100}]
+    config["shadow"] = {"role": "shadow", "version": "3", "percent": 50}
+    path.write_text(json.dumps(config))
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 1))
+    router.reload_routes()
+    assert shown() == {("primary", "2"): 1.0, ("shadow", "3"): 0.5}
+    path.write_text("{broken")
+    os.utime(path, ns=(0, path.stat().st_mtime_ns + 2))
+    router.reload_routes()
+    assert shown() == {("primary", "2"): 1.0, ("shadow", "3"): 0.5}
+    assert b"kubeloop_router_traffic_ratio" in generate_latest(router.metrics.registry)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 log = logging.getLogger("kubeloop.router")
 
@@ -97,6 +97,9 @@ class Metrics:
         self.scores = Histogram("kubeloop_prediction_score", "Predicted probabilities returned to callers.",
                                 ["service", "model", "version"], registry=self.registry,
                                 buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0))
+        self.traffic = Gauge("kubeloop_router_traffic_ratio",
+                             "Share of requests each version answers (a shadow's: the share mirrored to it), "
+                             "as the router's current routes say.", labels, registry=self.registry)
         pair = ["service", "model", "primary_version", "shadow_version"]
         self.shadow_comparisons = Counter("kubeloop_shadow_comparisons_total",
                                           "Requests answered by both the primary and the shadow.", pair,
@@ -134,6 +137,7 @@ class Router:
         self.config = RouterConfig.load(config_path)
         self.mtime = config_path.stat().st_mtime
         self.metrics = Metrics()
+        self._show_routes()
         self.log = RequestLog()
         self.session: aiohttp.ClientSession | None = None
         self.background: set[asyncio.Task] = set()
@@ -157,14 +161,25 @@ class Router:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            try:
-                mtime = self.config_path.stat().st_mtime
-                if mtime != self.mtime:
-                    self.config, self.mtime = RouterConfig.load(self.config_path), mtime
-                    log.info("routes: %s", self.config.routes)
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("keeping the previous routes: %s", exc)
+            self.reload_routes()
             self.log.flush(self.config.log_dir)
+
+    def reload_routes(self) -> None:
+        """Take up the routes file if it changed; a broken one keeps the routes in use."""
+        try:
+            mtime = self.config_path.stat().st_mtime
+            if mtime != self.mtime:
+                self.config, self.mtime = RouterConfig.load(self.config_path), mtime
+                self._show_routes()
+                log.info("routes: %s", self.config.routes)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("keeping the previous routes: %s", exc)
+
+    def _show_routes(self) -> None:
+        c = self.config
+        self.metrics.traffic.clear()
+        for route in (*c.routes, *([c.shadow] if c.shadow else [])):
+            self.metrics.traffic.labels(c.service, c.model, route.version, route.role).set(route.percent / 100)
 
     def _infer_url(self, version: str) -> str:
         c = self.config
