@@ -36,12 +36,13 @@ def test_features_from_flat_and_nested_v2_tensors():
     assert _features(nested) == _features(flat) == [[1, 2, 3], [4, 5, 6]]
 
 
-def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path):
+def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path, monkeypatch):
     import json
     import os
 
     from prometheus_client import generate_latest
 
+    from kubeloop.dev import processes
     from kubeloop.serving.router import Router
 
     config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": "http://127.0.0.1:1",
@@ -49,6 +50,9 @@ def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path):
                          {"role": "canary", "version": "2", "percent": 20}]}
     path = tmp_path / "routes.json"
     path.write_text(json.dumps(config))
+    # As the router runs: processes.start leaves out what an earlier test's feast import set.
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
     router = Router(path)
 
     def shown() -> dict:

@@ -40,6 +40,19 @@ class ProcessRecord:
         return asdict(self)
 
 
+# Importing feast points these at a temporary folder of its own, which it
+# deletes when the importing process exits. A server started from such a
+# process would keep its prometheus-client values there and fail on the first
+# new label set once the folder is gone (servers outlive operator restarts).
+INHERITED_NOT = ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR", "prometheus_multiproc_dir")
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a background server, plus extra."""
+    inherited = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
+    return {**inherited, **(extra or {})}
+
+
 def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
           cwd: Path | None = None) -> ProcessRecord:
     """Start argv in the background, logging to log_dir/name.log."""
@@ -48,7 +61,7 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            env=child_env(env), cwd=cwd, start_new_session=True,
         )
     return ProcessRecord(name, proc.pid, psutil.Process(proc.pid).create_time(), str(log_path))
 
