@@ -20,7 +20,7 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
 from kubeloop.operator.conditions import INVALID_SPEC, Observation, merge_conditions, now
 from kubeloop.operator.kube import KubeError
-from kubeloop.operator.ports import Ports
+from kubeloop.operator.ports import Objects, Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, transition_events
 from kubeloop.operator.reconcilers.optimization import reconcile_optimized_model
 from kubeloop.operator.reconcilers.serving import reconcile_inference_service
@@ -181,14 +181,14 @@ async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202
     return runner
 
 
-def _read(objects: Any, kind: Kind, meta: dict) -> dict | None:
+def _read(objects: Objects, kind: Kind, meta: dict) -> dict | None:
     try:
         return objects.get(kind.api_version, kind.kind, meta["name"], meta["namespace"])
     except KubeError as exc:
         raise kopf.TemporaryError(f"reading {kind.kind} {meta['name']}: {exc}", delay=5) from None
 
 
-def _write_status(objects: Any, kind: Kind, meta: dict, changes: dict) -> None:
+def _write_status(objects: Objects, kind: Kind, meta: dict, changes: dict) -> None:
     if not changes:
         return
     try:

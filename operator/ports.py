@@ -25,6 +25,9 @@ class Objects(Protocol):
     def list(self, api_version: str, kind: str, namespace: str | None = None,
              label_selector: str | None = None) -> list[dict]: ...
 
+    def merge_patch(self, api_version: str, kind: str, name: str, patch: dict, namespace: str | None = None,
+                    subresource: str | None = None) -> dict: ...
+
 
 @dataclass
 class Ports:

@@ -23,7 +23,7 @@ def instant(text: str) -> str:
     """An RFC 3339 time spelt one way (UTC, milliseconds, Z). Alertmanager
     spells one instant two ways: its webhook trims trailing zeros from the
     fraction, its API does not; keys built from either must be equal."""
-    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    parsed = _parse(text)
     if parsed.tzinfo is None:
         raise ValueError(f"{text!r} has no time zone")
     return parsed.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -31,4 +31,8 @@ def instant(text: str) -> str:
 
 def epoch(text: str) -> float:
     """An RFC 3339 time as a Unix time."""
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return _parse(text).timestamp()
+
+
+def _parse(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
