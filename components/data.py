@@ -4,10 +4,11 @@ features, split by time into train and hold-out, written as parquet."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kubeloop.api.training import TrainingJobSpec
@@ -25,6 +26,7 @@ class DatasetInfo:
     train_rows: int
     holdout_rows: int
     positives: int
+    """Binary: rows labelled 1 (0 for other tasks)."""
     dataset_hash: str
     feature_columns: list[str]
     label: str
@@ -58,18 +60,50 @@ def time_split(frame: pd.DataFrame, holdout_fraction: float) -> pd.DataFrame:
     return frame
 
 
-def build_dataset(spec: TrainingJobSpec, feast_repo: Path, output: Path) -> DatasetInfo:
-    # Feast takes seconds to import; only this step needs it.
-    from kubeloop.featurestore.store import training_data
+MAX_CLASSES = 1000
 
+
+def label_classes(task: str, label: pd.Series, column: str) -> list[str]:
+    """Check the label fits the task; multiclass: its classes in output order.
+    A label of the wrong kind names the field and what would fit."""
+    field_name = f"spec.features.labels.column '{column}'"
+    values = label.dropna().unique()
+    if label.isna().any():
+        raise ValueError(f"{field_name} has {int(label.isna().sum())} empty labels: drop or fill them at the source")
+    if task == "binary":
+        if not set(pd.Series(values).astype(str)) <= {"0", "1", "True", "False", "0.0", "1.0"}:
+            shown = ", ".join(map(str, sorted(values, key=str)[:5]))
+            raise ValueError(f"{field_name} holds {shown}: task binary needs labels 0 and 1; use task multiclass "
+                             "for classes or regression for values")
+        return []
+    if task == "regression":
+        if not pd.api.types.is_numeric_dtype(label) or pd.api.types.is_bool_dtype(label):
+            raise ValueError(f"{field_name} is of type {label.dtype}: task regression needs numeric labels")
+        return []
+    classes = sorted({str(v) for v in values}, key=lambda v: (len(v), v) if v.isdigit() else (0, v))
+    if not 2 <= len(classes) <= MAX_CLASSES:
+        raise ValueError(f"{field_name} has {len(classes)} distinct values: task multiclass needs 2 to "
+                         f"{MAX_CLASSES} classes")
+    return classes
+
+
+def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInfo:
+    """The job's labelled rows joined with its features, split by time; store
+    is the StoreLocation (JSON) of the feature store to read."""
+    # Feast takes seconds to import; only this step needs it.
+    from kubeloop.featurestore.store import LabelRows, StoreLocation, training_data
+
+    labels = spec.features.labels
     data = training_data(
-        feast_repo, spec.features.feature_views, spec.features.labels.source, spec.features.labels.column,
+        StoreLocation.from_json(store), spec.features.feature_views,
+        LabelRows(labels.column, labels.source, labels.path, labels.timestamp_column),
         _parse_time(spec.features.window.start), _parse_time(spec.features.window.end),
     )
     frame = data.frame
     if len(frame) < 100:
         raise ValueError(f"only {len(frame)} labelled rows remain after the point-in-time join "
                          f"({data.dropped_by_ttl} dropped by ttl): widen spec.features.window")
+    classes = label_classes(spec.task, frame[data.label], data.label)
     slice_column = spec.evaluation.slice_column
     if slice_column and slice_column not in frame.columns:
         raise ValueError(f"spec.evaluation.sliceColumn '{slice_column}' is not a column of the training data; "
@@ -79,15 +113,17 @@ def build_dataset(spec: TrainingJobSpec, feast_repo: Path, output: Path) -> Data
         [slice_column] if slice_column and slice_column not in data.feature_columns else [])
     frame[keep].to_parquet(output, index=False)
     holdout = frame[frame[SPLIT] == "holdout"]
+    positives = int(frame[data.label].astype(float).sum()) if spec.task == "binary" else 0
     return DatasetInfo(
         entity_rows=data.entity_rows, dropped_by_ttl=data.dropped_by_ttl, rows=len(frame),
         train_rows=len(frame) - len(holdout), holdout_rows=len(holdout),
-        positives=int(frame[data.label].sum()), dataset_hash=data.dataset_hash,
+        positives=positives, dataset_hash=data.dataset_hash,
         feature_columns=data.feature_columns, label=data.label, feature_views=data.feature_views,
         slice_column=slice_column, holdout_start=str(holdout["event_timestamp"].min()),
         window_start=spec.features.window.start or frame["event_timestamp"].min().isoformat(),
         window_end=spec.features.window.end
         or (frame["event_timestamp"].max() + pd.Timedelta(microseconds=1)).isoformat(),
+        task=spec.task, classes=classes, entities=data.entities, request_columns=data.request_columns, store=store,
     )
 
 
@@ -100,7 +136,17 @@ def pinned(spec: TrainingJobSpec, info: DatasetInfo) -> TrainingJobSpec:
     return spec.model_copy(update={"features": features})
 
 
-def load_split(path: Path, info: DatasetInfo, split: str) -> tuple[pd.DataFrame, pd.Series]:
+def target(info: DatasetInfo, label: pd.Series) -> np.ndarray:
+    """The label as the model learns it: 0/1 floats, class indices (in the
+    order of info.classes), or float values."""
+    if info.task == "multiclass":
+        index = {c: i for i, c in enumerate(info.classes)}
+        return label.astype(str).map(index).to_numpy(np.int64)
+    return label.astype(float).to_numpy(np.float32)
+
+
+def load_split(path: Path, info: DatasetInfo, split: str) -> tuple[pd.DataFrame, np.ndarray]:
+    """The rows of one split, and their targets (see target)."""
     frame = pd.read_parquet(path)
     part = frame[frame[SPLIT] == split]
-    return part, part[info.label]
+    return part, target(info, part[info.label])

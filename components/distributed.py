@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.components.data import SPLIT, DatasetInfo
-from kubeloop.components.steps import save_model
+from kubeloop.components.data import SPLIT, DatasetInfo, target
+from kubeloop.components.model import save_model
+from kubeloop.components.steps import architecture_for
 from kubeloop.components.training import TrainSettings, train_rank
 
 
@@ -29,14 +30,14 @@ def main(argv: list[str] | None = None) -> None:
     frame = pd.read_parquet(args.dataset)
     train_rows = frame[frame[SPLIT] == "train"]
     x = train_rows[info.feature_columns].to_numpy(np.float32)
-    y = train_rows[info.label].to_numpy(np.float32)
+    y = target(info, train_rows[info.label])
     settings = TrainSettings.from_spec(spec.hyperparameters, spec.seed)
     gpus = spec.resources.gpu.count if spec.resources.gpu else 0
     with tempfile.TemporaryDirectory() as tmp:
-        result = train_rank(x, y, settings, gpus, Path(tmp) / "checkpoints")
+        result = train_rank(x, y, settings, gpus, Path(tmp) / "checkpoints", architecture_for(spec, info))
         if result is not None:
             local = Path(tmp) / "model"
-            save_model(result.model, settings, x.shape[1], local)
+            save_model(result.model, local)
             fs, root = fsspec.core.url_to_fs(args.output)
             fs.makedirs(root, exist_ok=True)
             fs.put_file(str(local / "state.pt"), f"{root.rstrip('/')}/state.pt")

@@ -15,11 +15,11 @@ COMPONENTS_IMAGE = "ghcr.io/kubeloop/components:0.1.0"
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def training_data(spec: dict, feast_repo: str, dataset: Output[Dataset]) -> str:
+def training_data(spec: dict, feature_store: str, feast_repo: str, dataset: Output[Dataset]) -> str:
     """Labelled entity rows joined point-in-time with Feast features."""
     from kubeloop.components.steps import training_data_step
 
-    return training_data_step(spec, feast_repo, dataset.path)
+    return training_data_step(spec, feature_store, feast_repo, dataset.path)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

@@ -38,13 +38,17 @@ def optimization_data_step(spec: dict, source_version: str, tracking_uri: str, f
     from kubeloop.components.data import build_dataset
     from kubeloop.components.registration import EXPORTED
 
+    from kubeloop.featurestore.store import StoreLocation
+
     job = OptimizedModelSpec.model_validate(spec)
     version = MlflowClient(tracking_uri).get_model_version(job.source.name, source_version)
     if tags.TRAINING_SPEC not in version.tags:
         raise ValueError(f"{job.source.name} version {source_version} has no {tags.TRAINING_SPEC} tag: only "
                          "versions registered by a TrainingJob (or an OptimizedModel) can be optimised")
     training = TrainingJobSpec.model_validate_json(version.tags[tags.TRAINING_SPEC])
-    info = build_dataset(training, Path(feast_repo), Path(dataset_path))
+    budget_metric(job, training.task)  # a metric the task lacks fails before any work
+    store = version.tags.get(tags.FEATURE_STORE) or StoreLocation.resolve("", feast_repo).to_json()
+    info = build_dataset(training, store, Path(dataset_path))
     mlflow.set_tracking_uri(tracking_uri)
     Path(source_dir).mkdir(parents=True, exist_ok=True)
     try:
@@ -68,21 +72,39 @@ def _device(spec: OptimizedModelSpec):  # noqa: ANN202 - torch.device
     return torch.device("cpu")
 
 
-def _metric(name: str, y: np.ndarray, p: np.ndarray) -> float:
-    from sklearn.metrics import average_precision_score, roc_auc_score
+def budget_metric(job: OptimizedModelSpec, task: str) -> str:
+    """The accuracy budget's metric: the one named, or the task's primary metric."""
+    from kubeloop.api.tasks import METRICS, PRIMARY, produces
 
-    if name == "auc":
-        return float(roc_auc_score(y, p))
-    if name == "average_precision":
-        return float(average_precision_score(y, p))
-    return float(((p >= 0.5) == y).mean())
+    metric = job.accuracy_budget.metric or PRIMARY[task]
+    if not produces(task, metric):
+        raise ValueError(f"spec.accuracyBudget.metric '{metric}' is not a metric of the source's task {task}; "
+                         f"use one of {', '.join(METRICS[task])}")
+    return metric
 
 
-def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], metric: str, x_hold: np.ndarray,
+def _scorer(info: DatasetInfo, training, metric: str):  # noqa: ANN001, ANN202 - TrainingJobSpec
+    """The budget metric of a variant's outputs on the hold-out."""
+    from kubeloop.components.evaluation import evaluate
+
+    options = {"threshold": training.evaluation.threshold, "classes": info.classes,
+               "top_k": training.evaluation.top_k}
+    return lambda y, outputs: evaluate(info.task, y, outputs, **options)[metric]
+
+
+def divergence(outputs: np.ndarray, reference: np.ndarray, task: str) -> float:
+    """The largest difference from the source's outputs: in probability for
+    classifiers, in units of the source's spread for regression (so "the
+    same model" does not depend on the label's scale)."""
+    gap = float(np.max(np.abs(outputs - reference)))
+    return gap / max(float(np.std(reference)), 1e-12) if task == "regression" else gap
+
+
+def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], score, x_hold: np.ndarray,
                      y_hold: np.ndarray, on_variant=None) -> tuple[list, dict]:  # noqa: ANN001
     """Build the source and every technique's variant and measure each:
-    latency per batch size on hold-out rows, the budget metric, size, and
-    peak device memory. Techniques that cannot run here become rows that say why."""
+    latency per batch size on hold-out rows, the budget metric (score(y,
+    outputs)), size, and peak device memory. Techniques that cannot run here become rows that say why."""
     from kubeloop.components.benchmark import measure, peak_memory_mib
     from kubeloop.components.selection import Measured
     from kubeloop.components.variants import BUILDERS, NotBuilt, source
@@ -103,10 +125,10 @@ def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], metric:
         scores = variant.predict(x_hold)
         reference = scores if reference is None else reference
         row = Measured(technique, variant.runtime, {b: (v.p50_ms, v.p99_ms) for b, v in latency.items()},
-                       _metric(metric, y_hold, scores), round(variant.artifact.stat().st_size / 1e6, 4),
+                       score(y_hold, scores), round(variant.artifact.stat().st_size / 1e6, 4),
                        variant.onnx is not None, variant.note,
                        peak_memory_mib=peak_memory_mib(variant.predict, pool[: max(batch_sizes)], ctx.device),
-                       divergence=float(np.max(np.abs(scores - reference))))
+                       divergence=divergence(scores, reference, ctx.source.task))
         rows.append(row)
         if on_variant:
             on_variant(row, variant)
@@ -119,13 +141,19 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
     import mlflow
     import torch
 
+    from mlflow import MlflowClient
+
+    from kubeloop.api.training import TrainingJobSpec
+    from kubeloop.components.model import load_model
     from kubeloop.components.selection import choose
-    from kubeloop.components.steps import load_model
     from kubeloop.components.triton import plan_batching
     from kubeloop.components.variants import BuildContext
 
     job = OptimizedModelSpec.model_validate(spec)
     info = DatasetInfo.from_json(info_json)
+    training = TrainingJobSpec.model_validate_json(
+        MlflowClient(tracking_uri).get_model_version(job.source.name, source_version).tags[tags.TRAINING_SPEC])
+    metric = budget_metric(job, info.task)
     device = _device(job)
     torch.set_num_threads(1)  # every runtime gets one thread: the comparison is per core
     train_frame, y_train = load_split(Path(dataset_path), info, "train")
@@ -134,29 +162,29 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
     x_train, x_hold = train_frame[cols].to_numpy(np.float32), hold_frame[cols].to_numpy(np.float32)
     workdir = Path(work_dir)
     workdir.mkdir(parents=True, exist_ok=True)
-    ctx = BuildContext(load_model(Path(source_dir)), x_train, y_train.to_numpy(np.float32), job, workdir,
-                       device, seed=0)
+    ctx = BuildContext(load_model(Path(source_dir)), x_train, y_train, job, workdir, device, seed=0)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(f"kubeloop/{job.registered_name or job.source.name}/optimization")
     run_tags = {tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "kubeloop.source_version": source_version,
                 "git_sha": git_sha, "mlflow.source.git.commit": git_sha}
     with mlflow.start_run(run_name=pipeline_run, tags=run_tags) as parent:
         mlflow.log_params({"techniques": json.dumps(job.techniques), "target": job.target.device,
-                           "budget.metric": job.accuracy_budget.metric, "budget.max_drop": job.accuracy_budget.max_drop,
+                           "budget.metric": metric, "budget.max_drop": job.accuracy_budget.max_drop,
                            "slo": json.dumps(job.latency_slo.to_wire()), "batch_sizes": json.dumps(job.batch_sizes)})
 
         def log_variant(row, variant) -> None:  # noqa: ANN001 - Measured, Variant
             with mlflow.start_run(run_name=row.technique, nested=True, tags={"kubeloop.technique": row.technique}):
-                mlflow.log_metrics({job.accuracy_budget.metric: row.metric, "size_mb": row.size_mb,
+                mlflow.log_metrics({metric: row.metric, "size_mb": row.size_mb,
                                     **{f"p50_ms.b{b}": v[0] for b, v in row.latency.items()},
                                     **{f"p99_ms.b{b}": v[1] for b, v in row.latency.items()}})
                 mlflow.log_params({"runtime": row.runtime, "note": row.note or "-"})
 
-        rows, variants = measure_variants(ctx, job.techniques, job.batch_sizes, job.accuracy_budget.metric,
-                                          x_hold, y_hold.to_numpy(), on_variant=log_variant)
-        choice = choose(rows, job.accuracy_budget, job.latency_slo)
+        score = _scorer(info, training, metric)
+        rows, variants = measure_variants(ctx, job.techniques, job.batch_sizes, score, x_hold, y_hold,
+                                          on_variant=log_variant)
+        choice = choose(rows, job.accuracy_budget, job.latency_slo, metric)
         source_metric = next(r.metric for r in rows if r.technique == "source")
-        champion = _score_champion(job, tracking_uri, source_version, source_metric, x_hold, y_hold.to_numpy())
+        champion = _score_champion(job, tracking_uri, source_version, metric, source_metric, score, x_hold, y_hold)
         winner = variants[choice.winner.technique]
         shutil.copyfile(winner.onnx, workdir / "winner.onnx")
         plan = plan_batching(choice.winner.latency, job.latency_slo.milliseconds, job.target.device, os.cpu_count() or 1)
@@ -171,12 +199,12 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
         "chosen": {"technique": choice.winner.technique, "speedup": round(choice.winner.speedup or 1.0, 3),
                    "meetsSlo": choice.meets_slo},
         "gpu_memory_mib": footprint, "gpu_memory_source": source_of, "n_features": len(cols),
-        "run_id": parent_id, "metric": {job.accuracy_budget.metric: choice.winner.metric}, "champion": champion,
+        "run_id": parent_id, "metric": {metric: choice.winner.metric}, "champion": champion,
     })
 
 
-def _score_champion(job: OptimizedModelSpec, tracking_uri: str, source_version: str, source_metric: float,
-                    x: np.ndarray, y: np.ndarray) -> dict | None:
+def _score_champion(job: OptimizedModelSpec, tracking_uri: str, source_version: str, metric: str,
+                    source_metric: float, score, x: np.ndarray, y: np.ndarray) -> dict | None:  # noqa: ANN001
     """The current champion's budget metric on this hold-out, for the
     not-worse-than-champion gate (the source's own score when it is the champion)."""
     from kubeloop.registry.mlflow import MlflowRegistry
@@ -185,9 +213,7 @@ def _score_champion(job: OptimizedModelSpec, tracking_uri: str, source_version: 
     champion = MlflowRegistry(tracking_uri).get_alias(job.source.name, "champion")
     if champion is None:
         return None
-    metric = job.accuracy_budget.metric
-    value = source_metric if champion.version == source_version else _metric(
-        metric, y, score_version(tracking_uri, champion, x))
+    value = source_metric if champion.version == source_version else score(y, score_version(tracking_uri, champion, x))
     return {"version": champion.version, "metrics": {metric: value}}
 
 
@@ -214,8 +240,10 @@ def _footprint(winner, ctx, batch: int) -> tuple[int, str]:  # noqa: ANN001
     measured = peak_memory_mib(winner.predict, ctx.x_train[:batch], ctx.device)
     if measured is not None:
         return int(math.ceil(measured)) + CONTEXT_MIB, "measured"
+    from torch import nn
+
     params = sum(p.numel() * p.element_size() for p in ctx.source.parameters())
-    widest = max([ctx.n_features] + [b[0].out_features for b in ctx.source.blocks])
+    widest = max([ctx.n_features] + [m.out_features for m in ctx.source.modules() if isinstance(m, nn.Linear)])
     activations = batch * widest * 4 * 2
     return int(math.ceil((2 * params + activations) / 2**20)) + CONTEXT_MIB, "estimate"
 
@@ -229,6 +257,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
     from mlflow import MlflowClient
 
     from kubeloop.api.promotion import alias_for
+    from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
     from kubeloop.components.registration import EXPORTED, find_registered, run_url
     from kubeloop.components.triton import BACKENDS, BatchingPlan, write_repository
 
@@ -241,6 +270,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
     outcome = {"variants": results["variants"], "chosen": results["chosen"],
                "gpu_memory_mib": results["gpu_memory_mib"], "batching": plan.why}
     existing = find_registered(tracking_uri, name, pipeline_run)
+    signature = ModelSignature.from_tags(source.tags)
     if existing is None:
         winner = Path(work_dir) / "winner.onnx"
         mlflow.set_tracking_uri(tracking_uri)
@@ -249,7 +279,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
             with tempfile.TemporaryDirectory() as tmp:
                 folder = Path(tmp)
                 for backend in BACKENDS:
-                    write_repository(folder / "triton" / backend, name, winner, results["n_features"], plan, backend)
+                    write_repository(folder / "triton" / backend, name, winner, signature, plan, backend)
                 (folder / EXPORTED).mkdir()
                 shutil.copyfile(winner, folder / EXPORTED / "model.onnx")
                 card = json.loads(Path(mlflow.artifacts.download_artifacts(
@@ -268,8 +298,10 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
             tags.GPU_MEMORY_SOURCE: results["gpu_memory_source"],
             tags.OUTCOME: json.dumps(outcome, separators=(",", ":")),
             "exported": f"runs:/{run_id}/{EXPORTED}", "triton": f"runs:/{run_id}/triton",
-            **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label", "threshold")
+            **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label",
+                                           "threshold", tags.TASK, tags.FEATURE_STORE, tags.FACTORY)
                if k in source.tags},
+            SIGNATURE_TAG: signature.to_json(),
             # Gate evidence: the source's metrics, the winner's own measured
             # budget metric over them, and the champion on the same hold-out.
             **{k: v for k, v in source.tags.items() if k.startswith(tags.METRIC_PREFIX)},

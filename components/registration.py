@@ -21,10 +21,10 @@ import torch
 from mlflow import MlflowClient
 
 from kubeloop.api.promotion import alias_for
+from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import DatasetInfo, pinned
-from kubeloop.components.model import export_onnx, export_torchscript
-from kubeloop.components.steps import save_module
+from kubeloop.components.model import TaskModel, export_onnx, export_torchscript, save_model
 from kubeloop.registry import tags
 
 EXPORTED = "exported"
@@ -67,6 +67,9 @@ def start_run(tracking_uri: str, spec: TrainingJobSpec, pipeline_run: str, owner
     wire = spec.to_wire()
     params = _flatten("", {k: wire[k] for k in ("hyperparameters", "evaluation", "distributed", "seed")}, {})
     params["features.featureViews"] = json.dumps(spec.features.feature_views)
+    params["task"] = spec.task
+    if spec.model is not None:
+        params["model.factory"] = spec.model.factory
     run_tags = {tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "kubeloop.spec_hash": spec_hash,
             "mlflow.source.git.commit": git_sha, "git_sha": git_sha,
             **{f"env.{k}": v for k, v in environment().items()}}
@@ -121,13 +124,22 @@ def find_registered(tracking_uri: str, name: str, pipeline_run: str):  # noqa: A
     return versions[0] if versions else None
 
 
-def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: TrainingJobSpec,
+def signature_of(spec: TrainingJobSpec, dataset: DatasetInfo) -> ModelSignature:
+    return ModelSignature(task=dataset.task, feature_columns=dataset.feature_columns, classes=dataset.classes,
+                          threshold=spec.evaluation.threshold if dataset.task == "binary" else None,
+                          feature_views=spec.features.feature_views, entities=dataset.entities,
+                          request_columns=dataset.request_columns, label=dataset.label)
+
+
+def register(tracking_uri: str, run_id: str, model: TaskModel, spec: TrainingJobSpec,
              dataset: DatasetInfo, metrics: dict[str, float], pipeline_run: str, owner: str,
              git_sha: str, champion: dict | None = None) -> dict:
-    """Log the model (native, TorchScript, ONNX) and register a version; a
-    version already registered by this pipeline run is returned instead."""
+    """Log the model (native, TorchScript, ONNX) and register a version with
+    its signature and lineage; a version already registered by this pipeline
+    run is returned instead."""
     client = MlflowClient(tracking_uri)
     existing = find_registered(tracking_uri, spec.model_name, pipeline_run)
+    signature = signature_of(spec, dataset)
     if existing is None:
         mlflow.set_tracking_uri(tracking_uri)
         n_features = len(dataset.feature_columns)
@@ -139,21 +151,22 @@ def register(tracking_uri: str, run_id: str, model: torch.nn.Module, spec: Train
             )
             with tempfile.TemporaryDirectory() as tmp:
                 folder = Path(tmp)
-                # The architecture and weights, for the optimiser to rebuild the network.
-                save_module(model, folder)
+                # The factory, its arguments and the weights (no pickle), for
+                # the optimiser to rebuild the network.
+                save_model(model, folder)
                 export_torchscript(model, n_features, folder / "model.pt")
-                export_onnx(model, n_features, folder / "model.onnx")
-                card = {"feature_columns": dataset.feature_columns, "label": dataset.label,
-                        "threshold": spec.evaluation.threshold, "metrics": metrics,
-                        "input": {"name": "features", "dtype": "FP32", "dims": [n_features]},
-                        "output": {"name": "probability", "dtype": "FP32", "dims": []}}
-                (folder / "model_card.json").write_text(json.dumps(card, indent=2))
+                export_onnx(model, folder / "model.onnx")
+                card = {"signature": json.loads(signature.to_json()), "metrics": metrics,
+                        "factory": model.architecture.factory, "parameters": model.architecture.parameters}
+                (folder / "model_card.json").write_text(json.dumps(card, indent=2, default=str))
                 mlflow.log_artifacts(str(folder), EXPORTED)
         version_tags = {
             tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "git_sha": git_sha,
             "dataset_hash": dataset.dataset_hash, "feature_views": json.dumps(dataset.feature_views, sort_keys=True),
             "feature_columns": json.dumps(dataset.feature_columns), "label": dataset.label,
-            "threshold": str(spec.evaluation.threshold),
+            "threshold": str(spec.evaluation.threshold), tags.TASK: dataset.task,
+            SIGNATURE_TAG: signature.to_json(), tags.FEATURE_STORE: dataset.store,
+            tags.FACTORY: model.architecture.factory,
             "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
             tags.TRAINING_SPEC: pinned(spec, dataset).model_dump_json(by_alias=True, exclude_none=True),
             **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in metrics.items() if v == v and k not in ("rows", "positives")},

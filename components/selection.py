@@ -2,7 +2,7 @@
 choose the winner by the latency SLO (pure).
 
 A budget of 0 means "the source's predictions, only faster": it accepts the
-variants whose probabilities match the source's (graph compilers, exact
+variants whose outputs match the source's (graph compilers, exact
 conversions), not a lossy variant that happens to score as well on this
 hold-out. Any other budget compares the metric.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kubeloop.api.optimization import AccuracyBudget, LatencySLO
+from kubeloop.api.tasks import improvement
 
 LOSSLESS = 1e-4
 """Probabilities closer than this to the source's count as the same model."""
@@ -49,7 +50,9 @@ class Choice:
     meets_slo: bool
 
 
-def choose(rows: list[Measured], budget: AccuracyBudget, slo: LatencySLO) -> Choice:
+def choose(rows: list[Measured], budget: AccuracyBudget, slo: LatencySLO, metric: str) -> Choice:
+    """Judge every row against the budget on metric (in its own direction:
+    a rise in RMSE or log loss is a loss) and pick the winner by the SLO."""
     source = next(r for r in rows if r.technique == "source")
     base = source.at(slo)
     judged = []
@@ -59,14 +62,14 @@ def choose(rows: list[Measured], budget: AccuracyBudget, slo: LatencySLO) -> Cho
             continue
         delta = row.metric - source.metric
         speedup = base / row.at(slo) if base and row.at(slo) else None
-        drop = -delta
+        drop = -improvement(metric, row.metric, source.metric)
         lossless = row.divergence is not None and row.divergence <= LOSSLESS
         if budget.max_drop == 0 and not lossless:
             reason = (f"changes the predictions (max |dp| {row.divergence:.2g}) and the budget is 0"
                       if row.divergence is not None else "the budget is 0")
             judged.append(replace(row, accepted=False, reason=reason, speedup=speedup, accuracy_delta=delta))
         elif drop > budget.max_drop:
-            reason = f"{budget.metric} drops by {drop:.4f}, over the budget of {budget.max_drop}"
+            reason = f"{metric} worsens by {drop:.4f}, over the budget of {budget.max_drop}"
             judged.append(replace(row, accepted=False, reason=reason, speedup=speedup, accuracy_delta=delta))
         else:
             judged.append(replace(row, accepted=True, reason="", speedup=speedup, accuracy_delta=delta))

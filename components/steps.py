@@ -21,48 +21,36 @@ from kubeloop.components.data import DatasetInfo, build_dataset, load_split
 log = logging.getLogger(__name__)
 
 
-def training_data_step(spec: dict, feast_repo: str, dataset_path: str) -> str:
-    """Point-in-time training data from Feast; returns the DatasetInfo as JSON."""
-    info = build_dataset(TrainingJobSpec.model_validate(spec), Path(feast_repo), Path(dataset_path))
+def training_data_step(spec: dict, feature_store: str, feast_repo: str, dataset_path: str) -> str:
+    """Point-in-time training data from Feast; returns the DatasetInfo as JSON.
+    feature_store is the job's store (StoreLocation JSON), empty for the
+    default repository feast_repo."""
+    from kubeloop.featurestore.store import StoreLocation
+
+    store = StoreLocation.resolve(feature_store, feast_repo).to_json()
+    info = build_dataset(TrainingJobSpec.model_validate(spec), store, Path(dataset_path))
     log.info("training data: %d rows (%d dropped by ttl), hash %s", info.rows, info.dropped_by_ttl,
              info.dataset_hash)
     return info.to_json()
 
 
-def save_model(model, settings, n_features: int, folder: Path) -> None:  # noqa: ANN001 - FraudNet, TrainSettings
-    import torch
+def architecture_for(job: TrainingJobSpec, info: DatasetInfo, hp=None):  # noqa: ANN001, ANN201 - Hyperparameters, Architecture
+    """The network the job trains: its own factory, or the built-in perceptron."""
+    from kubeloop.components.model import Architecture
+    from kubeloop.components.training import TrainSettings
 
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"n_features": n_features, "hidden_units": list(settings.hidden_units),
-                "dropout": settings.dropout, "state_dict": model.state_dict()}, folder / "state.pt")
-
-
-def save_module(model, folder: Path) -> None:  # noqa: ANN001 - FraudNet
-    """Save a FraudNet whose training settings are not at hand (read off the network)."""
-    import torch
-
-    widths = [block[0].out_features for block in model.blocks]
-    dropout = next(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"n_features": model.blocks[0][0].in_features, "hidden_units": widths, "dropout": dropout,
-                "state_dict": model.state_dict()}, folder / "state.pt")
-
-
-def load_model(folder: Path):  # noqa: ANN201 - FraudNet
-    import torch
-
-    from kubeloop.components.model import build_model
-
-    saved = torch.load(Path(folder) / "state.pt", weights_only=False)
-    model = build_model(saved["n_features"], saved["hidden_units"], saved["dropout"])
-    model.load_state_dict(saved["state_dict"])
-    return model.eval()
+    n_inputs, n_outputs = len(info.feature_columns), len(info.classes) if info.task == "multiclass" else 1
+    if job.model is None:
+        return TrainSettings.from_spec(hp or job.hyperparameters, job.seed).builtin(info.task, n_inputs, n_outputs)
+    return Architecture(info.task, n_inputs, n_outputs, job.model.factory, dict(job.model.parameters),
+                        job.model.path)
 
 
 def train_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
                pipeline_run: str, owner: str, spec_hash: str, git_sha: str) -> str:
     """Tune (if asked), train and checkpoint; returns the MLflow run id."""
     from kubeloop.components import registration
+    from kubeloop.components.model import build_model, save_model
     from kubeloop.components.training import TrainSettings, train, train_distributed
     from kubeloop.components.tuning import tune
 
@@ -70,31 +58,38 @@ def train_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tr
     info = DatasetInfo.from_json(info_json)
     frame, y = load_split(Path(dataset_path), info, "train")
     x = frame[info.feature_columns].to_numpy(np.float32)
+    build_model(architecture_for(job, info))  # a factory that cannot build fails before any run is started
     run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
     hp = job.hyperparameters
     if job.tuning.trials > 1:
-        hp, trials = tune(x, y.to_numpy(), job, lambda n, params, score: registration.log_trial(
-            tracking_uri, run_id, n, params, job.tuning.metric, score))
+        hp, trials = tune(x, y, job, info, lambda n, params, score: registration.log_trial(
+            tracking_uri, run_id, n, params, job.tuning_metric, score))
         log.info("best of %d trials: %s", len(trials), hp.to_wire())
     settings = TrainSettings.from_spec(hp, job.seed)
+    architecture = architecture_for(job, info, hp)
     gpus = job.resources.gpu.count if job.resources.gpu else 0
     processes = job.distributed.processes_per_node * job.distributed.nodes
     workdir = Path(model_dir).parent / f"{Path(model_dir).name}-work"
     if processes > 1:
-        result = train_distributed(x, y.to_numpy(np.float32), settings, processes, workdir, gpus=gpus)
+        result = train_distributed(x, y, settings, processes, workdir, gpus=gpus, architecture=architecture)
     else:
-        result = train(x, y.to_numpy(np.float32), None, None, settings, gpus=gpus,
-                       checkpoint_dir=workdir / "checkpoints",
+        result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=workdir / "checkpoints",
+                       architecture=architecture,
                        progress=lambda r: log.info("epoch %d: loss %.4f, %.0f samples/s", r["epoch"], r["loss"],
                                                    r["samples_per_second"]))
-    save_model(result.model, settings, len(info.feature_columns), Path(model_dir))
+    save_model(result.model, Path(model_dir))
     registration.log_training(tracking_uri, run_id, info, result.history, {
         "train.precision": result.precision, "train.device": result.device, "train.processes": processes,
         "train.resumed_from_epoch": result.resumed_from_epoch,
         "train.best_hyperparameters": json.dumps(hp.to_wire(), sort_keys=True),
+        "model.factory": architecture.factory, "model.parameters": json.dumps(architecture.parameters, sort_keys=True),
         **{f"dataloader.{k}": v for k, v in asdict(result.loader).items()},
     })
     return run_id
+
+
+def evaluation_options(job: TrainingJobSpec, info: DatasetInfo) -> dict:
+    return {"threshold": job.evaluation.threshold, "classes": info.classes, "top_k": job.evaluation.top_k}
 
 
 def evaluate_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
@@ -102,22 +97,25 @@ def evaluate_step(spec: dict, dataset_path: str, info_json: str, model_dir: str,
     """Hold-out metrics (and per-slice metrics); returns them as JSON."""
     from kubeloop.components import registration
     from kubeloop.components.evaluation import evaluate, evaluate_slices
+    from kubeloop.components.model import load_model
     from kubeloop.components.training import predict
 
     job = TrainingJobSpec.model_validate(spec)
     info = DatasetInfo.from_json(info_json)
     frame, y = load_split(Path(dataset_path), info, "holdout")
-    probabilities = predict(load_model(Path(model_dir)), frame[info.feature_columns].to_numpy(np.float32))
-    threshold = job.evaluation.threshold
-    metrics = evaluate(y.to_numpy(), probabilities, threshold)
-    slices = (evaluate_slices(y.to_numpy(), probabilities, frame[info.slice_column].to_numpy(), threshold)
+    x = frame[info.feature_columns].to_numpy(np.float32)
+    outputs = predict(load_model(Path(model_dir)), x)
+    options = evaluation_options(job, info)
+    metrics = evaluate(info.task, y, outputs, **options)
+    slices = (evaluate_slices(info.task, y, outputs, frame[info.slice_column].to_numpy(), **options)
               if info.slice_column else {})
     registration.log_evaluation(tracking_uri, run_id, metrics, slices)
-    champion = _evaluate_champion(job, tracking_uri, frame[info.feature_columns].to_numpy(np.float32), y.to_numpy())
+    champion = _evaluate_champion(job, info, tracking_uri, x, y)
     return json.dumps({"metrics": metrics, "slices": slices, "champion": champion})
 
 
-def _evaluate_champion(job: TrainingJobSpec, tracking_uri: str, x: np.ndarray, y: np.ndarray) -> dict | None:
+def _evaluate_champion(job: TrainingJobSpec, info: DatasetInfo, tracking_uri: str, x: np.ndarray,
+                       y: np.ndarray) -> dict | None:
     """The current champion scored on the same hold-out, when a gate will
     compare with it."""
     from kubeloop.api.promotion import alias_for
@@ -131,14 +129,15 @@ def _evaluate_champion(job: TrainingJobSpec, tracking_uri: str, x: np.ndarray, y
     champion = MlflowRegistry(tracking_uri).get_alias(job.model_name, alias)
     if champion is None:
         return None
-    scores = score_version(tracking_uri, champion, x)
-    return {"version": champion.version, "metrics": evaluate(y, scores, job.evaluation.threshold)}
+    outputs = score_version(tracking_uri, champion, x)
+    return {"version": champion.version, "metrics": evaluate(info.task, y, outputs, **evaluation_options(job, info))}
 
 
 def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: str, tracking_uri: str,
                   run_id: str, pipeline_run: str, owner: str, git_sha: str) -> dict:
     """Register the model; returns what the operator reports in status."""
     from kubeloop.components import registration
+    from kubeloop.components.model import load_model
 
     job = TrainingJobSpec.model_validate(spec)
     info = DatasetInfo.from_json(info_json)
@@ -149,7 +148,6 @@ def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: s
     shown = {k: round(v, 6) for k, v in metrics.items() if v == v and k not in ("rows", "positives")}
     return {"model": model, "metrics": shown, "dataset_hash": info.dataset_hash,
             "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows}
-
 
 
 def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,

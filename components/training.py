@@ -19,11 +19,11 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
-from kubeloop.components.model import FraudNet, build_model
+from kubeloop.api.tasks import PRIMARY
+from kubeloop.components.model import BUILTIN, Architecture, TaskModel, build_model
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ class TrainSettings:
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
+    def builtin(self, task: str, n_inputs: int, n_outputs: int) -> Architecture:
+        """The built-in perceptron with these settings' widths and dropout."""
+        return Architecture(task, n_inputs, n_outputs, BUILTIN,
+                            {"hidden_units": list(self.hidden_units), "dropout": self.dropout})
+
 
 @dataclass(frozen=True)
 class LoaderSettings:
@@ -64,7 +69,7 @@ class LoaderSettings:
 
 @dataclass
 class TrainResult:
-    model: FraudNet
+    model: TaskModel
     precision: str
     device: str
     loader: LoaderSettings
@@ -170,32 +175,71 @@ def _atomic_save(obj: dict, path: Path) -> None:
 
 @dataclass(frozen=True)
 class Distillation:
-    """Learn from a teacher's softened probabilities as well as the labels."""
+    """Learn from a teacher's softened outputs as well as the labels."""
 
-    teacher: FraudNet
+    teacher: TaskModel
     temperature: float
     alpha: float
+
+
+def task_loss(task: str, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy on one logit, cross-entropy over the classes, or
+    mean squared error on the standardised label."""
+    if task == "multiclass":
+        return nn.functional.cross_entropy(logits, y)
+    if task == "binary":
+        return nn.functional.binary_cross_entropy_with_logits(logits[:, 0], y)
+    return nn.functional.mse_loss(logits[:, 0], y)
+
+
+def soft_loss(task: str, logits: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+    """The student's loss against the teacher's raw scores at temperature t.
+    Hinton et al.: scaled by t^2 so its gradients keep their size as t grows."""
+    if task == "binary":
+        soft = torch.sigmoid(teacher / t)
+        return nn.functional.binary_cross_entropy_with_logits(logits / t, soft) * t * t
+    if task == "multiclass":
+        return nn.functional.kl_div(torch.log_softmax(logits / t, -1), torch.softmax(teacher / t, -1),
+                                    reduction="batchmean") * t * t
+    return nn.functional.mse_loss(logits, teacher)
+
+
+def targets(task: str, y: np.ndarray, model: TaskModel | None = None) -> torch.Tensor:
+    """The label as the loss wants it: class indices, 0/1 floats, or the
+    value standardised with the model's target statistics."""
+    if task == "multiclass":
+        return torch.as_tensor(y, dtype=torch.int64)
+    t = torch.as_tensor(y, dtype=torch.float32)
+    if task == "regression" and model is not None:
+        t = (t - model.target_mean) / model.target_scale
+    return t
 
 
 def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_val: np.ndarray | None,
           settings: TrainSettings, *, gpus: int = 0, checkpoint_dir: Path | None = None,
           loader: LoaderSettings | None = None, progress: Callable[[dict], None] | None = None,
-          rank: int = 0, world: int = 1, precision: str | None = None, model: FraudNet | None = None,
-          distillation: Distillation | None = None) -> TrainResult:
-    """Train a FraudNet; resumes from checkpoint_dir when it holds a
-    checkpoint of the same settings and data size. precision forces fp32,
-    fp16 or bf16 instead of the device's best; model fine-tunes an existing
-    network instead of a fresh one; distillation adds a teacher's soft targets."""
+          rank: int = 0, world: int = 1, precision: str | None = None, model: TaskModel | None = None,
+          distillation: Distillation | None = None, architecture: Architecture | None = None) -> TrainResult:
+    """Train a network; resumes from checkpoint_dir when it holds a checkpoint
+    of the same settings, architecture and data size. architecture is the
+    network to build (default: the built-in perceptron of a binary task);
+    precision forces fp32, fp16 or bf16 instead of the device's best; model
+    fine-tunes an existing network instead of a fresh one; distillation adds
+    a teacher's soft targets."""
     seed_everything(settings.seed)
     device = pick_device(gpus)
     precision = precision or pick_precision(device)
     loader_settings = loader or tuned_loader_settings(device)
     x = torch.as_tensor(x_train, dtype=torch.float32)
-    y = torch.as_tensor(y_train, dtype=torch.float32)
     if model is None:
-        model = build_model(x.shape[1], list(settings.hidden_units), settings.dropout,
-                            settings.activation_checkpointing)
+        architecture = architecture or settings.builtin("binary", x.shape[1], 1)
+        model = build_model(architecture, settings.activation_checkpointing)
         model.set_normalisation(x.mean(0), x.std(0))
+        if architecture.task == "regression":
+            y64 = np.asarray(y_train, dtype=np.float64)
+            model.set_target_normalisation(float(y64.mean()), float(y64.std()))
+    task = model.task
+    y = targets(task, y_train, model)
     model.to(device)
     teacher = distillation.teacher.to(device).eval() if distillation else None
     net: nn.Module = model
@@ -203,14 +247,13 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(net.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    criterion = nn.BCEWithLogitsLoss()
     data, sampler = make_loader(x, y, settings.batch_size, loader_settings, settings.seed, rank, world)
 
-    identity = f"{settings.key()}|{len(y)}|{world}"
+    identity = f"{settings.key()}|{json.dumps(asdict(model.architecture), sort_keys=True)}|{len(y)}|{world}"
     start_epoch, history = 0, []
     ckpt = checkpoint_dir / f"rank{rank}.pt" if checkpoint_dir else None
     if ckpt and ckpt.exists():
-        saved = torch.load(ckpt, map_location=device, weights_only=False)
+        saved = torch.load(ckpt, map_location=device, weights_only=True)
         if saved.get("identity") == identity:
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
@@ -236,14 +279,11 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
             with sync:
                 with autocast:
                     logits = (net.module.logits(xb) if world > 1 else net.logits(xb)).float()
-                    loss = criterion(logits, yb)
+                    loss = task_loss(task, logits, yb)
                     if teacher is not None:
-                        t = distillation.temperature
                         with torch.no_grad():
-                            soft = torch.sigmoid(teacher.logits(xb).float() / t)
-                        # Hinton et al.: the soft loss is scaled by T^2 so its
-                        # gradients keep their size as T grows.
-                        distill = nn.functional.binary_cross_entropy_with_logits(logits / t, soft) * t * t
+                            taught = teacher.logits(xb).float()
+                        distill = soft_loss(task, logits, taught, distillation.temperature)
                         loss = distillation.alpha * distill + (1 - distillation.alpha) * loss
                     loss = loss / accumulate
                 scaler.scale(loss).backward()
@@ -261,7 +301,7 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
         record = {"epoch": epoch + 1, "loss": total_loss / max(steps, 1),
                   "samples_per_second": len(sampler) / elapsed if elapsed else 0.0}
         if x_val is not None and rank == 0:
-            record["val_auc"] = auc(model, x_val, y_val)
+            record[f"val_{PRIMARY[task]}"] = validation_score(model, x_val, y_val)
         history.append(record)
         if ckpt:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -277,35 +317,40 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
 
 @torch.no_grad()
 def predict(model: nn.Module, x: np.ndarray, batch: int = 8192) -> np.ndarray:
+    """The model's outputs: one score or value per row ([n]) for binary and
+    regression, a probability per class ([n, C]) for multiclass."""
     model.eval()
     tensor = torch.as_tensor(x, dtype=torch.float32)
-    return torch.cat([model(tensor[i:i + batch]) for i in range(0, len(tensor), batch)]).numpy()
+    out = torch.cat([model(tensor[i:i + batch]) for i in range(0, len(tensor), batch)]).numpy()
+    return out if out.ndim == 2 and out.shape[1] > 1 else out.reshape(-1)
 
 
-def auc(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
-    y = np.asarray(y)
-    if len(np.unique(y)) < 2:
-        return float("nan")
-    return float(roc_auc_score(y, predict(model, x)))
+def validation_score(model: TaskModel, x: np.ndarray, y: np.ndarray) -> float:
+    """The task's primary metric on validation rows."""
+    from kubeloop.components.evaluation import evaluate
+
+    return evaluate(model.task, np.asarray(y), predict(model, x))[PRIMARY[model.task]]
 
 
 # -- distributed ------------------------------------------------------------
 
 def train_distributed(x_train: np.ndarray, y_train: np.ndarray, settings: TrainSettings, processes: int,
-                      workdir: Path, gpus: int = 0) -> TrainResult:
+                      workdir: Path, gpus: int = 0, architecture: Architecture | None = None) -> TrainResult:
     """Train with DistributedDataParallel in `processes` torchrun workers
     (gloo on CPU, nccl on GPU); rank 0's weights are the result."""
     workdir.mkdir(parents=True, exist_ok=True)
     np.save(workdir / "x.npy", x_train)
     np.save(workdir / "y.npy", y_train)
-    (workdir / "settings.json").write_text(json.dumps({**asdict(settings), "gpus": gpus}))
+    architecture = architecture or settings.builtin("binary", x_train.shape[1], 1)
+    (workdir / "settings.json").write_text(json.dumps({**asdict(settings), "gpus": gpus,
+                                                       "architecture": asdict(architecture)}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
            "-m", "kubeloop.components.training", str(workdir)]
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if result.returncode != 0:
         raise RuntimeError(f"torchrun with {processes} processes failed:\n{result.stderr[-4000:]}")
-    out = torch.load(workdir / "result.pt", weights_only=False)
-    model = build_model(x_train.shape[1], list(settings.hidden_units), settings.dropout)
+    out = torch.load(workdir / "result.pt", weights_only=True)
+    model = build_model(architecture)
     model.load_state_dict(out["model"])
     model.eval()
     return TrainResult(model, out["precision"], out["device"], LoaderSettings(**out["loader"]), out["history"],
@@ -313,7 +358,7 @@ def train_distributed(x_train: np.ndarray, y_train: np.ndarray, settings: TrainS
 
 
 def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
-               checkpoint_dir: Path | None) -> TrainResult | None:
+               checkpoint_dir: Path | None, architecture: Architecture | None = None) -> TrainResult | None:
     """One rank of a DDP run started by torchrun (RANK, WORLD_SIZE and
     LOCAL_RANK in the environment); rank 0 returns the result."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -322,7 +367,8 @@ def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
-        result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=checkpoint_dir, rank=rank, world=world)
+        result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=checkpoint_dir, rank=rank, world=world,
+                       architecture=architecture)
         result.samples_per_second *= world
         return result if rank == 0 else None
     finally:
@@ -333,9 +379,10 @@ def _worker(workdir: Path) -> None:
     """torchrun entry point of train_distributed."""
     raw = json.loads((workdir / "settings.json").read_text())
     gpus = raw.pop("gpus")
+    architecture = Architecture(**raw.pop("architecture"))
     settings = TrainSettings(**{**raw, "hidden_units": tuple(raw["hidden_units"])})
     result = train_rank(np.load(workdir / "x.npy"), np.load(workdir / "y.npy"), settings, gpus,
-                        workdir / "checkpoints")
+                        workdir / "checkpoints", architecture)
     if result is not None:
         _atomic_save({"model": result.model.state_dict(), "precision": result.precision,
                       "device": result.device, "loader": asdict(result.loader), "history": result.history,

@@ -10,13 +10,14 @@ from typing import Callable
 import numpy as np
 import optuna
 
+from kubeloop.api.tasks import LOWER_IS_BETTER
 from kubeloop.api.training import Hyperparameters, TrainingJobSpec
+from kubeloop.components.data import DatasetInfo
 from kubeloop.components.evaluation import evaluate
 from kubeloop.components.training import TrainSettings, predict, train
 
 log = logging.getLogger(__name__)
 INTEGER = {"batchSize", "epochs", "gradientAccumulationSteps"}
-DIRECTION = {"auc": "maximize", "average_precision": "maximize", "log_loss": "minimize"}
 TrialCallback = Callable[[int, dict, float], None]
 
 
@@ -45,18 +46,22 @@ def with_overrides(hp: Hyperparameters, overrides: dict) -> Hyperparameters:
     return Hyperparameters.model_validate({**hp.to_wire(), **overrides})
 
 
-def tune(x: np.ndarray, y: np.ndarray, spec: TrainingJobSpec, on_trial: TrialCallback | None = None
-         ) -> tuple[Hyperparameters, list[dict]]:
-    """The best hyper-parameters of spec.tuning.trials trials, and every trial."""
+def tune(x: np.ndarray, y: np.ndarray, spec: TrainingJobSpec, info: DatasetInfo,
+         on_trial: TrialCallback | None = None) -> tuple[Hyperparameters, list[dict]]:
+    """The best hyper-parameters of spec.tuning.trials trials, and every trial
+    (each trial's network is the job's architecture with the trial's settings)."""
+    from kubeloop.components.steps import architecture_for, evaluation_options
+
     cut = int(len(y) * 0.8)
-    metric = spec.tuning.metric
+    metric = spec.tuning_metric
     trials: list[dict] = []
 
     def objective(trial: optuna.Trial) -> float:
         overrides = {name: _suggest(trial, name, dim) for name, dim in spec.tuning.parameters.items()}
         hp = with_overrides(spec.hyperparameters, overrides)
-        result = train(x[:cut], y[:cut], None, None, TrainSettings.from_spec(hp, spec.seed))
-        score = evaluate(y[cut:], predict(result.model, x[cut:]), spec.evaluation.threshold)[metric]
+        result = train(x[:cut], y[:cut], None, None, TrainSettings.from_spec(hp, spec.seed),
+                       architecture=architecture_for(spec, info, hp))
+        score = evaluate(info.task, y[cut:], predict(result.model, x[cut:]), **evaluation_options(spec, info))[metric]
         trials.append({"number": trial.number, "params": overrides, metric: score})
         if on_trial:
             on_trial(trial.number, overrides, score)
@@ -64,7 +69,8 @@ def tune(x: np.ndarray, y: np.ndarray, spec: TrainingJobSpec, on_trial: TrialCal
         return score
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction=DIRECTION[metric], sampler=_sampler(spec))
+    study = optuna.create_study(direction="minimize" if metric in LOWER_IS_BETTER else "maximize",
+                                sampler=_sampler(spec))
     study.optimize(objective, n_trials=spec.tuning.trials)
     best = {k: (int(v) if k in INTEGER else v) for k, v in study.best_params.items()}
     return with_overrides(spec.hyperparameters, best), trials

@@ -1,16 +1,21 @@
-"""Faster variants of a trained FraudNet, one per technique.
+"""Faster variants of a trained network, one per technique.
 
 Each variant runs in the runtime the technique belongs to (torch eager,
 onnxruntime, or torch.compile), so the benchmark measures what the technique
 really buys. A variant that can be exported to ONNX can be served by Triton
 (onnxruntime backend, or the python backend running onnxruntime).
+
+Most techniques work on any module (quantisation, ONNX, unstructured
+pruning, compilation); those that rebuild the architecture (structured
+pruning, distillation into a narrower student) need the built-in perceptron
+and say so for a user's module instead of guessing at its layers.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -19,7 +24,7 @@ import torch
 from torch import nn
 
 from kubeloop.api.optimization import OptimizedModelSpec
-from kubeloop.components.model import FraudNet, build_model, export_onnx, export_torchscript
+from kubeloop.components.model import MLP, TaskModel, build_model, export_onnx, export_torchscript
 from kubeloop.components.training import Distillation, TrainSettings, train
 
 log = logging.getLogger(__name__)
@@ -32,7 +37,7 @@ class NotBuilt(Exception):
 
 @dataclass
 class BuildContext:
-    source: FraudNet
+    source: TaskModel
     x_train: np.ndarray
     y_train: np.ndarray
     spec: OptimizedModelSpec
@@ -58,13 +63,18 @@ class Variant:
     module: nn.Module | None = None
 
 
+def rows(out: np.ndarray) -> np.ndarray:
+    """One number per row ([n]) for single-output models, [n, C] otherwise."""
+    return out.reshape(len(out), -1) if out.ndim == 2 and out.shape[1] > 1 else out.reshape(-1)
+
+
 def torch_predict(model: nn.Module, device: torch.device, dtype: torch.dtype = torch.float32) -> Predict:
     model = model.eval()
 
     def predict(x: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             out = model(torch.from_numpy(x).to(device=device, dtype=dtype))
-            return out.float().cpu().numpy()
+            return rows(out.float().cpu().numpy())
 
     return predict
 
@@ -85,33 +95,48 @@ def ort_session(path: Path, device: torch.device, optimized: Path | None = None)
 
 def ort_predict(session) -> Predict:  # noqa: ANN001 - onnxruntime.InferenceSession
     def predict(x: np.ndarray) -> np.ndarray:
-        return session.run(None, {"features": x.astype(np.float32, copy=False)})[0].reshape(-1)
+        return rows(session.run(None, {"features": x.astype(np.float32, copy=False)})[0])
 
     return predict
 
 
-def _onnx_of(model: FraudNet, ctx: BuildContext, name: str) -> Path:
-    return export_onnx(copy.deepcopy(model).cpu().float(), ctx.n_features, ctx.workdir / f"{name}.onnx")
+def _onnx_of(model: TaskModel, ctx: BuildContext, name: str) -> Path:
+    return export_onnx(copy.deepcopy(model).cpu().float(), ctx.workdir / f"{name}.onnx")
 
 
-def _torch_variant(technique: str, model: FraudNet, ctx: BuildContext, note: str = "") -> Variant:
+def _torch_variant(technique: str, model: TaskModel, ctx: BuildContext, note: str = "") -> Variant:
     model = model.to(ctx.device).eval()
     artifact = export_torchscript(copy.deepcopy(model).cpu(), ctx.n_features, ctx.workdir / f"{technique}.pt")
     return Variant(technique, "torch", torch_predict(model, ctx.device), artifact,
                    onnx=_onnx_of(model, ctx, technique), note=note, module=model)
 
 
-def _finetune_settings(ctx: BuildContext, epochs: int, widths: list[int]) -> TrainSettings:
-    return TrainSettings(epochs=max(1, epochs), batch_size=512, learning_rate=1e-3, hidden_units=tuple(widths),
-                         dropout=_dropout(ctx.source), seed=ctx.seed)
+def _finetune_settings(ctx: BuildContext, epochs: int) -> TrainSettings:
+    return TrainSettings(epochs=max(1, epochs), batch_size=512, learning_rate=1e-3, seed=ctx.seed)
 
 
-def _dropout(model: FraudNet) -> float:
-    return next(m.p for m in model.modules() if isinstance(m, nn.Dropout))
+def _mlp(ctx: BuildContext, technique: str) -> MLP:
+    """The source's built-in perceptron; a user's module cannot be rebuilt narrower."""
+    if not isinstance(ctx.source.body, MLP):
+        raise NotBuilt(f"not applicable: {technique} rebuilds the built-in perceptron's layers, and this model "
+                       f"is a user module ({ctx.source.architecture.factory})")
+    return ctx.source.body
 
 
-def _widths(model: FraudNet) -> list[int]:
-    return [block[0].out_features for block in model.blocks]
+def _narrower(ctx: BuildContext, widths: list[int]) -> TaskModel:
+    """A fresh perceptron of the source's task and inputs with other widths,
+    the source's standardisation copied."""
+    body = _mlp(ctx, "a narrower network")
+    dropout = next((m.p for m in body.modules() if isinstance(m, nn.Dropout)), 0.0)
+    arch = ctx.source.architecture
+    model = build_model(replace(arch, parameters={"hidden_units": widths, "dropout": dropout}))
+    model.load_state_dict({k: v for k, v in ctx.source.state_dict().items() if not k.startswith("body.")},
+                          strict=False)
+    return model
+
+
+def _widths(body: MLP) -> list[int]:
+    return [block[0].out_features for block in body.blocks]
 
 
 # -- techniques -------------------------------------------------------------
@@ -184,38 +209,38 @@ def structured_pruning(ctx: BuildContext) -> Variant:
     """Remove the hidden units with the smallest weights (the layers really
     shrink), then fine-tune."""
     sparsity = ctx.spec.pruning.sparsity
-    src = ctx.source
+    src = _mlp(ctx, "structured-pruning")
     widths = _widths(src)
     keep = [max(1, int(round(w * (1 - sparsity)))) for w in widths]
-    pruned = build_model(ctx.n_features, keep, _dropout(src))
-    pruned.mean.copy_(src.mean)
-    pruned.scale.copy_(src.scale)
+    pruned = _narrower(ctx, keep)
     previous = torch.arange(ctx.n_features)
     with torch.no_grad():
-        for i, (block, new) in enumerate(zip(src.blocks, pruned.blocks, strict=True)):
+        for i, (block, new) in enumerate(zip(src.blocks, pruned.body.blocks, strict=True)):
             weight, bias = block[0].weight[:, previous], block[0].bias
             chosen = torch.argsort(weight.norm(dim=1), descending=True)[: keep[i]].sort().values
             new[0].weight.copy_(weight[chosen])
             new[0].bias.copy_(bias[chosen])
             previous = chosen
-        pruned.head.weight.copy_(src.head.weight[:, previous])
-        pruned.head.bias.copy_(src.head.bias)
-    tuned = train(ctx.x_train, ctx.y_train, None, None,
-                  _finetune_settings(ctx, ctx.spec.pruning.finetune_epochs, keep), model=pruned).model
+        pruned.body.head.weight.copy_(src.head.weight[:, previous])
+        pruned.body.head.bias.copy_(src.head.bias)
+    tuned = train(ctx.x_train, ctx.y_train, None, None, _finetune_settings(ctx, ctx.spec.pruning.finetune_epochs),
+                  model=pruned).model
     return _torch_variant("structured-pruning", tuned, ctx, f"widths {widths} -> {keep}")
 
 
 def unstructured_pruning(ctx: BuildContext) -> Variant:
-    """Zero the smallest weights across layers (L1), fine-tune with the masks
-    held, make them permanent. Dense kernels gain no speed from zeros: the
-    sparsity is reported, the latency is what it is."""
+    """Zero the smallest weights across every linear layer (L1), fine-tune
+    with the masks held, make them permanent. Dense kernels gain no speed
+    from zeros: the sparsity is reported, the latency is what it is."""
     from torch.nn.utils import prune
 
     model = copy.deepcopy(ctx.source)
-    layers = [(block[0], "weight") for block in model.blocks] + [(model.head, "weight")]
+    layers = [(m, "weight") for m in model.body.modules() if isinstance(m, nn.Linear)]
+    if not layers:
+        raise NotBuilt("not applicable: the model has no linear layers to prune")
     prune.global_unstructured(layers, pruning_method=prune.L1Unstructured, amount=ctx.spec.pruning.sparsity)
-    model = train(ctx.x_train, ctx.y_train, None, None,
-                  _finetune_settings(ctx, ctx.spec.pruning.finetune_epochs, _widths(model)), model=model).model
+    model = train(ctx.x_train, ctx.y_train, None, None, _finetune_settings(ctx, ctx.spec.pruning.finetune_epochs),
+                  model=model).model
     for module, name in layers:
         prune.remove(module, name)
     zeros = sum(int((m.weight == 0).sum()) for m, _ in layers)
@@ -224,15 +249,12 @@ def unstructured_pruning(ctx: BuildContext) -> Variant:
 
 
 def distillation(ctx: BuildContext) -> Variant:
-    """A narrower student trained on the teacher's softened probabilities and the labels."""
+    """A narrower student trained on the teacher's softened outputs and the labels."""
     settings = ctx.spec.distillation
-    widths = [max(2, int(round(w * settings.width_ratio))) for w in _widths(ctx.source)]
-    student = build_model(ctx.n_features, widths, _dropout(ctx.source))
-    student.mean.copy_(ctx.source.mean)
-    student.scale.copy_(ctx.source.scale)
+    widths = [max(2, int(round(w * settings.width_ratio))) for w in _widths(_mlp(ctx, "distillation"))]
+    student = _narrower(ctx, widths)
     result = train(ctx.x_train, ctx.y_train, None, None,
-                   TrainSettings(epochs=settings.epochs, batch_size=512, learning_rate=3e-3,
-                                 hidden_units=tuple(widths), dropout=_dropout(ctx.source), seed=ctx.seed),
+                   TrainSettings(epochs=settings.epochs, batch_size=512, learning_rate=3e-3, seed=ctx.seed),
                    model=student, distillation=Distillation(ctx.source, settings.temperature, settings.alpha))
     return _torch_variant("distillation", result.model, ctx,
                           f"student {widths}, T={settings.temperature}, alpha={settings.alpha}")
@@ -271,8 +293,7 @@ def sparsity_2to4(ctx: BuildContext) -> Variant:
 
     model = copy.deepcopy(ctx.source).to(ctx.device, torch.float16).eval()
     try:
-        for block in model.blocks:
-            linear = block[0]
+        for linear in [m for m in model.body.modules() if isinstance(m, nn.Linear)][:-1]:
             w = linear.weight.detach()
             groups = w.reshape(-1, 4)
             mask = torch.zeros_like(groups, dtype=torch.bool)

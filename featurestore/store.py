@@ -1,13 +1,22 @@
-"""Drive Feast through its Python API: create a repository, apply the
-definitions, materialise to the online store, and read point-in-time
-correct training data without losing rows silently."""
+"""Drive Feast through its Python API: open any team's feature store, read
+point-in-time correct training data without losing rows silently, and (for
+the demo's own repository only) create, apply and materialise.
+
+A store is named by a StoreLocation: a repository folder (the operator's
+default store) or the text of a `feature_store.yaml`, the form Feast's own
+operator publishes to clients (for example the client ConfigMap of a Feast
+FeatureStore). kubeloop only reads a user's store: it never applies
+definitions to it or writes into it.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,8 +26,61 @@ from kubeloop.featurestore.generate import Scenario, default_start, write
 
 log = logging.getLogger(__name__)
 TEMPLATE = Path(__file__).with_name("feature_store.yaml")
-ENTITY_KEYS = ("card_id", "merchant_id")
-REQUEST_COLUMNS = ("amount", "hour", "channel")
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where a Feast store is: a repository folder, or feature_store.yaml text
+    (its paths absolute, or remote stores)."""
+
+    path: str | None = None
+    config: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.config is None):
+            raise ValueError("a feature store location is a repository path or a feature_store.yaml text, not both")
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "StoreLocation":
+        return cls(**json.loads(text))
+
+    @classmethod
+    def resolve(cls, named: str, default_repo: str) -> "StoreLocation":
+        """The store a pipeline step reads: the job's own (StoreLocation JSON)
+        when it names one, else the operator's default repository."""
+        if named:
+            return cls.from_json(named)
+        if not default_repo:
+            raise ValueError("spec.features.store names no feature store and the operator has no default "
+                             "(KUBELOOP_FEAST_REPO): name a store's feature_store.yaml ConfigMap")
+        return cls(path=default_repo)
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256((self.config or self.path or "").encode()).hexdigest()[:12]
+
+
+def open_store(location: StoreLocation | Path | str):  # noqa: ANN201 - feast.FeatureStore (slow import)
+    """A FeatureStore for the location. feature_store.yaml text is written
+    into a private folder of this process (keyed by its content) that Feast
+    treats as the repository: nothing is written where the store lives."""
+    from feast import FeatureStore
+
+    if not isinstance(location, StoreLocation):
+        location = StoreLocation(path=str(location))
+    if location.path is not None:
+        return FeatureStore(repo_path=location.path)
+    folder = Path(tempfile.gettempdir()) / f"kubeloop-feast-{location.fingerprint}"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "feature_store.yaml"
+    if not target.exists() or target.read_text() != location.config:
+        tmp = folder / f".feature_store.{id(location)}.yaml"
+        tmp.write_text(location.config)
+        tmp.replace(target)
+    return FeatureStore(repo_path=str(folder))
 
 
 def create_repository(directory: Path, scenario: Scenario | None = None) -> Path:
@@ -30,17 +92,11 @@ def create_repository(directory: Path, scenario: Scenario | None = None) -> Path
     return directory
 
 
-def feature_store(repo: Path):  # noqa: ANN201 - feast.FeatureStore, imported lazily (slow import)
-    from feast import FeatureStore
-
-    return FeatureStore(repo_path=str(repo))
-
-
 def apply(repo: Path) -> list[str]:
     """Register entities, sources and feature views in the repository's registry."""
     from kubeloop.featurestore import definitions
 
-    store = feature_store(repo)
+    store = open_store(repo)
     objects = [*definitions.ENTITIES, *definitions.DATA_SOURCES, *definitions.FEATURE_VIEWS,
                *definitions.ON_DEMAND_FEATURE_VIEWS]
     store.apply(objects)
@@ -50,7 +106,7 @@ def apply(repo: Path) -> list[str]:
 def materialize(repo: Path, end: datetime | None = None) -> datetime:
     """Load the latest feature values into the online store, up to end."""
     end = end or datetime.now(timezone.utc)
-    feature_store(repo).materialize_incremental(end_date=end)
+    open_store(repo).materialize_incremental(end_date=end)
     return end
 
 
@@ -82,6 +138,10 @@ class TrainingData:
     dropped_by_ttl: int
     feature_views: dict[str, str] = field(default_factory=dict)
     """Feature view name -> a fingerprint of its definition (schema, ttl, source)."""
+    entities: list[str] = field(default_factory=list)
+    """The entity join keys of the views."""
+    request_columns: list[str] = field(default_factory=list)
+    """The request-time columns of the on-demand views."""
 
     @property
     def dataset_hash(self) -> str:
@@ -91,32 +151,89 @@ class TrainingData:
         return hashlib.sha256(digest.values.tobytes() + ",".join(columns).encode()).hexdigest()[:16]
 
 
-def training_data(repo: Path, feature_views: list[str], label_source: str, label: str,
+@dataclass(frozen=True)
+class LabelRows:
+    """Where labelled entity rows come from: a data source of the store, or a
+    file the user names, with its label and event-time columns."""
+
+    column: str
+    source: str | None = None
+    path: str | None = None
+    timestamp_column: str | None = None
+
+
+def join_columns(store, views: list) -> tuple[list[str], list[str]]:  # noqa: ANN001 - feast objects
+    """The entity join keys and request-time columns the views need, read off
+    their definitions: feature views' entities, on-demand views' request
+    sources and the feature views they build on."""
+    from feast.on_demand_feature_view import OnDemandFeatureView
+
+    keys: list[str] = []
+    request: list[str] = []
+    for view in views:
+        if isinstance(view, OnDemandFeatureView):
+            request += [f.name for s in view.source_request_sources.values() for f in s.schema]
+            for projection in view.source_feature_view_projections.values():
+                base = store.get_feature_view(projection.name)
+                keys += [projection.join_key_map.get(k, k) for k in base.join_keys]
+        else:
+            keys += view.join_keys
+    return list(dict.fromkeys(keys)), list(dict.fromkeys(request))
+
+
+def _label_frame(store, labels: LabelRows) -> tuple[pd.DataFrame, str, str]:  # noqa: ANN001
+    """The label rows, the timestamp column, and what to call them in errors."""
+    if labels.path:
+        if not labels.timestamp_column:
+            raise ValueError("spec.features.labels.timestampColumn is required with labels.path")
+        return pd.read_parquet(labels.path), labels.timestamp_column, f"label file {labels.path}"
+    from feast import FileSource
+
+    try:
+        source = store.get_data_source(labels.source)
+    except Exception:  # feast raises different types per registry backend
+        known = sorted(s.name for s in store.list_data_sources())
+        raise ValueError(f"spec.features.labels.source '{labels.source}' is not a data source of feature store "
+                         f"project {store.project}; known sources: {', '.join(known)}") from None
+    if not isinstance(source, FileSource):
+        raise ValueError(f"spec.features.labels.source '{labels.source}' is a {type(source).__name__}; kubeloop "
+                         "reads labels from file sources: name a file source or a file in labels.path")
+    path = Path(source.path)
+    if not path.is_absolute() and "://" not in source.path:
+        path = Path(store.repo_path) / path
+    return pd.read_parquet(path), labels.timestamp_column or source.timestamp_field, f"label source {labels.source}"
+
+
+def training_data(location: StoreLocation | Path | str, feature_views: list[str], labels: LabelRows,
                   start: datetime | None = None, end: datetime | None = None) -> TrainingData:
-    """Entity rows from the label source, joined point-in-time with the views.
+    """Entity rows from the label rows, joined point-in-time with the views.
 
     Feast's file offline store drops entity rows whose feature rows are older
     than a view's ttl; the count of those rows is returned, never hidden.
     """
-    store = feature_store(repo)
-    source = store.get_data_source(label_source)
-    path = Path(source.path) if Path(source.path).is_absolute() else repo / source.path
-    rows = pd.read_parquet(path)
-    ts = source.timestamp_field
+    store = open_store(location)
+    views = [_view(store, name) for name in feature_views]
+    keys, request = join_columns(store, views)
+    rows, ts, what = _label_frame(store, labels)
+    missing = [c for c in (labels.column, ts, *keys, *request) if c not in rows.columns]
+    if missing:
+        raise ValueError(
+            f"spec.features.labels: the {what} has no column {', '.join(missing)} (the label column, its event "
+            f"time, and the join keys {keys} and request columns {request} the feature views need); its columns: "
+            f"{', '.join(map(str, rows.columns))}")
     if start is not None:
         rows = rows[rows[ts] >= pd.Timestamp(start)]
     if end is not None:
         rows = rows[rows[ts] < pd.Timestamp(end)]
-    missing = [c for c in (label, *ENTITY_KEYS) if c not in rows.columns]
-    if missing:
-        raise ValueError(f"label source {label_source} has no column {', '.join(missing)}")
-    entity_df = rows[[*ENTITY_KEYS, *REQUEST_COLUMNS, label, ts]].rename(columns={ts: "event_timestamp"})
-
+    if rows.empty:
+        raise ValueError(f"spec.features.window: the {what} has no rows between {start or 'the start'} and "
+                         f"{end or 'now'}; widen the window")
+    entity_df = rows[list(dict.fromkeys([*keys, *request, labels.column, ts]))].rename(
+        columns={ts: "event_timestamp"})
     refs, fingerprints = [], {}
-    for name in feature_views:
-        view = _view(store, name)
-        fingerprints[name] = hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
-        refs += [f"{name}:{f.name}" for f in view.features]
+    for view in views:
+        fingerprints[view.name] = hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
+        refs += [f"{view.name}:{f.name}" for f in view.features]
     frame = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
     dropped = len(entity_df) - len(frame)
     if dropped:
@@ -126,8 +243,8 @@ def training_data(repo: Path, feature_views: list[str], label_source: str, label
     numeric = [c for c in columns if pd.api.types.is_numeric_dtype(frame[c])]
     frame = frame.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
     frame[numeric] = frame[numeric].astype("float64").fillna(0.0)
-    return TrainingData(frame=frame, feature_columns=numeric, label=label, entity_rows=len(entity_df),
-                        dropped_by_ttl=dropped, feature_views=fingerprints)
+    return TrainingData(frame=frame, feature_columns=numeric, label=labels.column, entity_rows=len(entity_df),
+                        dropped_by_ttl=dropped, feature_views=fingerprints, entities=keys, request_columns=request)
 
 
 def _view(store, name: str):  # noqa: ANN001, ANN202 - feast objects
@@ -142,5 +259,5 @@ def _view(store, name: str):  # noqa: ANN001, ANN202 - feast objects
     except Exception:  # feast raises different types per registry backend
         views = sorted(v.name for v in store.list_feature_views()) + sorted(
             v.name for v in store.list_on_demand_feature_views())
-        raise ValueError(f"feature view '{name}' does not exist in project {store.project}; "
+        raise ValueError(f"spec.features.featureViews: '{name}' is not a feature view of project {store.project}; "
                          f"known views: {', '.join(views)}") from None

@@ -78,6 +78,7 @@ def operator_permissions() -> Permissions:
         *_owned(OWNED, ("list", "delete", *APPLY),
                 "serving: the Triton Deployments, Services and HPA an InferenceService owns"),
         Rule("apps", ("deployments",), ("get",), "serving: each Triton Deployment's rollout progress"),
+        Rule("", ("configmaps",), ("get",), "training: the feature_store.yaml a TrainingJob names"),
     )
     cluster = (
         Rule("", ("nodes",), ("list",), "GPU placement: the fleet's GPUs, MIG and MPS slices"),

@@ -30,8 +30,9 @@ def build_training_pipeline(resources: TrainingResources | None = None,
 
     @dsl.pipeline(name=NAME, description=DESCRIPTION)
     def training_pipeline(spec: dict, feast_repo: str, tracking_uri: str, pipeline_run: str, owner: str,
-                          spec_hash: str, git_sha: str = "unknown") -> dict:
-        data = ops.training_data(spec=spec, feast_repo=feast_repo).set_display_name("training data")
+                          spec_hash: str, git_sha: str = "unknown", feature_store: str = "") -> dict:
+        data = ops.training_data(spec=spec, feature_store=feature_store,
+                                 feast_repo=feast_repo).set_display_name("training data")
         common = dict(spec=spec, dataset=data.outputs["dataset"], dataset_info=data.outputs["Output"],
                       tracking_uri=tracking_uri, pipeline_run=pipeline_run, owner=owner, spec_hash=spec_hash,
                       git_sha=git_sha)

@@ -24,10 +24,13 @@ def _labels(ref: ObjectRef) -> dict[str, str]:
             "kubeloop.dev/owner-name": ref.name, "kubeloop.dev/owner-uid": ref.uid}
 
 
-def build_training_run(ref: ObjectRef, spec: TrainingJobSpec, digest: str) -> RunRequest:
+def build_training_run(ref: ObjectRef, spec: TrainingJobSpec, digest: str, feature_store: str = "") -> RunRequest:
+    """feature_store: the job's own store (StoreLocation JSON), empty for the
+    operator's default repository."""
     return RunRequest(
         name=run_name(ref, digest), pipeline="training",
-        arguments={"spec": spec.to_wire(), "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest},
+        arguments={"spec": spec.to_wire(), "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest,
+                   "feature_store": feature_store},
         labels=_labels(ref),
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kubeloop.api.base import RegisteredModel
 from kubeloop.api.optimization import ChosenVariant, OptimizedModelSpec, OptimizedModelStatus, Variant
 from kubeloop.api.refs import ObjectRef
+from kubeloop.api.tasks import METRICS, produces
 from kubeloop.gpu.catalog import gpu_model
 from kubeloop.operator.builders.pipelines import build_optimization_run, spec_hash
 from kubeloop.operator.conditions import Observation
@@ -13,6 +14,7 @@ from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish, follow_run
 from kubeloop.operator.reconcilers.promotion import REGISTRY_UNAVAILABLE, promote_when_gated
 from kubeloop.registry.base import RegistryUnavailable
+from kubeloop.registry.tags import TASK
 
 KIND = "OptimizedModel"
 
@@ -46,6 +48,15 @@ def unsupported_techniques(spec: OptimizedModelSpec, tensorrt: bool = False) -> 
     return problems
 
 
+def metric_problems(spec: OptimizedModelSpec, task: str) -> list[str]:
+    """Metrics the spec names that the source's task does not produce (pure)."""
+    named = [("accuracyBudget.metric", spec.accuracy_budget.metric)] + [
+        (f"promotion.gates.metrics[{i}].metric", g.metric)
+        for i, g in enumerate(spec.promotion.gates.metrics if spec.promotion else [])]
+    return [f"spec.{path} '{metric}' is not a metric of the source's task {task}; use one of "
+            f"{', '.join(METRICS[task])}" for path, metric in named if metric and not produces(task, metric)]
+
+
 def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: OptimizedModelStatus,
                               ports: Ports, attempt: int = 0) -> Outcome[OptimizedModelStatus]:
     backend_name = spec.backend or ports.default_pipeline_backend
@@ -66,6 +77,12 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         return Outcome(new)
     observations = [Observation("SourceResolved", "True", "Resolved",
                                 f"{spec.source.uri} is version {source.version}")]
+    task = source.tags.get(TASK, "binary")
+    invalid = metric_problems(spec, task)
+    if invalid:
+        observations.append(Observation("TechniquesSupported", "False", "InvalidSpec", "; ".join(invalid)))
+        return Outcome(finish(status, observations, ref.generation, required, phase="Failed",
+                              source_version=source.version))
     problems = unsupported_techniques(spec, ports.tensorrt)
     if problems:
         observations.append(Observation("TechniquesSupported", "False", "UnsupportedTechnique",

@@ -7,15 +7,17 @@ import json
 from dataclasses import asdict
 
 from kubeloop.api.promotion import PromotionPolicy, alias_for
+from kubeloop.api.tasks import PRIMARY
 from kubeloop.operator.conditions import Observation
 from kubeloop.registry.base import ModelRegistry, RegistryUnavailable
 from kubeloop.registry.promotion import GateResult, Verdict, check_gates, promote
+from kubeloop.registry.tags import TASK
 
 GATE_TAG = "kubeloop.gate.{alias}"
 REGISTRY_UNAVAILABLE = "RegistryUnavailable"
 
 
-def gate(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, metric: str) -> Verdict:
+def gate(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, metric: str | None) -> Verdict:
     """The gates' verdict for a version, computed once and kept on the version
     (so a failed gate is not re-judged, nor re-recorded, on every reconcile)."""
     alias = alias_for(policy.promote_to or "champion")
@@ -24,6 +26,7 @@ def gate(registry: ModelRegistry, model: str, version: str, policy: PromotionPol
     if recorded:
         data = json.loads(recorded)
         return Verdict(data["passed"], [GateResult(**r) for r in data["results"]])
+    metric = metric or PRIMARY[candidate.tags.get(TASK, "binary")]
     verdict = check_gates(policy.gates, candidate, registry.get_alias(model, alias), metric)
     registry.set_version_tag(model, version, GATE_TAG.format(alias=alias),
                              json.dumps({"passed": verdict.passed, "results": [asdict(r) for r in verdict.results]}))
@@ -31,9 +34,11 @@ def gate(registry: ModelRegistry, model: str, version: str, policy: PromotionPol
 
 
 def promote_when_gated(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, by: str,
-                       metric: str = "auc") -> Observation:
+                       metric: str | None = None) -> Observation:
     """The Promoted condition after moving policy.promote_to to the version
-    if its gates pass (and it is not there already); reason
+    if its gates pass (and it is not there already); metric is what
+    not-worse-than-champion compares (None: the version's task's primary
+    metric). Reason
     REGISTRY_UNAVAILABLE when the registry could not be reached."""
     try:
         return _promote_when_gated(registry, model, version, policy, by, metric)
@@ -42,7 +47,7 @@ def promote_when_gated(registry: ModelRegistry, model: str, version: str, policy
 
 
 def _promote_when_gated(registry: ModelRegistry, model: str, version: str, policy: PromotionPolicy, by: str,
-                        metric: str) -> Observation:
+                        metric: str | None) -> Observation:
     alias = alias_for(policy.promote_to)
     current = registry.get_alias(model, alias)
     if current is not None and current.version == version:

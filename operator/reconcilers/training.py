@@ -3,6 +3,8 @@ report the run, its metrics and the model it registered."""
 
 from __future__ import annotations
 
+import json
+
 from kubeloop.api.base import RegisteredModel
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec, TrainingJobStatus
@@ -17,7 +19,27 @@ KIND = "TrainingJob"
 
 def required_conditions(backend: str) -> list[str]:
     # The no-op backend registers nothing, so there is no model to wait for.
-    return ["RunSubmitted", "RunSucceeded"] + ([] if backend == "noop" else ["ModelRegistered"])
+    return ["FeatureStoreResolved", "RunSubmitted", "RunSucceeded"] + ([] if backend == "noop" else ["ModelRegistered"])
+
+
+def resolve_store(ref: ObjectRef, spec: TrainingJobSpec, ports: Ports) -> tuple[str, Observation]:
+    """The job's feature store as the pipeline reads it (StoreLocation JSON;
+    empty for the operator's default), and the FeatureStoreResolved condition."""
+    named = spec.features.store
+    if named is None:
+        where = ports.feast_repo or "none configured"
+        return "", Observation("FeatureStoreResolved", "True", "DefaultStore", f"the operator's default store ({where})")
+    cm = named.config_map
+    live = ports.objects.get("v1", "ConfigMap", cm.name, ref.namespace) if ports.objects else None
+    text = ((live or {}).get("data") or {}).get(cm.key)
+    if not text:
+        what = "has no key" if live else "does not exist in namespace"
+        detail = f"'{cm.key}'" if live else ref.namespace
+        return "", Observation("FeatureStoreResolved", "False", "FeatureStoreNotFound",
+                               f"spec.features.store.configMap: ConfigMap {cm.name} {what} {detail}; create it "
+                               "(a Feast FeatureStore's client ConfigMap) or fix the name and key")
+    return json.dumps({"config": text}, sort_keys=True), Observation(
+        "FeatureStoreResolved", "True", "ConfigMap", f"feature_store.yaml from ConfigMap {cm.name}/{cm.key}")
 
 
 def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: TrainingJobStatus,
@@ -34,8 +56,13 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
         return Outcome(new)
 
     digest = spec_hash(spec)
+    store, resolved = resolve_store(ref, spec, ports)
+    if resolved.status != "True":
+        # Pending, not Failed: the ConfigMap may be created after the job.
+        new = finish(status, [resolved], ref.generation, required, phase="Pending")
+        return Outcome(new, retry_after=backoff(attempt), retry_reason=resolved.message)
     progress = follow_run(backend, status.run_id, status.spec_hash, digest,
-                          lambda: build_training_run(ref, spec, digest))
+                          lambda: build_training_run(ref, spec, digest, store))
     if progress.unavailable:
         new = finish(status, progress.observations, ref.generation, required)
         return Outcome(new, retry_after=backoff(attempt), retry_reason=progress.unavailable)
@@ -48,7 +75,7 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
         "completed_at": (status.completed_at if same_run and status.completed_at else now())
         if run.finished else None,
     }
-    observations = list(progress.observations)
+    observations = [resolved, *progress.observations]
     if not same_run:
         fields.update(metrics={}, model=None)
     if run.phase == "Succeeded":
@@ -71,7 +98,7 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
     model = fields.get("model")
     if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
         promoted = promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
-                                      by=str(ref), metric=spec.tuning.metric)
+                                      by=str(ref), metric=spec.tuning_metric)
         observations.append(promoted)
         if promoted.reason == REGISTRY_UNAVAILABLE:
             new = finish(status, observations, ref.generation, required, phase=phase, **fields)

@@ -52,11 +52,15 @@ class OptimizationTarget(KubeModel):
 class AccuracyBudget(KubeModel):
     """How much accuracy a variant may lose."""
 
-    metric: Literal["auc", "average_precision", "accuracy"] = "auc"
-    """The held-out metric compared against the source model."""
-    max_drop: float = Field(default=0.01, ge=0, le=1)
-    """The largest acceptable drop (source minus variant). 0 accepts only variants
-    whose predictions match the source's (to 1e-4), such as a graph compiler's."""
+    metric: str | None = Field(default=None, min_length=1, max_length=64)
+    """The held-out metric compared against the source model; it must be one the
+    source's task produces (binary auc, multiclass accuracy, regression rmse, ...).
+    Omitted means the task's primary metric (auc, macro_f1, rmse)."""
+    max_drop: float = Field(default=0.01, ge=0)
+    """The largest acceptable loss in that metric, in its own direction (a fall in
+    AUC, a rise in RMSE). 0 accepts only variants whose outputs match the
+    source's (to 1e-4; for regression, 1e-4 of the outputs' spread), such as a
+    graph compiler's."""
 
 
 class LatencySLO(KubeModel):

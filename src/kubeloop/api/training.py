@@ -3,7 +3,7 @@ register it in the model registry."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -11,20 +11,56 @@ from kubeloop.api.base import BaseStatus, KubeModel, RegisteredModel
 from kubeloop.api.gpu import GPURequest
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.schema import cel, cel_list
+from kubeloop.api.tasks import PRIMARY, Task, cel_metric_rule
 
 TrainingPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 PipelineBackendName = Literal["local", "kfp", "noop"]
 
 
 class LabelSource(KubeModel):
-    """Where the labelled entity rows come from."""
+    """Where the labelled entity rows come from: a data source of the feature
+    store, or a file. Besides the label they hold the event time, the entity
+    join keys of the feature views and the request columns of the on-demand
+    views."""
 
-    source: str = Field(default="transactions", min_length=1, max_length=128)
-    """A data source of the feature repository that holds entity keys, event
-    timestamps and the label; its rows are the entity rows of the point-in-time
-    join."""
-    column: str = Field(default="is_fraud", min_length=1, max_length=128)
-    """The label column (binary: 0 or 1)."""
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("has(self.source) != has(self.path)", "give either source (a data source of the feature store) "
+             "or path (a Parquet file), not both", "source"),
+            ("!has(self.path) || has(self.timestampColumn)", "timestampColumn is required with path",
+             "timestampColumn"),
+        )
+    )
+
+    source: str | None = Field(default=None, min_length=1, max_length=128)
+    """A file data source of the feature store whose rows are the entity rows of
+    the point-in-time join (for example transactions)."""
+    path: str | None = Field(default=None, min_length=1, max_length=1024)
+    """Instead of source: a Parquet file (path or fsspec URL) of labelled rows,
+    read where the pipeline runs."""
+    column: str = Field(min_length=1, max_length=128)
+    """The label column: 0/1 for binary, class values for multiclass, numbers
+    for regression."""
+    timestamp_column: str | None = Field(default=None, min_length=1, max_length=128)
+    """The event-time column; omitted means the data source's timestamp field."""
+
+
+class ConfigMapKey(KubeModel):
+    """A key of a ConfigMap in the object's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """The ConfigMap's name."""
+    key: str = Field(default="feature_store.yaml", min_length=1, max_length=253)
+    """The key that holds the file."""
+
+
+class FeatureStoreRef(KubeModel):
+    """A Feast feature store, as Feast's operator publishes it to clients."""
+
+    config_map: ConfigMapKey
+    """A ConfigMap holding the store's feature_store.yaml (for example the client
+    ConfigMap of a Feast FeatureStore). Its paths must be absolute, or its
+    stores remote: the file is read where the pipeline runs."""
 
 
 class TimeWindow(KubeModel):
@@ -40,12 +76,13 @@ class FeatureSelection(KubeModel):
     """The training data: Feast feature views joined point-in-time onto labelled
     entity rows."""
 
-    project: str | None = Field(default=None, max_length=128)
-    """The Feast project; omitted means the operator's configured repository."""
+    store: FeatureStoreRef | None = None
+    """The feature store to read; omitted means the operator's default store
+    (KUBELOOP_FEAST_REPO). kubeloop only reads it: nothing is applied to it."""
     feature_views: list[str] = Field(min_length=1, max_length=32)
     """Feature views (or on-demand feature views) whose features the model uses,
     for example [card_stats, merchant_risk]."""
-    labels: LabelSource = Field(default_factory=LabelSource)
+    labels: LabelSource
     """The entity rows and the label."""
     window: TimeWindow = Field(default_factory=TimeWindow)
     """Which entity rows to train and evaluate on, by event time."""
@@ -63,13 +100,33 @@ class Hyperparameters(KubeModel):
     weight_decay: float = Field(default=1e-4, ge=0, le=1)
     """AdamW weight decay."""
     hidden_units: list[int] = Field(default_factory=lambda: [64, 32], min_length=1, max_length=8)
-    """Widths of the hidden layers of the multi-layer perceptron."""
+    """Widths of the hidden layers of the built-in multi-layer perceptron (not
+    used with spec.model)."""
     dropout: float = Field(default=0.1, ge=0, lt=1)
-    """Dropout probability after each hidden layer."""
+    """Dropout probability after each hidden layer of the built-in perceptron
+    (not used with spec.model)."""
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
     """Micro-batches whose gradients are summed before one optimiser step."""
     activation_checkpointing: bool = False
-    """Recompute hidden activations in the backward pass to save memory."""
+    """Recompute hidden activations in the backward pass to save memory (the
+    built-in perceptron; a user module applies it to each of its children)."""
+
+
+class ModelFactory(KubeModel):
+    """A PyTorch module of the user's, instead of the built-in perceptron."""
+
+    factory: str = Field(min_length=3, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+    """package.module:function. kubeloop calls function(n_inputs, n_outputs,
+    **parameters) and expects a torch.nn.Module that maps a standardised float
+    batch [B, n_inputs] to raw scores [B, n_outputs] (logits for classification,
+    a standardised value for regression); kubeloop adds the standardisation in
+    front and the task's output (sigmoid, softmax, de-standardisation) behind."""
+    path: str | None = Field(default=None, min_length=1, max_length=1024)
+    """A folder to import the factory's package from (local backend: a folder on
+    the operator's machine). Omitted means the package is installed in the
+    components image."""
+    parameters: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    """Keyword arguments for the factory (free-form; recorded with the model)."""
 
 
 class DistributedTraining(KubeModel):
@@ -127,8 +184,10 @@ class Tuning(KubeModel):
     """How many trials to run; 1 means no search."""
     algorithm: Literal["tpe", "random", "grid"] = "tpe"
     """Optuna's sampler: tpe (Bayesian), random, or grid over choices."""
-    metric: Literal["auc", "average_precision", "log_loss"] = "auc"
-    """The evaluation metric the search optimises."""
+    metric: str | None = Field(default=None, min_length=1, max_length=64)
+    """The evaluation metric the search optimises (in its own direction), also
+    what not-worse-than-champion compares; omitted means the task's primary
+    metric (binary auc, multiclass macro_f1, regression rmse)."""
     parameters: dict[str, SearchDimension] = Field(default_factory=dict, max_length=16)
     """Hyper-parameters to vary, keyed by their field name in hyperparameters
     (learningRate, dropout, batchSize, weightDecay)."""
@@ -140,7 +199,9 @@ class Evaluation(KubeModel):
     holdout_fraction: float = Field(default=0.2, gt=0, lt=1)
     """The most recent fraction of entity rows, by event time, kept for evaluation."""
     threshold: float = Field(default=0.5, gt=0, lt=1)
-    """Score above which a row is predicted positive (for precision and recall)."""
+    """Binary: score above which a row is predicted positive (for precision and recall)."""
+    top_k: int = Field(default=3, ge=1, le=100)
+    """Multiclass: k of top_k_accuracy (the true class among the k most likely)."""
     slice_column: str | None = Field(default=None, max_length=128)
     """A sensitive or business column whose values get metrics of their own."""
 
@@ -168,11 +229,26 @@ class TrainingJobSpec(KubeModel):
             ("self.tuning.trials == 1 || size(self.tuning.parameters) > 0",
              "tuning.trials > 1 needs at least one entry in tuning.parameters",
              "tuning.parameters"),
+            ("!has(self.tuning.metric) || " + cel_metric_rule("self.task", "self.tuning.metric"),
+             "tuning.metric is not a metric of this task (binary: auc, log_loss, f1, ...; multiclass: accuracy, "
+             "macro_f1, log_loss, top_k_accuracy, recall.<class>; regression: rmse, mae, r2)", "tuning.metric"),
+            ("!has(self.promotion) || !has(self.promotion.gates) || !has(self.promotion.gates.metrics) || "
+             "self.promotion.gates.metrics.all(g, " + cel_metric_rule("self.task", "g.metric") + ")",
+             "promotion.gates.metrics names a metric this task does not produce (binary: auc, log_loss, f1, ...; "
+             "multiclass: accuracy, macro_f1, log_loss, top_k_accuracy, recall.<class>; regression: rmse, mae, "
+             "r2)", "promotion.gates.metrics"),
         )
     )
 
     model_name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """The registered model name the result is registered under, for example fraud-detector."""
+    task: Task = "binary"
+    """What the model predicts: binary (a probability; the default), multiclass
+    (a probability per class) or regression (a value). It decides the loss,
+    the output, the metrics and the direction of every metric gate."""
+    model: ModelFactory | None = None
+    """The user's own PyTorch module; omitted means the built-in perceptron
+    (hyperparameters.hiddenUnits, dropout)."""
     backend: PipelineBackendName | None = None
     """Where the pipeline runs: local (kfp's local runner on the operator's
     machine), kfp (a Kubeflow Pipelines API server) or noop (no training; for
@@ -194,6 +270,12 @@ class TrainingJobSpec(KubeModel):
     data give the same model."""
     promotion: PromotionPolicy | None = None
     """Aliases to give the registered version, and the gates it must pass first."""
+
+
+    @property
+    def tuning_metric(self) -> str:
+        """The metric tuning and the champion comparison use."""
+        return self.tuning.metric or PRIMARY[self.task]
 
 
 class TrainingJobStatus(BaseStatus):

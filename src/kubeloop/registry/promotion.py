@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from kubeloop.api.promotion import PromotionGates, alias_for
+from kubeloop.api.tasks import LOWER_IS_BETTER, improvement
 from kubeloop.registry.base import ModelRegistry, ModelVersion
 from kubeloop.registry.tags import AUDIT as AUDIT_TAG, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
 
@@ -69,8 +70,10 @@ def check_gates(gates: PromotionGates, candidate: ModelVersion, champion: ModelV
         else:
             mine = metrics.get(metric)
             theirs = metrics_of(candidate, CHAMPION_PREFIX).get(metric)
-            ok = mine is not None and theirs is not None and mine >= theirs - gates.tolerance
-            detail = (f"{metric} {mine:.4f} vs champion version {champion.version} {theirs:.4f} on the same data"
+            ok = mine is not None and theirs is not None and improvement(metric, mine, theirs) >= -gates.tolerance
+            better = "lower" if metric in LOWER_IS_BETTER else "higher"
+            detail = (f"{metric} {mine:.4f} vs champion version {champion.version} {theirs:.4f} on the same data "
+                      f"({better} is better)"
                       if mine is not None and theirs is not None else "the champion was not evaluated on this data")
             results.append(GateResult("not worse than champion", ok, detail))
     if gates.require_latency_slo:
