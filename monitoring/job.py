@@ -1,7 +1,8 @@
 """The drift job of one InferenceService: the training data of the served
-version (from the Feast offline store, cached per version) against the
-request log's window; writes latest.json and an HTML report, and logs the
-run to MLflow.
+version (rebuilt from the version's own feature store, cached per version)
+against the request log's window, over the version's input columns (its
+signature); writes latest.json and an HTML report, and logs the run to
+MLflow.
 
     python -m kubeloop.monitoring.job <folder>    # reads <folder>/job.json
 """
@@ -33,16 +34,24 @@ class DriftJob:
     window_seconds: float
     threshold: float
     features: list[str]
+    """The columns to compare (spec.monitoring.features); empty = all columns."""
+    columns: list[str]
+    """The served version's input columns, in order (its signature): what a
+    logged request row holds."""
     min_rows: int
     sample_rows: int | None = 50_000
+    feature_store: str = ""
+    """The version's feature store (StoreLocation JSON, its
+    kubeloop.feature_store tag); empty = the default repository feast_repo."""
 
     @classmethod
     def read(cls, folder: Path) -> "DriftJob":
         return cls(**json.loads((folder / "job.json").read_text()))
 
 
-def reference_data(job: DriftJob, folder: Path, columns: list[str]) -> pd.DataFrame:
-    """The training split the served version learned from, rebuilt from Feast once."""
+def reference_data(job: DriftJob, folder: Path) -> pd.DataFrame:
+    """The training split the served version learned from, rebuilt once from
+    the feature store it was trained on."""
     cached = folder / f"reference-{job.model}-{job.version}.parquet"
     if cached.exists():
         return pd.read_parquet(cached)
@@ -50,37 +59,35 @@ def reference_data(job: DriftJob, folder: Path, columns: list[str]) -> pd.DataFr
 
     from kubeloop.api.training import TrainingJobSpec
     from kubeloop.components.data import build_dataset, load_split
+    from kubeloop.featurestore.store import StoreLocation
     from kubeloop.registry import tags
 
     version = MlflowClient(job.tracking_uri).get_model_version(job.model, job.version)
     spec = TrainingJobSpec.model_validate_json(version.tags[tags.TRAINING_SPEC])
     staging = folder / "reference-build.parquet"
-    info = build_dataset(spec, Path(job.feast_repo), staging)
+    info = build_dataset(spec, StoreLocation.resolve(job.feature_store, job.feast_repo).to_json(), staging)
     frame, _ = load_split(staging, info, "train")
-    frame[columns].to_parquet(cached, index=False)
+    frame[job.columns].to_parquet(cached, index=False)
     staging.unlink()
-    return frame[columns]
+    return frame[job.columns]
 
 
 def run(folder: Path) -> dict:
     import mlflow
-    from mlflow import MlflowClient
 
     from kubeloop.monitoring.drift import evaluate, load_requests
 
     job = DriftJob.read(folder)
-    columns = json.loads(MlflowClient(job.tracking_uri).get_model_version(job.model, job.version)
-                         .tags["feature_columns"])
-    features = [f for f in (job.features or columns) if f in columns]
+    features = [f for f in (job.features or job.columns) if f in job.columns]
     since = time.time() - job.window_seconds
-    current = load_requests(Path(job.request_log), since, columns)
+    current = load_requests(Path(job.request_log), since, job.columns)
     base = {"service": job.service, "model": job.model, "version": job.version, "at": time.time()}
     if len(current) < job.min_rows:
         result = {**base, "skipped": f"only {len(current)} logged rows in the window (at least {job.min_rows})",
                   "rows": len(current), "threshold": job.threshold}
         write_atomic(folder / "latest.json", json.dumps(result))
         return result
-    reference = reference_data(job, folder, columns)
+    reference = reference_data(job, folder)
     drift = evaluate(reference, current, features, job.threshold, sample_rows=job.sample_rows,
                      report=folder / "report.html")
     mlflow.set_tracking_uri(job.tracking_uri)

@@ -12,6 +12,7 @@ from kubeloop.api.times import seconds
 from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, TrafficSplit,
 )
+from kubeloop.api.signature import ModelSignature
 from kubeloop.gpu.placement import PlacementDecision, plan
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.kube import KubeError
@@ -159,6 +160,8 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
             "tracking_uri": ports.tracking_uri, "feast_repo": ports.feast_repo, "request_log": log,
             "window_seconds": seconds(spec.monitoring.window), "threshold": spec.monitoring.drift_share_threshold,
             "features": list(spec.monitoring.features), "min_rows": spec.monitoring.min_rows,
+            "columns": ModelSignature.from_tags(primary.tags).feature_columns,
+            "feature_store": primary.tags.get(tags.FEATURE_STORE, ""),
         })
     if latest is None:
         return DriftStatus(message="the first drift job is running"), [

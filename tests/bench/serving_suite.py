@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.api.signature import ModelSignature
 from kubeloop.components.benchmark import measure
 from kubeloop.components.training import TrainSettings, train
 from kubeloop.components.triton import plan_batching, write_repository
@@ -69,8 +70,9 @@ def run(context, console: Console, quick: bool = False) -> dict:
                    for lat in [measure(variant.predict, x, b)]}
         plan = plan_batching(profile, SLO_MS, "cpu", os.cpu_count() or 1)
         repository = root / "repository"
-        write_repository(repository, "tuned", variant.onnx, N_FEATURES, plan, "python")
-        write_repository(repository, "plain", variant.onnx, N_FEATURES, None, "python")
+        signature = ModelSignature(feature_columns=[f"f{i}" for i in range(N_FEATURES)])
+        write_repository(repository, "tuned", variant.onnx, signature, plan, "python")
+        write_repository(repository, "plain", variant.onnx, signature, None, "python")
         ports = [processes.free_port() for _ in range(3)]
         argv = runtime.argv(repository, *ports)
         argv = [a for a in argv if a != "--model-control-mode=explicit"] + ["--model-control-mode=none"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.api.signature import ModelSignature
 from kubeloop.components.optimize import measure_variants
 from sklearn.metrics import roc_auc_score
 
@@ -65,6 +66,7 @@ def test_measurements_and_a_triton_repository(context, dataset, tmp_path):
     by = {r.technique: r for r in rows}
     assert by["tensorrt-int8"].error and by["onnx"].latency[8][0] > 0 and by["onnx"].servable
     plan = plan_batching(by["onnx"].latency, slo_ms=5, device="cpu", cpus=2)
-    model_dir = write_repository(tmp_path, "fraud", variants["onnx"].onnx, context.n_features, plan, "python")
+    signature = ModelSignature(feature_columns=[f"f{i}" for i in range(context.n_features)])
+    model_dir = write_repository(tmp_path, "fraud", variants["onnx"].onnx, signature, plan, "python")
     assert (model_dir / "1" / "model.onnx").exists() and (model_dir / "1" / "model.py").exists()
     assert "max_queue_delay_microseconds" in (model_dir / "config.pbtxt").read_text()

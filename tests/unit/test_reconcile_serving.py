@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus
+from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
+from kubeloop.monitoring.base import DriftMonitor
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import transition_events
 from kubeloop.operator.reconcilers.serving import reconcile_inference_service
-from kubeloop.registry.tags import GPU_MEMORY_MIB as FOOTPRINT_TAG
+from kubeloop.registry.tags import FEATURE_STORE, GPU_MEMORY_MIB as FOOTPRINT_TAG
 from kubeloop.registry.base import RegistryUnavailable
 from kubeloop.registry.memory import InMemoryRegistry
 from tests.unit.fakes import RecordingServing
@@ -145,3 +149,41 @@ def test_local_backend_serves_on_cpu(ports, serving):
     out = reconcile_inference_service(REF, spec(backend="local", gpu={"sharing": "mig"}), InferenceServiceStatus(),
                                       ports)
     assert out.status.placement.mode == "cpu" and "local backend" in out.status.placement.reason
+
+
+class RecordingMonitor(DriftMonitor):
+    def __init__(self):
+        self.jobs: list[dict] = []
+
+    def running(self, ref: ObjectRef) -> bool:
+        return False
+
+    def start(self, ref: ObjectRef, job: dict) -> None:
+        self.jobs.append(job)
+
+    def latest(self, ref: ObjectRef) -> dict | None:
+        return None
+
+    def forget(self, ref: ObjectRef) -> None:
+        self.jobs.clear()
+
+
+def test_the_drift_job_compares_the_served_versions_signature_columns_from_its_own_store(registry, serving):
+    """The job.json the reconciler hands the monitor: the primary's input
+    columns (its signature tag) and its feature store (its tag); a version
+    without a store tag leaves the default repository to the job."""
+    signature = ModelSignature(task="multiclass", feature_columns=["x1", "x2", "x3"], classes=["a", "b"])
+    store = json.dumps({"config": "project: other\n"})
+    v3 = registry.add_version("fraud", "s3://m/3", tags={SIGNATURE_TAG: signature.to_json(), FEATURE_STORE: store})
+    registry.set_alias("fraud", "champion", v3.version)
+    monitor = RecordingMonitor()
+    ports = Ports(registry=registry, serving={"kubernetes": serving}, fleet=fleet, monitor=monitor,
+                  tracking_uri="http://mlflow", feast_repo="/repos/default")
+    watched = spec(monitoring={"schedule": "1m"}, requestLogging={"destination": "/logs/fraud"})
+    reconcile_inference_service(REF, watched, InferenceServiceStatus(), ports)
+    job = monitor.jobs[-1]
+    assert (job["version"], job["columns"], job["feature_store"]) == (v3.version, ["x1", "x2", "x3"], store)
+    assert job["feast_repo"] == "/repos/default" and job["request_log"] == "/logs/fraud"
+    registry.set_alias("fraud", "champion", "1")
+    reconcile_inference_service(REF, watched, InferenceServiceStatus(), ports)
+    assert monitor.jobs[-1]["feature_store"] == "" and monitor.jobs[-1]["columns"] == []

@@ -1,10 +1,15 @@
-"""The router's routing decisions (pure)."""
+"""The router's routing decisions (pure), and how it reads, counts, logs and
+compares each task's answers."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
-from kubeloop.serving.router import Route, _features, bucket, pick
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubeloop.serving.router import Route, RouterConfig, _features, bucket, disagree, parse_outputs, pick
 
 ROUTES = (Route("primary", "1", 80), Route("canary", "2", 20))
 
@@ -72,3 +77,162 @@ def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path, monkeypat
     router.reload_routes()
     assert shown() == {("primary", "2"): 1.0, ("shadow", "3"): 0.5}
     assert b"kubeloop_router_traffic_ratio" in generate_latest(router.metrics.registry)
+
+
+# -- answers by task ----------------------------------------------------------
+# Per task: the router's signature fields, the primary's (version 1) and the
+# shadow's (version 2) answers for the same two rows (the second row's
+# decision differs), and what the request log records as the outputs.
+TASKS = {
+    "binary": ({"task": "binary", "output": "probability", "threshold": 0.5},
+               [[0.2], [0.7]], [[0.3], [0.4]], [0.2, 0.7]),
+    "multiclass": ({"task": "multiclass", "output": "probabilities", "classes": ["a", "b", "c"]},
+                   [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]], [[0.6, 0.3, 0.1], [0.1, 0.8, 0.1]],
+                   [[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]),
+    "regression": ({"task": "regression", "output": "value", "tolerance": 0.05},
+                   [[10.0], [100.0]], [[10.2], [150.0]], [10.0, 100.0]),
+}
+
+
+def v2_answer(name: str, rows: list[list[float]], nested: bool = False) -> bytes:
+    import json
+
+    data = rows if nested else [v for row in rows for v in row]
+    return json.dumps({"outputs": [{"name": "other", "shape": [len(rows)], "data": [0] * len(rows)},
+                                   {"name": name, "datatype": "FP32", "shape": [len(rows), len(rows[0])],
+                                    "data": data}]}).encode()
+
+
+def config_for(task: str) -> RouterConfig:
+    fields = TASKS[task][0]
+    return RouterConfig(service="ml/m", model="m", triton_model="m", triton_url="", routes=ROUTES,
+                        **{**fields, "classes": tuple(fields.get("classes", ()))})
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("nested", [False, True])
+def test_outputs_are_read_by_the_signature_one_entry_per_row(task, nested):
+    fields, primary, _, logged = TASKS[task]
+    assert parse_outputs(v2_answer(fields["output"], primary, nested), config_for(task)) == logged
+
+
+def test_an_answer_that_does_not_fit_the_signature_is_not_read():
+    # A binary router reading a [2, 3] tensor, and a body that is no v2 answer.
+    assert parse_outputs(v2_answer("probability", TASKS["multiclass"][1]), config_for("binary")) is None
+    assert parse_outputs(b'{"error": "x"}', config_for("multiclass")) is None
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_the_shadow_disagrees_where_the_tasks_decision_differs(task):
+    _, primary, shadow, _ = TASKS[task]
+    config = config_for(task)
+    rows = [parse_outputs(v2_answer(config.output, answer), config) for answer in (primary, shadow)]
+    assert [disagree(config, p, s) for p, s in zip(*rows, strict=True)] == [False, True]
+
+
+def test_regression_agreement_is_relative_and_two_zeros_agree():
+    config = config_for("regression")
+    assert not disagree(config, 0.0, 0.0)
+    assert not disagree(config, -1000.0, -1040.0) and disagree(config, -1000.0, -1060.0)
+    assert disagree(config, 0.0, 1e-9)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_the_router_counts_logs_and_compares_answers_by_task(task, tmp_path, monkeypatch):
+    """The local backend's router (aiohttp, in this process) in front of a fake
+    Triton that answers each version's tensors: the task's prediction metric,
+    the request-log record shape and the shadow comparison (local backend;
+    the real tritonserver is in tests/e2e)."""
+    from kubeloop.dev import processes
+
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
+    fields, primary, shadow, logged = TASKS[task]
+    metrics, records = asyncio.run(exchange(tmp_path, fields, {"1": primary, "2": shadow}))
+    samples = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k in ("version", "class", "le")))): s.value
+               for family in text_string_to_metric_families(metrics) for s in family.samples}
+    one = (("version", "1"),)
+    if task == "binary":
+        assert samples[("kubeloop_prediction_score_count", one)] == 2
+        assert samples[("kubeloop_prediction_score_sum", one)] == pytest.approx(0.9)
+    elif task == "multiclass":
+        counted = {dict(labels)["class"]: value for (name, labels), value in samples.items()
+                   if name == "kubeloop_predicted_class_total"}
+        assert counted == {"a": 1, "c": 1}
+    else:
+        assert samples[("kubeloop_prediction_value_count", one)] == 2
+        # Values 10 and 100 (signed buckets, so Prometheus exposes no _sum).
+        assert [samples[("kubeloop_prediction_value_bucket", (("le", le), *one))] for le in ("3.0", "10.0", "100.0")] \
+            == [0, 1, 2]
+    predictions = {name for name, _ in samples if name.startswith(("kubeloop_prediction", "kubeloop_predicted"))}
+    assert all(name.startswith(task_metric(task)) for name in predictions), predictions
+    pair = [v for (name, _), v in samples.items() if name == "kubeloop_shadow_comparisons_total"]
+    disagreed = [v for (name, _), v in samples.items() if name == "kubeloop_shadow_disagreements_total"]
+    assert pair == [2] and disagreed == [1]
+    by_role = {r["role"]: r for r in records}
+    assert by_role["primary"]["features"] == ROWS and by_role["primary"]["outputs"] == logged
+    assert by_role["shadow"]["outputs"] == config_outputs(task, shadow) and "features" not in by_role["shadow"]
+
+
+ROWS = [[1.0, 2.0], [3.0, 4.0]]
+
+
+def task_metric(task: str) -> str:
+    return {"binary": "kubeloop_prediction_score", "multiclass": "kubeloop_predicted_class",
+            "regression": "kubeloop_prediction_value"}[task]
+
+
+def config_outputs(task: str, rows: list[list[float]]) -> list:
+    return rows if task == "multiclass" else [row[0] for row in rows]
+
+
+async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]) -> tuple[str, list[dict]]:  # noqa: ANN001
+    """One two-row request through the router, mirrored to the shadow: the
+    router's /metrics once the shadow's answer is compared, and the request
+    log it wrote."""
+    import json
+
+    import aiohttp
+    from aiohttp import web
+
+    from kubeloop.serving.router import build_app
+
+    async def infer(request: web.Request) -> web.Response:
+        return web.Response(body=v2_answer(fields["output"], answers[request.match_info["version"]]),
+                            content_type="application/json")
+
+    triton = web.Application()
+    triton.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    runners = [web.AppRunner(triton)]
+    await runners[0].setup()
+    await web.TCPSite(runners[0], "127.0.0.1", 0).start()
+    config = {"service": "ml/m", "model": "m", "triton_model": "m",
+              "triton_url": f"http://127.0.0.1:{runners[0].addresses[0][1]}",
+              "routes": [{"role": "primary", "version": "1", "percent": 100}],
+              "shadow": {"role": "shadow", "version": "2", "percent": 100},
+              "log_dir": str(tmp_path / "log"), "sample_rate": 1.0, **fields}
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    runners.append(web.AppRunner(build_app(tmp_path / "router.json")))
+    await runners[1].setup()
+    await web.TCPSite(runners[1], "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runners[1].addresses[0][1]}"
+    body = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": ROWS}]}
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/v2/models/m/infer", json=body) as response:
+                assert response.status == 200
+            # The shadow is asked after the caller has its answer.
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                async with session.get(f"{url}/metrics") as response:
+                    metrics = await response.text()
+                if "kubeloop_shadow_comparisons_total{" in metrics \
+                        or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()  # the router writes its log as it stops
+    records = [json.loads(line) for path in sorted((tmp_path / "log").glob("*.jsonl"))
+               for line in path.read_text().splitlines()]
+    return metrics, records

@@ -1,10 +1,13 @@
-"""Dynamic batching from a latency profile, and the config.pbtxt it gives."""
+"""Dynamic batching from a latency profile, and the config.pbtxt it gives for
+each task's signature (pure builders; no backend)."""
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from kubeloop.api.signature import ModelSignature
 from kubeloop.components.triton import build_config, plan_batching
 
 # An overhead-bound model: a 32-row batch costs little more than one row.
@@ -27,21 +30,38 @@ def test_a_tight_slo_shortens_the_wait_and_drops_slow_batches():
     assert plan.instances == 2 and plan.kind == "KIND_GPU"
 
 
-def test_config_parses_as_a_triton_model_config():
+# One signature per task: (signature, output name, output width).
+SIGNATURES = {
+    "binary": (ModelSignature(feature_columns=[f"f{i}" for i in range(18)], threshold=0.3), "probability", 1),
+    "multiclass": (ModelSignature(task="multiclass", feature_columns=["a", "b", "c", "d"],
+                                  classes=["low", "mid", "high"]), "probabilities", 3),
+    "regression": (ModelSignature(task="regression", feature_columns=["a", "b"]), "value", 1),
+}
+
+
+@pytest.mark.parametrize("task", sorted(SIGNATURES))
+def test_config_parses_as_a_triton_model_config_with_the_signatures_tensors(task):
+    signature, output, width = SIGNATURES[task]
     plan = plan_batching(PROFILE, slo_ms=5.0, device="cpu", cpus=2)
-    text = text_format.MessageToString(build_config("fraud", 18, plan, "python"))
+    text = text_format.MessageToString(build_config("m", signature, plan, "python"))
     parsed = text_format.Parse(text, mc.ModelConfig())
     assert parsed.backend == "python" and parsed.max_batch_size == 32
     assert list(parsed.dynamic_batching.preferred_batch_size) == [32]
-    assert list(parsed.input[0].dims) == [18] and parsed.output[0].name == "probability"
-    ort = build_config("fraud", 18, plan, "onnxruntime")
+    assert [(i.name, i.data_type, list(i.dims)) for i in parsed.input] == [
+        ("features", mc.TYPE_FP32, [signature.n_inputs])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in parsed.output] == [(output, mc.TYPE_FP32, [width])]
+    ort = build_config("m", signature, plan, "onnxruntime")
     assert ort.platform == "onnxruntime_onnx" and not ort.backend
+    assert ort.output[0].name == output
 
 
-def test_without_a_plan_batching_is_off():
-    config = build_config("fraud", 18, None, "python")
+@pytest.mark.parametrize("task", sorted(SIGNATURES))
+def test_without_a_plan_batching_is_off_and_the_batch_dimension_is_explicit(task):
+    signature, output, width = SIGNATURES[task]
+    config = build_config("m", signature, None, "python")
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
-    assert list(config.input[0].dims) == [-1, 18]
+    assert list(config.input[0].dims) == [-1, signature.n_inputs]
+    assert (config.output[0].name, list(config.output[0].dims)) == (output, [-1, width])
 
 
 def test_the_python_backend_stub_runs_in_the_serving_environment(tmp_path):

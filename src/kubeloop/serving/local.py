@@ -21,6 +21,7 @@ from pathlib import Path
 import requests
 
 from kubeloop.api.refs import ObjectRef
+from kubeloop.api.signature import ModelSignature
 from kubeloop.dev import processes
 from kubeloop.files import write_atomic, write_if_changed
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
@@ -226,11 +227,18 @@ class LocalServing(ServingBackend):
             "service": f"{request.ref.namespace}/{request.ref.name}", "model": by_role["primary"].model.name,
             "triton_model": name, "triton_url": triton, "routes": routes,
             "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
-            "threshold": float(by_role["primary"].model.tags.get("threshold", 0.5)),
             "log_dir": log_dir, "sample_rate": logging.sample_rate,
+            **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
         }
         path = folder / "router.json"
         write_if_changed(path, json.dumps(config, indent=2))
+
+
+def signature_fields(signature: ModelSignature) -> dict:
+    """What the router reads of the served version's signature to parse,
+    count and compare its answers."""
+    return {"task": signature.task, "output": signature.output_name, "classes": list(signature.classes),
+            "threshold": signature.threshold if signature.threshold is not None else 0.5}
 
 
 def _ok(url: str) -> bool:

@@ -2,7 +2,8 @@
 
 An OptimizedModel registers its winner with ready-made Triton repositories
 (tuned batching, `triton/<backend>/<name>/`); a version straight from a
-TrainingJob has only its ONNX export, and gets a default configuration.
+TrainingJob has only its ONNX export, and gets a default configuration whose
+input and output follow the version's signature (its `kubeloop.signature` tag).
 Registry versions become Triton versions of one Triton model, so a canary is
 `/v2/models/<m>/versions/<canary>/infer` and moving an alias is a change of
 the config's version policy plus a reload through the repository API.
@@ -10,7 +11,6 @@ the config's version policy plus a reload through the repository API.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -21,6 +21,7 @@ from google.protobuf import text_format
 from mlflow import MlflowClient
 from tritonclient.grpc import model_config_pb2 as mc
 
+from kubeloop.api.signature import ModelSignature
 from kubeloop.components.triton import MODEL_PY, BatchingPlan, write_repository
 from kubeloop.serving.base import triton_name
 
@@ -44,9 +45,7 @@ def fetch_version(tracking_uri: str, model: str, version: str, repository: Path,
         except (mlflow.exceptions.MlflowException, StopIteration, FileNotFoundError):
             onnx_path = Path(mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/exported/model.onnx",
                                                                  dst_path=str(staging)))
-            card = json.loads(Path(mlflow.artifacts.download_artifacts(
-                f"runs:/{mv.run_id}/exported/model_card.json", dst_path=str(staging))).read_text())
-            source = write_repository(staging / "built", name, onnx_path, len(card["feature_columns"]),
+            source = write_repository(staging / "built", name, onnx_path, ModelSignature.from_tags(mv.tags),
                                       DEFAULT_PLAN, backend)
         target = repository / name / str(version)
         if target.exists():

@@ -6,9 +6,15 @@ tritonserver (KServe v2 protocol).
   version; requests without a key are spread at random.
 - Shadow mirroring: a share of requests is also sent to the shadow version;
   its answer is logged and compared with the primary's, never returned.
-- Request logging for drift monitoring (sampled JSON lines).
+- Request logging for drift monitoring (sampled JSON lines): each record
+  holds the input rows under "features" and the answers under "outputs",
+  one entry per row (a float, or the list of class probabilities).
 - Prometheus metrics on /metrics: request latency, requests per version and
-  outcome, prediction scores, shadow comparisons and disagreements.
+  outcome, the predictions (per task, see Metrics), shadow comparisons and
+  disagreements.
+
+Answers are read as the served version's signature says (the config's task,
+output, classes and threshold; see kubeloop.api.signature).
 
 Its routes live in a JSON file that the local serving backend rewrites as
 aliases move; the router picks up changes within half a second.
@@ -55,6 +61,13 @@ class RouterConfig:
     threshold: float = 0.5
     log_dir: str | None = None
     sample_rate: float = 1.0
+    task: str = "binary"
+    output: str = "probability"
+    """The output tensor to read (the signature's output name)."""
+    classes: tuple[str, ...] = ()
+    """Multiclass: the class labels, in output order."""
+    tolerance: float = 0.05
+    """Regression: the relative difference above which a shadow disagrees."""
 
     @classmethod
     def load(cls, path: Path) -> "RouterConfig":
@@ -63,7 +76,13 @@ class RouterConfig:
         return cls(service=data["service"], model=data["model"], triton_model=data["triton_model"],
                    triton_url=data["triton_url"], routes=tuple(Route(**r) for r in data["routes"]),
                    shadow=Route(**shadow) if shadow else None, threshold=data.get("threshold", 0.5),
-                   log_dir=data.get("log_dir"), sample_rate=data.get("sample_rate", 1.0))
+                   log_dir=data.get("log_dir"), sample_rate=data.get("sample_rate", 1.0),
+                   task=data.get("task", "binary"), output=data.get("output", "probability"),
+                   classes=tuple(data.get("classes", ())), tolerance=data.get("tolerance", 0.05))
+
+    def label(self, index: int) -> str:
+        """Multiclass: the class label of an output position."""
+        return self.classes[index] if index < len(self.classes) else str(index)
 
 
 def bucket(key: str, salt: str = "") -> float:
@@ -82,8 +101,19 @@ def pick(routes: tuple[Route, ...], key: str) -> Route:
     return routes[0]
 
 
+# Regression values have no known scale or sign: buckets at 1 and 3 per
+# decade, both signs, from 0.01 to 100,000. With negative buckets Prometheus
+# exposes no _sum (OpenMetrics): quantiles come from the buckets.
+VALUE_BUCKETS = tuple(sorted({sign * m * 10.0 ** e for sign in (-1, 1) for m in (1, 3) for e in range(-2, 6)} | {0.0}))
+
+
 @dataclass
 class Metrics:
+    """Request metrics, and the predictions by task: binary scores in
+    kubeloop_prediction_score, multiclass decisions in
+    kubeloop_predicted_class_total{class}, regression values in
+    kubeloop_prediction_value."""
+
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
@@ -97,6 +127,10 @@ class Metrics:
         self.scores = Histogram("kubeloop_prediction_score", "Predicted probabilities returned to callers.",
                                 ["service", "model", "version"], registry=self.registry,
                                 buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0))
+        self.classes = Counter("kubeloop_predicted_class", "Rows predicted as each class (multiclass: the most "
+                               "probable class).", ["service", "model", "version", "class"], registry=self.registry)
+        self.values = Histogram("kubeloop_prediction_value", "Predicted values returned to callers (regression).",
+                                ["service", "model", "version"], registry=self.registry, buckets=VALUE_BUCKETS)
         self.traffic = Gauge("kubeloop_router_traffic_ratio",
                              "Share of requests each version answers (a shadow's: the share mirrored to it), "
                              "as the router's current routes say.", labels, registry=self.registry)
@@ -181,6 +215,17 @@ class Router:
         for route in (*c.routes, *([c.shadow] if c.shadow else [])):
             self.metrics.traffic.labels(c.service, c.model, route.version, route.role).set(route.percent / 100)
 
+    def _observe(self, version: str, outputs: list) -> None:
+        """The predictions' metric, by task (per row: a float, or class probabilities)."""
+        c = self.config
+        for row in outputs:
+            if c.task == "multiclass":
+                self.metrics.classes.labels(c.service, c.model, version, c.label(_argmax(row))).inc()
+            elif c.task == "regression":
+                self.metrics.values.labels(c.service, c.model, version).observe(row)
+            else:
+                self.metrics.scores.labels(c.service, c.model, version).observe(row)
+
     def _infer_url(self, version: str) -> str:
         c = self.config
         return f"{c.triton_url}/v2/models/{c.triton_model}/versions/{version}/infer"
@@ -209,19 +254,18 @@ class Router:
         labels = (c.service, c.model, route.version, route.role)
         self.metrics.latency.labels(*labels).observe(elapsed)
         self.metrics.requests.labels(*labels, str(status)).inc()
-        scores = _scores(answer) if status == 200 else None
-        if scores:
-            for score in scores:
-                self.metrics.scores.labels(c.service, c.model, route.version).observe(score)
-        if c.log_dir and scores and random.random() < c.sample_rate:
+        outputs = parse_outputs(answer, c) if status == 200 else None
+        if outputs:
+            self._observe(route.version, outputs)
+        if c.log_dir and outputs and random.random() < c.sample_rate:
             self.log.add({"ts": time.time(), "key": key, "role": route.role, "version": route.version,
-                          "features": _features(payload), "scores": scores})
+                          "features": _features(payload), "outputs": outputs})
         if c.shadow and bucket(key, "shadow") < c.shadow.percent:
-            self._spawn(self._mirror(body, key, route.version, scores))
+            self._spawn(self._mirror(body, key, route.version, outputs))
         return web.Response(body=answer, status=status, content_type="application/json",
                             headers={"X-Model-Version": route.version, "X-Model-Role": route.role})
 
-    async def _mirror(self, body: bytes, key: str, primary_version: str, primary: list[float] | None) -> None:
+    async def _mirror(self, body: bytes, key: str, primary_version: str, primary: list | None) -> None:
         """Send the request to the shadow; log and compare, never answer."""
         c = self.config
         shadow = c.shadow
@@ -235,16 +279,16 @@ class Router:
         labels = (c.service, c.model, shadow.version, "shadow")
         self.metrics.latency.labels(*labels).observe(time.perf_counter() - started)
         self.metrics.requests.labels(*labels, str(status)).inc()
-        scores = _scores(answer) if status == 200 else None
-        if scores and primary and len(scores) == len(primary):
+        outputs = parse_outputs(answer, c) if status == 200 else None
+        if outputs and primary and len(outputs) == len(primary):
             pair = (c.service, c.model, primary_version, shadow.version)
-            for p, s in zip(primary, scores, strict=True):
+            for p, s in zip(primary, outputs, strict=True):
                 self.metrics.shadow_comparisons.labels(*pair).inc()
-                if (p >= c.threshold) != (s >= c.threshold):
+                if disagree(c, p, s):
                     self.metrics.shadow_disagreements.labels(*pair).inc()
-        if c.log_dir and scores:
+        if c.log_dir and outputs:
             self.log.add({"ts": time.time(), "key": key, "role": "shadow", "version": shadow.version,
-                          "scores": scores})
+                          "outputs": outputs})
 
     async def ready(self, request: web.Request) -> web.Response:
         c = self.config
@@ -269,11 +313,41 @@ class Router:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def _scores(answer: bytes) -> list[float] | None:
+def parse_outputs(answer: bytes, config: RouterConfig) -> list | None:
+    """One entry per row of a v2 answer: the class probabilities (a list) for
+    multiclass, else a float. The config's output tensor is read (the first
+    one if the answer names none like it); None when the answer does not fit."""
     try:
-        return [float(v) for v in json.loads(answer)["outputs"][0]["data"]]
-    except (ValueError, KeyError, IndexError, TypeError):
+        tensors = json.loads(answer)["outputs"]
+        tensor = next((t for t in tensors if t.get("name") == config.output), tensors[0])
+        data = tensor["data"]
+        flat = [float(v) for row in data for v in row] if data and isinstance(data[0], list) else [float(v) for v in data]
+        width = int(tensor["shape"][-1]) if len(tensor.get("shape", ())) > 1 else 1
+    except (ValueError, KeyError, IndexError, TypeError, StopIteration):
         return None
+    if width < 1 or len(flat) % width:
+        return None
+    if config.task == "multiclass":
+        return [flat[i:i + width] for i in range(0, len(flat), width)]
+    return flat if width == 1 else None
+
+
+def _argmax(row: list[float]) -> int:
+    return max(range(len(row)), key=row.__getitem__)
+
+
+def disagree(config: RouterConfig, primary, shadow) -> bool:  # noqa: ANN001 - a row's output: float or list
+    """Whether the shadow's answer for a row differs from the primary's, by
+    task: binary, the decision at the signature's threshold; multiclass, the
+    most probable class; regression, a relative difference
+    |shadow - primary| / max(|primary|, |shadow|) above the config's
+    tolerance (two zeros agree)."""
+    if config.task == "multiclass":
+        return _argmax(primary) != _argmax(shadow)
+    if config.task == "regression":
+        scale = max(abs(primary), abs(shadow))
+        return scale > 0 and abs(shadow - primary) / scale > config.tolerance
+    return (primary >= config.threshold) != (shadow >= config.threshold)
 
 
 def _features(payload: dict) -> list[list[float]]:

@@ -1,0 +1,111 @@
+"""Triton repositories written from a signature load in the real local
+tritonserver (nvidia-pytriton's, python backend, the serving environment)
+and answer KServe v2 requests with the task's output name and shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from kubeloop.api.signature import ModelSignature
+from kubeloop.components.model import Architecture, build_model, export_onnx
+from kubeloop.components.triton import BatchingPlan, write_repository
+from kubeloop.dev import processes
+from kubeloop.serving.runtime import TritonRuntime
+from tests.support.waiting import wait_for
+
+N_INPUTS = 6
+PLAN = BatchingPlan(max_batch_size=16, preferred_batch_sizes=(8,), max_queue_delay_us=200, instances=1,
+                    kind="KIND_CPU", why="test")
+# Triton model name -> (signature, batching plan); multiclass also without a
+# plan (batching off: the config spells the batch dimension as -1).
+MODELS = {
+    "binary": (ModelSignature(feature_columns=[f"f{i}" for i in range(N_INPUTS)], threshold=0.5), PLAN),
+    "multiclass": (ModelSignature(task="multiclass", feature_columns=[f"f{i}" for i in range(N_INPUTS)],
+                                  classes=["low", "mid", "high", "top"]), PLAN),
+    "multiclass-plain": (ModelSignature(task="multiclass", feature_columns=[f"f{i}" for i in range(N_INPUTS)],
+                                        classes=["low", "mid", "high", "top"]), None),
+    "regression": (ModelSignature(task="regression", feature_columns=[f"f{i}" for i in range(N_INPUTS)]), PLAN),
+}
+
+
+def task_model(signature: ModelSignature, seed: int):  # noqa: ANN201 - TaskModel
+    """A small built-in MLP for the signature's task, with non-trivial
+    standardisation (and, for regression, de-standardisation) buffers."""
+    torch.manual_seed(seed)
+    model = build_model(Architecture(signature.task, signature.n_inputs, signature.n_outputs,
+                                     parameters={"hidden_units": [16, 8], "dropout": 0.0}))
+    model.set_normalisation(torch.linspace(-1, 1, signature.n_inputs), torch.linspace(0.5, 2, signature.n_inputs))
+    if signature.task == "regression":
+        model.set_target_normalisation(250.0, 40.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    """One tritonserver over a repository with a model per entry of MODELS;
+    yields its URL and the torch models to compare with."""
+    runtime = TritonRuntime.discover()
+    root = tmp_path_factory.mktemp("triton")
+    repository = root / "repository"
+    models = {}
+    for seed, (name, (signature, plan)) in enumerate(MODELS.items()):
+        models[name] = task_model(signature, seed)
+        onnx_path = export_onnx(models[name], root / f"{name}.onnx")
+        write_repository(repository, name, onnx_path, signature, plan, "python")
+    ports = [processes.free_port() for _ in range(3)]
+    argv = [a for a in runtime.argv(repository, *ports) if a != "--model-control-mode=explicit"]
+    server = processes.start("tritonserver", [*argv, "--model-control-mode=none"], root / "logs", env=runtime.env())
+    url = f"http://127.0.0.1:{ports[0]}"
+
+    def ready() -> bool:
+        if not server.running():
+            raise AssertionError(f"tritonserver exited:\n{processes.log_tail(server.log)}")
+        try:
+            return all(requests.get(f"{url}/v2/models/{m}/ready", timeout=2).status_code == 200 for m in MODELS)
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_for(ready, timeout=120, interval=0.3, what="tritonserver with every task's model ready")
+        yield url, models
+    finally:
+        processes.stop(server)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_tasks_repository_answers_v2_with_its_output_name_and_shape(triton, name):
+    """Local backend (the real tritonserver): the answer's output tensor is
+    the signature's, [batch, n_outputs], equal to the torch model's."""
+    url, models = triton
+    signature = MODELS[name][0]
+    rows = np.random.default_rng(7).normal(0, 2, (5, N_INPUTS)).astype(np.float32)
+    body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32", "data": rows.tolist()}]}
+    response = requests.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    assert output["name"] == signature.output_name
+    assert output["shape"] == [5, signature.n_outputs] and output["datatype"] == "FP32"
+    answer = np.asarray(output["data"], dtype=np.float32).reshape(5, signature.n_outputs)
+    with torch.no_grad():
+        expected = models[name](torch.from_numpy(rows)).numpy()
+    assert np.allclose(answer, expected, atol=1e-4, rtol=1e-4)
+    if signature.task == "multiclass":
+        assert np.allclose(answer.sum(axis=1), 1.0, atol=1e-5) and len(set(answer.argmax(axis=1))) > 1
+    if signature.task == "regression":
+        assert abs(float(answer.mean()) - 250.0) < 200.0 and answer.std() > 0
+
+
+def test_the_config_triton_loaded_declares_the_signatures_tensors(triton):
+    """Local backend (the real tritonserver): Triton's own view of each model
+    (/v2/models/<m>/config) has the signature's input and output."""
+    url, _ = triton
+    for name, (signature, plan) in MODELS.items():
+        config = requests.get(f"{url}/v2/models/{name}/config", timeout=10).json()
+        batch = [] if plan else [-1]
+        assert [(i["name"], [int(d) for d in i["dims"]]) for i in config["input"]] == [
+            ("features", [*batch, signature.n_inputs])]
+        assert [(o["name"], [int(d) for d in o["dims"]]) for o in config["output"]] == [
+            (signature.output_name, [*batch, signature.n_outputs])]
