@@ -4,19 +4,24 @@ and answer KServe v2 requests with the task's output name and shape."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 import requests
 import torch
 
-from kubeloop.api.signature import ModelSignature
+from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import BatchingPlan, write_repository
 from kubeloop.dev import processes
+from kubeloop.serving.repository import fetch_version, write_config
 from kubeloop.serving.runtime import TritonRuntime
 from tests.support.waiting import wait_for
 
 N_INPUTS = 6
+FETCHED = "fetched-multiclass"
 PLAN = BatchingPlan(max_batch_size=16, preferred_batch_sizes=(8,), max_queue_delay_us=200, instances=1,
                     kind="KIND_CPU", why="test")
 # Triton model name -> (signature, batching plan); multiclass also without a
@@ -43,10 +48,31 @@ def task_model(signature: ModelSignature, seed: int):  # noqa: ANN201 - TaskMode
     return model.eval()
 
 
+def register_exported(tracking: str, root: Path, name: str, onnx_path: Path, signature: ModelSignature) -> str:
+    """A registered version as a TrainingJob leaves it: exported/model.onnx
+    and the signature tag, no ready-made Triton repository."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking)
+    experiment = client.create_experiment(name, artifact_location=(root / "artifacts").as_uri())
+    exported = root / "exported"
+    exported.mkdir()
+    shutil.copyfile(onnx_path, exported / "model.onnx")
+    mlflow.set_tracking_uri(tracking)
+    with mlflow.start_run(experiment_id=experiment) as run:
+        mlflow.log_artifacts(str(exported), "exported")
+    client.create_registered_model(name)
+    return client.create_model_version(name, f"runs:/{run.info.run_id}/exported", run.info.run_id,
+                                       tags={SIGNATURE_TAG: signature.to_json()}).version
+
+
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
-    """One tritonserver over a repository with a model per entry of MODELS;
-    yields its URL and the torch models to compare with."""
+    """One tritonserver over a repository with a model per entry of MODELS,
+    and a multiclass version fetched from a real MLflow (sqlite) as the local
+    backend fetches it (FETCHED); yields its URL and the torch models to
+    compare with."""
     runtime = TritonRuntime.discover()
     root = tmp_path_factory.mktemp("triton")
     repository = root / "repository"
@@ -55,6 +81,10 @@ def triton(tmp_path_factory):
         models[name] = task_model(signature, seed)
         onnx_path = export_onnx(models[name], root / f"{name}.onnx")
         write_repository(repository, name, onnx_path, signature, plan, "python")
+    tracking = f"sqlite:///{root / 'mlflow.db'}"
+    version = register_exported(tracking, root, FETCHED, root / "multiclass.onnx", MODELS["multiclass"][0])
+    write_config(repository, fetch_version(tracking, FETCHED, version, repository), [version])
+    models[FETCHED] = models["multiclass"]
     ports = [processes.free_port() for _ in range(3)]
     argv = [a for a in runtime.argv(repository, *ports) if a != "--model-control-mode=explicit"]
     server = processes.start("tritonserver", [*argv, "--model-control-mode=none"], root / "logs", env=runtime.env())
@@ -64,7 +94,8 @@ def triton(tmp_path_factory):
         if not server.running():
             raise AssertionError(f"tritonserver exited:\n{processes.log_tail(server.log)}")
         try:
-            return all(requests.get(f"{url}/v2/models/{m}/ready", timeout=2).status_code == 200 for m in MODELS)
+            return all(requests.get(f"{url}/v2/models/{m}/ready", timeout=2).status_code == 200
+                       for m in (*MODELS, FETCHED))
         except requests.RequestException:
             return False
 
@@ -75,12 +106,12 @@ def triton(tmp_path_factory):
         processes.stop(server)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [*MODELS, FETCHED])
 def test_each_tasks_repository_answers_v2_with_its_output_name_and_shape(triton, name):
     """Local backend (the real tritonserver): the answer's output tensor is
     the signature's, [batch, n_outputs], equal to the torch model's."""
     url, models = triton
-    signature = MODELS[name][0]
+    signature = MODELS["multiclass" if name == FETCHED else name][0]
     rows = np.random.default_rng(7).normal(0, 2, (5, N_INPUTS)).astype(np.float32)
     body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32", "data": rows.tolist()}]}
     response = requests.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
@@ -102,7 +133,8 @@ def test_the_config_triton_loaded_declares_the_signatures_tensors(triton):
     """Local backend (the real tritonserver): Triton's own view of each model
     (/v2/models/<m>/config) has the signature's input and output."""
     url, _ = triton
-    for name, (signature, plan) in MODELS.items():
+    # The fetched version has the default plan (batching on).
+    for name, (signature, plan) in [*MODELS.items(), (FETCHED, MODELS["multiclass"])]:
         config = requests.get(f"{url}/v2/models/{name}/config", timeout=10).json()
         batch = [] if plan else [-1]
         assert [(i["name"], [int(d) for d in i["dims"]]) for i in config["input"]] == [

@@ -236,3 +236,24 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
     records = [json.loads(line) for path in sorted((tmp_path / "log").glob("*.jsonl"))
                for line in path.read_text().splitlines()]
     return metrics, records
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_the_local_backend_writes_the_signature_the_router_reads(task, tmp_path):
+    """router.json as the local backend writes it from a version's signature
+    tag, read back by the router."""
+    import json
+
+    from kubeloop.api.signature import TAG, ModelSignature
+    from kubeloop.serving.local import signature_fields
+
+    fields = TASKS[task][0]
+    signature = ModelSignature(task=task, feature_columns=["x", "y"], classes=list(fields.get("classes", [])),
+                               threshold=0.3 if task == "binary" else None)
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({"service": "ml/m", "model": "m", "triton_model": "m", "triton_url": "",
+                                "routes": [{"role": "primary", "version": "1", "percent": 100}],
+                                **signature_fields(ModelSignature.from_tags({TAG: signature.to_json()}))}))
+    config = RouterConfig.load(path)
+    assert (config.task, config.output, config.classes) == (task, fields["output"], tuple(fields.get("classes", ())))
+    assert config.threshold == (0.3 if task == "binary" else 0.5)
