@@ -38,6 +38,15 @@ class DatasetInfo:
     """The event-time window the rows came from, pinned (RFC 3339): rebuilding
     the data set from it later yields the same rows even after newer data
     arrives, which is what the optimiser and the drift job rely on."""
+    task: str = "binary"
+    classes: list[str] = field(default_factory=list)
+    """Multiclass: the label values in the model's output order."""
+    entities: list[str] = field(default_factory=list)
+    """The entity join keys of the feature views."""
+    request_columns: list[str] = field(default_factory=list)
+    """The request-time columns of the on-demand feature views."""
+    store: str = ""
+    """The StoreLocation (JSON) the rows were read from."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

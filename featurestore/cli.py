@@ -29,7 +29,7 @@ def init(repo: Repo, days: int = 45, drift: float = 0.0, seed: int = 7,
 
 @app.command()
 def apply(repo: Repo) -> None:
-    """Register entities, sources and feature views (feast apply)."""
+    """Register the example's entities, sources and feature views (feast apply; the example repository only)."""
     from kubeloop.featurestore.store import apply as apply_definitions
 
     console.print("applied: " + ", ".join(apply_definitions(repo)))

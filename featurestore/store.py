@@ -92,11 +92,19 @@ def create_repository(directory: Path, scenario: Scenario | None = None) -> Path
     return directory
 
 
+EXAMPLE_PROJECT = "kubeloop_fraud"
+
+
 def apply(repo: Path) -> list[str]:
-    """Register entities, sources and feature views in the repository's registry."""
+    """Register the card-transactions example's entities, sources and feature
+    views in its repository. Refused for any other project: a team's
+    repository is the team's to apply (`feast apply`), never kubeloop's."""
     from kubeloop.featurestore import definitions
 
     store = open_store(repo)
+    if store.project != EXAMPLE_PROJECT:
+        raise ValueError(f"{repo} is Feast project {store.project}, not the card-transactions example "
+                         f"({EXAMPLE_PROJECT}): kubeloop applies definitions only to its own example repository")
     objects = [*definitions.ENTITIES, *definitions.DATA_SOURCES, *definitions.FEATURE_VIEWS,
                *definitions.ON_DEMAND_FEATURE_VIEWS]
     store.apply(objects)

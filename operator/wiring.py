@@ -50,10 +50,10 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
         from kubeloop.pipelines.backends.local import LocalBackend, LocalContext
         from kubeloop.version import git_sha
 
-        if not config.feast_repo or not config.tracking_uri:
-            raise ConfigurationError("the local pipeline backend needs KUBELOOP_FEAST_REPO and MLFLOW_TRACKING_URI "
-                                     "(`kubeloop dev env` prints both)")
-        context = LocalContext(feast_repo=str(config.feast_repo), tracking_uri=config.tracking_uri,
+        if not config.tracking_uri:
+            raise ConfigurationError("the local pipeline backend needs MLFLOW_TRACKING_URI "
+                                     "(`kubeloop dev env` prints it, and KUBELOOP_FEAST_REPO, the default store)")
+        context = LocalContext(feast_repo=str(config.feast_repo or ""), tracking_uri=config.tracking_uri,
                                git_sha=git_sha())
         return {name: LocalBackend(config.state_dir, context)}
     from kubeloop.pipelines.backends.kfp import KfpBackend
@@ -105,7 +105,7 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         tracking_ui=config.tracking_uri,
         tensorrt=config.tensorrt,
         objects=kube,
-        monitor=LocalDriftMonitor(config.state_dir) if config.tracking_uri and config.feast_repo else None,
+        monitor=LocalDriftMonitor(config.state_dir) if config.tracking_uri else None,
         tracking_uri=config.tracking_uri,
         feast_repo=str(config.feast_repo) if config.feast_repo else None,
     )

@@ -29,7 +29,7 @@ def percentile(values: list[float], q: float) -> float:
 def _job(name: str, namespace: str) -> dict:
     return {"apiVersion": API_VERSION, "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"modelName": "bench", "backend": "noop", "features": {"featureViews": ["card_activity"]}}}
+            "spec": {"modelName": "bench", "backend": "noop", "features": {"featureViews": ["card_activity"], "labels": {"source": "transactions", "column": "is_fraud"}}}}
 
 
 def measure(platform, count: int, workdir) -> dict:

@@ -1,7 +1,9 @@
-"""Optimisation suite: every technique's variant of a trained fraud model,
-measured in one run against the fp32 eager source (the baseline): p50/p99
-latency per batch size, speedup at batch 32, size and accuracy delta. CPU
-rows always; GPU rows (fp16, bf16, torch.compile, 2:4) when a GPU is here."""
+"""Optimisation suite: every technique's variant of a trained model, measured
+in one run against the fp32 eager source (the baseline): p50/p99 latency per
+batch size, speedup at batch 32, size and the budget metric's delta. Two use
+cases: the fraud model (binary, the built-in MLP, AUC) and the maintenance
+team's fault classifier (multiclass, its own residual module, accuracy).
+CPU rows always; GPU rows (fp16, bf16, torch.compile, 2:4) when a GPU is here."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from kubeloop.api.optimization import OptimizedModelSpec
+from kubeloop.components.evaluation import evaluate
 from kubeloop.components.optimize import measure_variants
 from kubeloop.components.selection import choose
 from kubeloop.components.training import TrainSettings, train
 from kubeloop.components.variants import BuildContext
 from tests.bench.training_suite import _data
+
+REPO = Path(__file__).resolve().parents[2]
 
 CPU = ["dynamic-int8", "static-int8", "onnx", "onnx-int8", "structured-pruning", "unstructured-pruning",
        "distillation", "torch-compile"]
@@ -25,10 +30,10 @@ GPU = ["fp16", "bf16", "torch-compile", "onnx", "sparsity-2to4", "tensorrt-fp16"
 BATCHES = [1, 8, 32]
 
 
-def _table(title: str, rows, choice) -> Table:
+def _table(title: str, rows, choice, metric: str) -> Table:
     table = Table(title=title)
     for column in ("technique", "runtime", *[f"p50/p99 ms b{b}" for b in BATCHES], "speedup b32 p99",
-                   "size MB", "AUC delta", "accepted"):
+                   "size MB", f"{metric} delta", "accepted"):
         table.add_column(column)
     judged = {r.technique: r for r in choice.rows}
     for row in rows:
@@ -42,30 +47,77 @@ def _table(title: str, rows, choice) -> Table:
     return table
 
 
+def _fraud(tmp: Path, quick: bool) -> dict:
+    x, y, x_hold, y_hold = _data(tmp, quick)
+    model = train(x, y, None, None, TrainSettings(epochs=4, batch_size=512, learning_rate=0.003, seed=1)).model
+    return {"name": "fraud (binary, built-in MLP)", "model": model, "data": (x, y, x_hold, y_hold), "metric": "auc",
+            "score": lambda yy, out: evaluate("binary", yy, out)["auc"]}
+
+
+def _maintenance(tmp: Path, quick: bool) -> dict:
+    """The examples/maintenance team's data (its own store) and module."""
+    import importlib.util
+
+    import numpy as np
+    import yaml
+
+    from kubeloop.api.training import TrainingJobSpec
+    from kubeloop.components.data import build_dataset, load_split
+    from kubeloop.components.steps import architecture_for
+    from kubeloop.featurestore.store import StoreLocation
+
+    folder = REPO / "examples" / "maintenance"
+    loader = importlib.util.spec_from_file_location("bench_maintenance_prepare", folder / "prepare.py")
+    prepare = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(prepare)
+    repo = prepare.prepare(tmp / "maintenance").repo
+    wire = yaml.safe_load((folder / "trainingjob.yaml").read_text())["spec"]
+    wire["model"]["path"] = str(folder / "model")
+    spec = TrainingJobSpec.model_validate(wire)
+    info = build_dataset(spec, StoreLocation(config=prepare.fill_config(repo)).to_json(), tmp / "m.parquet")
+    frame, y = load_split(tmp / "m.parquet", info, "train")
+    hold, y_hold = load_split(tmp / "m.parquet", info, "holdout")
+    x, x_hold = frame[info.feature_columns].to_numpy(np.float32), hold[info.feature_columns].to_numpy(np.float32)
+    settings = TrainSettings(epochs=2 if quick else 4, batch_size=256, learning_rate=0.003, seed=1)
+    model = train(x, y, None, None, settings, architecture=architecture_for(spec, info)).model
+    return {"name": "maintenance (multiclass, the team's residual module)", "model": model,
+            "data": (x, y, x_hold, y_hold), "metric": "accuracy",
+            "score": lambda yy, out: evaluate("multiclass", yy, out, classes=info.classes)["accuracy"]}
+
+
 def run(context, console: Console, quick: bool = False) -> dict:
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        with console.status("optimisation: data and source model"):
-            x, y, x_hold, y_hold = _data(Path(tmp), quick)
-            model = train(x, y, None, None, TrainSettings(epochs=4, batch_size=512, learning_rate=0.003, seed=1)).model
-        spec = OptimizedModelSpec.model_validate({"source": {"name": "bench", "version": "1"},
-                                                  "batchSizes": BATCHES, "accuracyBudget": {"maxDrop": 0.01}})
-        targets = [("cpu", torch.device("cpu"), CPU)]
-        if torch.cuda.is_available():
-            targets.append(("gpu", torch.device("cuda"), GPU))
-        for name, device, techniques in targets:
-            ctx = BuildContext(model.to(device), x, y, spec, Path(tmp) / name, device)
-            ctx.workdir.mkdir()
-            with console.status(f"optimisation: building and measuring {len(techniques)} variants on {name}"):
-                rows, _ = measure_variants(ctx, techniques, BATCHES, "auc", x_hold, y_hold)
-            choice = choose(rows, spec.accuracy_budget, spec.latency_slo)
-            label = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, 1 thread per runtime"
-            console.print(_table(f"Optimised variants ({label}); baseline: fp32 eager source", rows, choice))
-            results[name] = {r.technique: {"latency": {str(b): v for b, v in r.latency.items()},
-                                           "speedup": r.speedup, "size_mb": r.size_mb,
-                                           "accuracy_delta": r.accuracy_delta, "accepted": r.accepted,
-                                           "error": r.error} for r in choice.rows}
-            results[name]["winner"] = choice.winner.technique
-            model = model.cpu()
+        for case in (_fraud, _maintenance):
+            with console.status(f"optimisation: data and source model ({case.__name__.strip('_')})"):
+                use = case(Path(tmp), quick)
+            results[use["name"]] = _measure(use, Path(tmp) / case.__name__.strip("_"), console)
+    return results
+
+
+def _measure(use: dict, tmp: Path, console: Console) -> dict:
+    x, y, x_hold, y_hold = use["data"]
+    model, metric = use["model"], use["metric"]
+    spec = OptimizedModelSpec.model_validate({"source": {"name": "bench", "version": "1"}, "batchSizes": BATCHES,
+                                              "accuracyBudget": {"metric": metric, "maxDrop": 0.01}})
+    targets = [("cpu", torch.device("cpu"), CPU)]
+    if torch.cuda.is_available():
+        targets.append(("gpu", torch.device("cuda"), GPU))
+    results = {}
+    for name, device, techniques in targets:
+        ctx = BuildContext(model.to(device), x, y, spec, tmp / name, device)
+        ctx.workdir.mkdir(parents=True)
+        with console.status(f"optimisation: building and measuring {len(techniques)} variants on {name}"):
+            rows, _ = measure_variants(ctx, techniques, BATCHES, use["score"], x_hold, y_hold)
+        choice = choose(rows, spec.accuracy_budget, spec.latency_slo, metric)
+        label = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, 1 thread per runtime"
+        console.print(_table(f"{use['name']}: optimised variants ({label}); baseline: fp32 eager source", rows,
+                             choice, metric))
+        results[name] = {r.technique: {"latency": {str(b): v for b, v in r.latency.items()},
+                                       "speedup": r.speedup, "size_mb": r.size_mb,
+                                       "accuracy_delta": r.accuracy_delta, "accepted": r.accepted,
+                                       "error": r.error} for r in choice.rows}
+        results[name]["winner"] = choice.winner.technique
+        model = model.cpu()
     return results

@@ -14,22 +14,26 @@ from rich.table import Table
 
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import build_dataset, load_split
-from kubeloop.components.training import NAIVE_LOADER, TrainSettings, auc, train, train_distributed
+from kubeloop.components.evaluation import evaluate
+from kubeloop.components.training import NAIVE_LOADER, TrainSettings, predict, train, train_distributed
 from kubeloop.featurestore.generate import Scenario, default_start
-from kubeloop.featurestore.store import create_repository
+from kubeloop.featurestore.store import StoreLocation, create_repository
 
 VIEWS = ["card_activity", "merchant_risk", "card_profile", "transaction_context"]
 
 
 def _data(tmp: Path, quick: bool):
     repo = create_repository(tmp / "repo", Scenario(start=default_start(45), cards=1000 if quick else 2000))
-    spec = TrainingJobSpec.model_validate({"modelName": "bench", "features": {"featureViews": VIEWS}})
-    info = build_dataset(spec, repo, tmp / "data.parquet")
+    spec = TrainingJobSpec.model_validate({"modelName": "bench", "features": {"featureViews": VIEWS, "labels": {"source": "transactions", "column": "is_fraud"}}})
+    info = build_dataset(spec, StoreLocation(path=str(repo)).to_json(), tmp / "data.parquet")
     train_frame, y = load_split(tmp / "data.parquet", info, "train")
     hold, y_hold = load_split(tmp / "data.parquet", info, "holdout")
     cols = info.feature_columns
-    return (train_frame[cols].to_numpy(np.float32), y.to_numpy(np.float32),
-            hold[cols].to_numpy(np.float32), y_hold.to_numpy())
+    return train_frame[cols].to_numpy(np.float32), y, hold[cols].to_numpy(np.float32), y_hold
+
+
+def auc(model, x: np.ndarray, y: np.ndarray) -> float:
+    return evaluate("binary", y, predict(model, x))["auc"]
 
 
 def _throughput(x, y, settings: TrainSettings, repeats: int, **kwargs) -> float:

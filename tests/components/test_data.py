@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -9,6 +10,7 @@ import pytest
 
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import build_dataset
+from kubeloop.featurestore.store import StoreLocation
 from tests.components.conftest import VIEWS
 
 
@@ -26,6 +28,10 @@ def test_hold_out_is_the_most_recent_fifth(dataset):
     assert abs(len(holdout) / len(frame) - 0.2) < 0.01
 
 
+def at(repo) -> str:
+    return StoreLocation(path=str(repo)).to_json()
+
+
 def test_features_are_point_in_time(feature_repo, dataset):
     """No card_activity value may come from a snapshot taken after the transaction."""
     frame = pd.read_parquet(dataset["path"])
@@ -36,35 +42,76 @@ def test_features_are_point_in_time(feature_repo, dataset):
 
 
 def test_dataset_hash_is_stable_and_sensitive(feature_repo, job_spec, dataset, tmp_path):
-    again = build_dataset(job_spec, feature_repo, tmp_path / "again.parquet")
+    again = build_dataset(job_spec, at(feature_repo), tmp_path / "again.parquet")
     assert again.dataset_hash == dataset["info"].dataset_hash
     wire = job_spec.to_wire()
     wire["features"]["window"] = {"start": again.holdout_start.replace(" ", "T")}
-    narrower = build_dataset(TrainingJobSpec.model_validate(wire), feature_repo, tmp_path / "n.parquet")
+    narrower = build_dataset(TrainingJobSpec.model_validate(wire), at(feature_repo), tmp_path / "n.parquet")
     assert narrower.dataset_hash != again.dataset_hash and narrower.rows < again.rows
 
 
 def test_unknown_feature_view_names_the_view(feature_repo, job_spec, tmp_path):
     spec = TrainingJobSpec.model_validate({**job_spec.to_wire(),
-                                           "features": {"featureViews": [*VIEWS[:1], "does_not_exist"]}})
-    with pytest.raises(ValueError, match="feature view 'does_not_exist' does not exist"):
-        build_dataset(spec, feature_repo, tmp_path / "x.parquet")
+                                           "features": {"featureViews": [*VIEWS[:1], "does_not_exist"], "labels": {"source": "transactions", "column": "is_fraud"}}})
+    with pytest.raises(ValueError, match="spec.features.featureViews: 'does_not_exist' is not a feature view"):
+        build_dataset(spec, at(feature_repo), tmp_path / "x.parquet")
 
 
 def test_the_pinned_window_rebuilds_the_same_rows_after_newer_data_arrives(feature_repo, job_spec, tmp_path):
     """The optimiser and the drift job rebuild a version's data from its
     recorded spec; newer data must not leak into it."""
-    import shutil
-
     from kubeloop.components.data import pinned
     from kubeloop.featurestore.generate import Scenario
     from kubeloop.featurestore.store import append_period
 
     repo = Path(shutil.copytree(feature_repo, tmp_path / "repo"))
-    first = build_dataset(job_spec, repo, tmp_path / "first.parquet")
+    first = build_dataset(job_spec, at(repo), tmp_path / "first.parquet")
     recorded = TrainingJobSpec.model_validate_json(pinned(job_spec, first).model_dump_json(by_alias=True))
     last = pd.read_parquet(repo / "data" / "transactions.parquet").event_timestamp.max()
     append_period(repo, Scenario(start=(last + pd.Timedelta(seconds=1)).to_pydatetime(), days=3, cards=1200,
                                  drift=1.0, seed=3))
-    assert build_dataset(recorded, repo, tmp_path / "again.parquet").dataset_hash == first.dataset_hash
-    assert build_dataset(job_spec, repo, tmp_path / "open.parquet").rows > first.rows
+    assert build_dataset(recorded, at(repo), tmp_path / "again.parquet").dataset_hash == first.dataset_hash
+    assert build_dataset(job_spec, at(repo), tmp_path / "open.parquet").rows > first.rows
+
+
+def test_kubeloop_applies_definitions_only_to_its_own_example(feature_repo, tmp_path):
+    """A team's repository (another Feast project) is never written by `kubeloop features apply`."""
+    from kubeloop.featurestore.store import apply
+
+    repo = Path(shutil.copytree(feature_repo, tmp_path / "team"))
+    config = repo / "feature_store.yaml"
+    config.write_text(config.read_text().replace("project: kubeloop_fraud", "project: team_churn"))
+    registry = (repo / "data" / "registry.db").read_bytes()
+    with pytest.raises(ValueError, match="Feast project team_churn, not the card-transactions example"):
+        apply(repo)
+    assert (repo / "data" / "registry.db").read_bytes() == registry
+
+
+def test_labels_from_a_file_with_its_own_timestamp_column(feature_repo, job_spec, dataset, tmp_path):
+    """labels.path and labels.timestampColumn: the same rows as the data source they were copied from."""
+    rows = pd.read_parquet(feature_repo / "data" / "transactions.parquet").rename(
+        columns={"event_timestamp": "happened_at"})
+    rows.to_parquet(tmp_path / "labels.parquet")
+    wire = job_spec.to_wire()
+    wire["features"]["labels"] = {"path": str(tmp_path / "labels.parquet"), "column": "is_fraud",
+                                  "timestampColumn": "happened_at"}
+    from_file = build_dataset(TrainingJobSpec.model_validate(wire), at(feature_repo), tmp_path / "f.parquet")
+    assert from_file.dataset_hash == dataset["info"].dataset_hash
+    assert from_file.entities == ["card_id", "merchant_id"] and from_file.request_columns == ["amount", "hour",
+                                                                                             "channel"]
+
+
+def test_a_missing_label_column_is_named(feature_repo, job_spec, tmp_path):
+    wire = job_spec.to_wire()
+    wire["features"]["labels"] = {"source": "transactions", "column": "is_chargeback"}
+    with pytest.raises(ValueError, match="spec.features.labels: the label source transactions has no column "
+                                         "is_chargeback"):
+        build_dataset(TrainingJobSpec.model_validate(wire), at(feature_repo), tmp_path / "x.parquet")
+
+
+def test_an_empty_window_is_named(feature_repo, job_spec, tmp_path):
+    wire = job_spec.to_wire()
+    wire["features"]["window"] = {"start": "1990-01-01T00:00:00Z", "end": "1990-02-01T00:00:00Z"}
+    with pytest.raises(ValueError, match="spec.features.window: the label source transactions has no rows"):
+        build_dataset(TrainingJobSpec.model_validate(wire), at(feature_repo), tmp_path / "x.parquet")
+

@@ -8,9 +8,13 @@ import torch
 
 from kubeloop.components.evaluation import evaluate
 from kubeloop.components.training import (
-    NAIVE_LOADER, TrainSettings, auc, make_loader, pick_precision, predict, train, train_distributed,
+    NAIVE_LOADER, TrainSettings, make_loader, pick_precision, predict, train, train_distributed,
     tuned_loader_settings,
 )
+
+
+def auc(model, x, y) -> float:
+    return evaluate("binary", y, predict(model, x))["auc"]
 
 SETTINGS = TrainSettings(epochs=3, batch_size=512, learning_rate=0.003, seed=5)
 
@@ -93,7 +97,7 @@ def test_precision_follows_the_device():
 
 def test_metrics_on_the_hold_out(dataset):
     model = train(dataset["x"], dataset["y"], None, None, SETTINGS).model
-    metrics = evaluate(dataset["y_holdout"], predict(model, dataset["x_holdout"]), threshold=0.2)
+    metrics = evaluate("binary", dataset["y_holdout"], predict(model, dataset["x_holdout"]), threshold=0.2)
     assert 0 <= metrics["ece"] < 0.05 and metrics["brier"] < 0.05
     assert metrics["rows"] == len(dataset["y_holdout"])
     assert np.isfinite(metrics["auc"])
@@ -106,7 +110,7 @@ def test_the_trainjob_entry_point_trains_under_torchrun(dataset, job_spec, tmp_p
     import subprocess
     import sys
 
-    from kubeloop.components.steps import load_model
+    from kubeloop.components.model import load_model
 
     output = tmp_path / "out"
     result = subprocess.run(

@@ -49,7 +49,7 @@ def _isvc(name: str, model: str) -> dict:
 
 def _training_job(name: str) -> dict:
     return {"apiVersion": API_VERSION, "kind": "TrainingJob", "metadata": {"name": name},
-            "spec": {"modelName": "m", "backend": "noop", "features": {"featureViews": ["card_activity"]}}}
+            "spec": {"modelName": "m", "backend": "noop", "features": {"featureViews": ["card_activity"], "labels": {"source": "transactions", "column": "is_fraud"}}}}
 
 
 def _normalised(status: dict, name: str) -> dict:

@@ -106,7 +106,7 @@ def test_a_failing_step_fails_the_job_and_the_operator_carries_on(kube, kubectl,
     assert done["status"]["phase"] == "Failed"
     cond = next(c for c in done["status"]["conditions"] if c["type"] == "RunSucceeded")
     assert cond["reason"] == "PipelineFailed"
-    assert "step training-data" in cond["message"] and "'does_not_exist' does not exist" in cond["message"]
+    assert "step training-data" in cond["message"] and "'does_not_exist' is not a feature view" in cond["message"]
     # kopf posts events from a queue of its own, after the status.
     wait_for(lambda: any(e["type"] == "Warning" and "does_not_exist" in e["message"]
                          for e in kube.list("v1", "Event", namespace)), timeout=30, what="the Warning event")

@@ -13,6 +13,12 @@ def isvc(**spec) -> dict:
             "metadata": {"name": "bad"}, "spec": {"model": {"name": "m", "alias": "champion"}, **spec}}
 
 
+def tj(**spec) -> dict:
+    base = {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "s", "column": "y"}}}
+    return {"apiVersion": "kubeloop.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bad"},
+            "spec": {**base, **spec}}
+
+
 CASES = [
     (isvc(gpu={"sharing": "mig", "mig": {"profile": "9g.99gb"}}),
      ["spec.gpu.mig.profile", "MIG profile 9g.99gb does not exist"]),
@@ -24,7 +30,7 @@ CASES = [
      ["spec.model.version", "set exactly one of version or alias"]),
     (isvc(autoscaling={"minReplicas": 5, "maxReplicas": 2}),
      ["spec.autoscaling.minReplicas", "minReplicas must not exceed maxReplicas"]),
-    (isvc(retraining={"template": {"modelName": "m", "features": {"featureViews": ["v"]}}}),
+    (isvc(retraining={"template": {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "transactions", "column": "is_fraud"}}}}),
      ["spec.retraining", "set monitoring too"]),
     ({"apiVersion": "kubeloop.dev/v1alpha1", "kind": "OptimizedModel", "metadata": {"name": "bad"},
       "spec": {"source": {"name": "m", "version": "1"}, "accuracyBudget": {"maxDrop": -0.1}}},
@@ -34,8 +40,21 @@ CASES = [
                "techniques": ["tensorrt-fp16"]}},
      ["spec.techniques", "need target.device gpu"]),
     ({"apiVersion": "kubeloop.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bad"},
-      "spec": {"modelName": "m", "features": {"featureViews": ["v"]}, "tuning": {"trials": 5}}},
+      "spec": {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "transactions", "column": "is_fraud"}}, "tuning": {"trials": 5}}},
      ["spec.tuning.parameters", "needs at least one entry"]),
+    (tj(task="regression", promotion={"promoteTo": "champion", "gates": {"metrics": [{"metric": "auc", "min": 0.7}]}}),
+     ["spec.promotion.gates.metrics", "names a metric this task does not produce"]),
+    (tj(task="binary", tuning={"metric": "rmse"}),
+     ["spec.tuning.metric", "is not a metric of this task"]),
+    (tj(task="ranking"), ["spec.task", "Unsupported value"]),
+    (tj(features={"featureViews": ["v"], "labels": {"source": "s", "path": "/data/l.parquet", "column": "y"}}),
+     ["spec.features.labels.source", "give either source"]),
+    (tj(features={"featureViews": ["v"], "labels": {"path": "/data/l.parquet", "column": "y"}}),
+     ["spec.features.labels.timestampColumn", "timestampColumn is required with path"]),
+    (tj(features={"featureViews": ["v"]}), ["spec.features.labels", "Required value"]),
+    (tj(model={"factory": "no colon here"}), ["spec.model.factory", "should match"]),
+    (tj(features={"featureViews": ["v"], "labels": {"source": "s", "column": "y"}, "store": {"configMap": {}}}),
+     ["spec.features.store.configMap.name", "Required value"]),
 ]
 
 
@@ -45,6 +64,15 @@ def test_invalid_objects_are_rejected_with_the_field_named(kubectl, namespace, o
     assert result.returncode != 0
     for text in expected:
         assert text in result.stderr
+
+
+@pytest.mark.parametrize("task, metric", [("multiclass", "recall.bearing"), ("multiclass", "macro_f1"),
+                                          ("regression", "rmse"), ("binary", "auc")])
+def test_each_task_accepts_its_own_gate_metrics(kubectl, namespace, task, metric):
+    """Cluster path (the API server's CEL): a metric the task produces is accepted."""
+    obj = tj(task=task, promotion={"promoteTo": "champion", "gates": {"metrics": [{"metric": metric, "min": 0.1}]}})
+    obj["metadata"]["name"] = f"ok-{task}-{metric.replace('.', '-').replace('_', '-')}"
+    kubectl("apply", "-n", namespace, "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
 
 
 def test_a_valid_object_is_accepted_and_defaulted(kubectl, kube, namespace):

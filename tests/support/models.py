@@ -27,7 +27,7 @@ def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: st
     """Train for a second on synthetic data and register; returns the version."""
     x, y = synthetic(seed=seed)
     model = train(x, y, None, None, TrainSettings(epochs=2, batch_size=256, seed=seed)).model
-    spec = TrainingJobSpec.model_validate({"modelName": name, "features": {"featureViews": ["synthetic"]}})
+    spec = TrainingJobSpec.model_validate({"modelName": name, "features": {"featureViews": ["synthetic"], "labels": {"source": "transactions", "column": "is_fraud"}}})
     info = DatasetInfo(entity_rows=len(y), dropped_by_ttl=0, rows=len(y), train_rows=len(y), holdout_rows=0,
                        positives=int(y.sum()), dataset_hash=f"synthetic-{seed}",
                        feature_columns=[f"f{i}" for i in range(N_FEATURES)], label="y", feature_views={},

@@ -10,7 +10,7 @@ from kubeloop.pipelines.training import build_training_pipeline, compile_trainin
 
 
 def spec(**fields) -> TrainingJobSpec:
-    return TrainingJobSpec.model_validate({"modelName": "m", "features": {"featureViews": ["v"]}, **fields})
+    return TrainingJobSpec.model_validate({"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "transactions", "column": "is_fraud"}}, **fields})
 
 
 def test_nodes_processes_and_gpus_map_onto_the_trainjob():

@@ -20,7 +20,7 @@ def ports():
 
 
 def test_an_invalid_spec_becomes_a_condition_not_a_crash():
-    spec = {"modelName": "m", "features": {"featureViews": []}, "hyperparameters": {"epochs": 0}}
+    spec = {"modelName": "m", "features": {"featureViews": [], "labels": {"source": "transactions", "column": "is_fraud"}}, "hyperparameters": {"epochs": 0}}
     out = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, None, ports())
     ready = next(c for c in out.status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason) == ("False", "InvalidSpec")
@@ -32,7 +32,7 @@ def test_an_invalid_spec_becomes_a_condition_not_a_crash():
 def test_status_patch_holds_only_changes(monkeypatch):
     posted = []
     monkeypatch.setattr(kopf, "event", lambda *a, **k: posted.append(k))
-    spec = {"modelName": "m", "features": {"featureViews": ["v"]}}
+    spec = {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "transactions", "column": "is_fraud"}}}
     p = ports()
     first = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, None, p)
     patch = kopf.Patch()

@@ -11,7 +11,7 @@ from kubeloop.pipelines.backends.base import BackendUnavailable, RunRequest
 from kubeloop.pipelines.backends.kfp import KfpBackend
 from tests.support.fake_kfp import FakeKfp
 
-SPEC = TrainingJobSpec.model_validate({"modelName": "fraud", "features": {"featureViews": ["card_activity"]},
+SPEC = TrainingJobSpec.model_validate({"modelName": "fraud", "features": {"featureViews": ["card_activity"], "labels": {"source": "transactions", "column": "is_fraud"}},
                                        "resources": {"gpu": {"count": 1, "product": "NVIDIA-L4"}}})
 
 

@@ -18,7 +18,7 @@ def test_committed_ir_loads_with_kfps_loader():
     pipeline = components.load_component_from_file(str(COMPILED))
     assert pipeline.name == "kubeloop-training"
     assert set(pipeline.component_spec.inputs) == {"spec", "feast_repo", "tracking_uri", "pipeline_run", "owner",
-                                                   "spec_hash", "git_sha"}
+                                                   "spec_hash", "git_sha", "feature_store"}
 
 
 def test_steps_run_in_the_components_image_without_pip():

@@ -13,7 +13,7 @@ from kubeloop.registry.memory import InMemoryRegistry
 from tests.unit.fakes import ScriptedBackend
 
 REF = ObjectRef("TrainingJob", "ml", "fraud", "uid-1", generation=1)
-SPEC = TrainingJobSpec.model_validate({"modelName": "fraud", "features": {"featureViews": ["card_activity"]}})
+SPEC = TrainingJobSpec.model_validate({"modelName": "fraud", "features": {"featureViews": ["card_activity"], "labels": {"source": "transactions", "column": "is_fraud"}}})
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.unit.fakes import FakeObjects, RecordingServing
 SPEC = InferenceServiceSpec.model_validate({
     "model": {"name": "fraud", "alias": "champion"},
     "monitoring": {"schedule": "1m"},
-    "retraining": {"template": {"modelName": "ignored", "features": {"featureViews": ["card_activity"]}},
+    "retraining": {"template": {"modelName": "ignored", "features": {"featureViews": ["card_activity"], "labels": {"source": "transactions", "column": "is_fraud"}}},
                    "cooldown": "30m", "canaryDuration": "2m", "canaryPercent": 20, "lookback": "21d",
                    "optimization": {"techniques": ["onnx"]},
                    "promotion": {"promoteTo": "champion",

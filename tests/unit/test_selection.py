@@ -27,19 +27,19 @@ def by_name(choice):
 
 
 def test_fastest_servable_variant_within_budget_wins():
-    choice = choose(ROWS, AccuracyBudget(metric="auc", max_drop=0.01), SLO)
+    choice = choose(ROWS, AccuracyBudget(metric="auc", max_drop=0.01), SLO, "auc")
     rows = by_name(choice)
     assert choice.winner.technique == "onnx-int8" and choice.meets_slo
     assert rows["static-int8"].accepted
     assert rows["onnx-int8"].speedup == pytest.approx(5.0)
-    assert not rows["distillation"].accepted and "drops by 0.0200" in rows["distillation"].reason
+    assert not rows["distillation"].accepted and "worsens by 0.0200" in rows["distillation"].reason
     assert rows["torch-compile"].accepted and "no ONNX form" in rows["torch-compile"].reason
     assert not rows["tensorrt-fp16"].accepted and rows["tensorrt-fp16"].reason.startswith("not built: TensorRT")
     assert rows["source"].reason.startswith("accepted; 5.00x")
 
 
 def test_a_zero_budget_rejects_every_lossy_variant():
-    choice = choose([r for r in ROWS if r.technique != "onnx"], AccuracyBudget(metric="auc", max_drop=0.0), SLO)
+    choice = choose([r for r in ROWS if r.technique != "onnx"], AccuracyBudget(metric="auc", max_drop=0.0), SLO, "auc")
     rows = by_name(choice)
     assert choice.winner.technique == "source"
     assert not rows["onnx-int8"].accepted and not rows["distillation"].accepted
@@ -49,11 +49,21 @@ def test_a_zero_budget_rejects_every_lossy_variant():
 
 
 def test_a_lossless_compiled_form_survives_a_zero_budget():
-    choice = choose(ROWS, AccuracyBudget(metric="auc", max_drop=0.0), SLO)
+    choice = choose(ROWS, AccuracyBudget(metric="auc", max_drop=0.0), SLO, "auc")
     assert choice.winner.technique == "onnx"
 
 
 def test_slo_misses_are_reported():
     slow = [row("source", 3.0, 0.9), row("onnx", 2.0, 0.9)]
-    choice = choose(slow, AccuracyBudget(max_drop=0.01), SLO)
+    choice = choose(slow, AccuracyBudget(max_drop=0.01), SLO, "auc")
     assert choice.winner.technique == "onnx" and not choice.meets_slo
+
+
+def test_a_lower_is_better_metric_rejects_a_rise_not_a_fall():
+    """Regression budgets: RMSE rising by more than the budget rejects; falling is fine."""
+    rows = [row("source", 0.10, 2.00, divergence=0.0), row("onnx-int8", 0.02, 2.30),
+            row("static-int8", 0.03, 1.90)]
+    choice = choose(rows, AccuracyBudget(metric="rmse", max_drop=0.1), SLO, "rmse")
+    judged = by_name(choice)
+    assert not judged["onnx-int8"].accepted and "rmse worsens by 0.3000" in judged["onnx-int8"].reason
+    assert judged["static-int8"].accepted and choice.winner.technique == "static-int8"

@@ -17,12 +17,14 @@ from kubeloop.api.training import TrainingJobSpec
 
 def feature_rows(repo: Path, spec: TrainingJobSpec, columns: list[str], start: datetime | None,
                  end: datetime | None, limit: int = 20_000, seed: int = 0) -> np.ndarray:
-    """Rows of the model's features (in its column order) for the
-    transactions between start and end, point-in-time from Feast."""
-    from kubeloop.featurestore.store import training_data
+    """Rows of the model's features (in its column order) for the labelled
+    rows between start and end, point-in-time from Feast (repo: a repository
+    folder, or a StoreLocation)."""
+    from kubeloop.featurestore.store import LabelRows, training_data
 
-    data = training_data(repo, spec.features.feature_views, spec.features.labels.source,
-                         spec.features.labels.column, start, end)
+    labels = spec.features.labels
+    data = training_data(repo, spec.features.feature_views,
+                         LabelRows(labels.column, labels.source, labels.path, labels.timestamp_column), start, end)
     frame = data.frame[columns]
     if len(frame) > limit:
         frame = frame.sample(limit, random_state=seed)
