@@ -49,7 +49,7 @@ def test_the_request_log_is_read_by_window_without_shadow_copies(tmp_path):
     rows = [{"ts": now - 3600, "role": "primary", "features": [[9.0] * 6]},
             {"ts": now - 10, "role": "primary", "features": [[1.0] * 6, [2.0] * 6]},
             {"ts": now - 5, "role": "canary", "features": [[3.0] * 6]},
-            {"ts": now - 5, "role": "shadow", "scores": [0.1]}]
+            {"ts": now - 5, "role": "shadow", "outputs": [0.1]}]
     # The router is mid-write: the last line has no newline yet.
     partial = json.dumps({"ts": now, "role": "primary", "features": [[4.0] * 6]})[:-7]
     (tmp_path / "requests-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + partial)
@@ -99,3 +99,52 @@ def test_router_and_webhook_metrics_pass_promtool_check_metrics():
         text = generate_latest(registry).decode()
         lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_the_drift_job_compares_requests_with_the_training_data_of_the_versions_own_store(
+        feature_repo, job_spec, dataset, tmp_path, monkeypatch):
+    """The local backend's drift job (monitoring/job.py, run in this process)
+    against a real MLflow (sqlite) and Feast: the reference is rebuilt from the
+    store the version's tag names (the job's default repository does not
+    exist), over the columns job.json names, and logged rows of that same
+    training data do not drift."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from kubeloop.components.data import pinned
+    from kubeloop.featurestore.store import StoreLocation
+    from kubeloop.monitoring.job import run
+    from kubeloop.registry import tags
+
+    monkeypatch.chdir(tmp_path)  # the sqlite store keeps the job's report under ./mlruns
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    info = dataset["info"]
+    mlflow.set_tracking_uri(tracking)
+    with mlflow.start_run() as source_run:
+        mlflow.log_param("source", "test")
+    client = MlflowClient(tracking)
+    client.create_registered_model("fraud-drift")
+    store = StoreLocation(path=str(feature_repo)).to_json()
+    version = client.create_model_version("fraud-drift", f"runs:/{source_run.info.run_id}/model",
+                                          source_run.info.run_id, tags={
+                                              tags.TRAINING_SPEC: pinned(job_spec, info).model_dump_json(
+                                                  by_alias=True, exclude_none=True),
+                                              tags.FEATURE_STORE: store}).version
+    rows = dataset["x"][np.random.default_rng(0).choice(len(dataset["x"]), 600, replace=False)]
+    log = tmp_path / "requests"
+    log.mkdir()
+    now = time.time()
+    (log / "requests-1.jsonl").write_text("".join(
+        json.dumps({"ts": now - 1, "role": "primary", "version": version, "features": rows[i:i + 50].tolist(),
+                    "outputs": [0.1] * len(rows[i:i + 50])}) + "\n" for i in range(0, len(rows), 50)))
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "job.json").write_text(json.dumps({
+        "service": "ml/fraud", "model": "fraud-drift", "version": version, "tracking_uri": tracking,
+        "feast_repo": str(tmp_path / "no-such-repository"), "feature_store": store, "request_log": str(log),
+        "window_seconds": 3600, "threshold": 0.5, "features": [], "columns": info.feature_columns,
+        "min_rows": 100}))
+    result = run(folder)
+    assert result["rows"] == 600 and result["reference_rows"] == info.train_rows
+    assert set(result["scores"]) == set(info.feature_columns) and result["drifted"] is False, result
+    assert (folder / f"reference-fraud-drift-{version}.parquet").exists()
