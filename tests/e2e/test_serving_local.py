@@ -127,7 +127,8 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     # The router writes its log every half second.
     rows = wait_for(lambda: (r := logged()) and any(x["role"] == "shadow" and x["version"] == v3 for x in r) and r,
                     timeout=10, what="shadow rows in the request log")
-    assert any(r["role"] == "primary" and len(r["features"][0]) == N_FEATURES for r in rows)
+    assert any(r["role"] == "primary" and len(r["features"][0]) == N_FEATURES
+               and len(r["outputs"]) == len(r["features"]) and all(0 <= o <= 1 for o in r["outputs"]) for r in rows)
 
     # A canary version Triton cannot load is rolled back; the primary keeps serving.
     broken = register_broken(uri, model)
