@@ -63,28 +63,35 @@ def register_exported(tracking: str, root: Path, name: str, onnx_path: Path, sig
     with mlflow.start_run(experiment_id=experiment) as run:
         mlflow.log_artifacts(str(exported), "exported")
     client.create_registered_model(name)
-    return client.create_model_version(name, f"runs:/{run.info.run_id}/exported", run.info.run_id,
-                                       tags={SIGNATURE_TAG: signature.to_json()}).version
+    return str(client.create_model_version(name, f"runs:/{run.info.run_id}/exported", run.info.run_id,
+                                           tags={SIGNATURE_TAG: signature.to_json()}).version)
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory):
+def exported(tmp_path_factory):
+    """A torch model per entry of MODELS and its ONNX export; the multiclass
+    one also registered in a real MLflow (sqlite) as FETCHED."""
+    root = tmp_path_factory.mktemp("exported")
+    models = {name: task_model(signature, seed) for seed, (name, (signature, _)) in enumerate(MODELS.items())}
+    onnx = {name: export_onnx(model, root / f"{name}.onnx") for name, model in models.items()}
+    tracking = f"sqlite:///{root / 'mlflow.db'}"
+    version = register_exported(tracking, root, FETCHED, onnx["multiclass"], MODELS["multiclass"][0])
+    return models, onnx, tracking, version
+
+
+@pytest.fixture(scope="module")
+def triton(exported, tmp_path_factory):
     """One tritonserver over a repository with a model per entry of MODELS,
-    and a multiclass version fetched from a real MLflow (sqlite) as the local
-    backend fetches it (FETCHED); yields its URL and the torch models to
-    compare with."""
+    and the multiclass version fetched from MLflow as the local backend
+    fetches it (FETCHED); yields its URL and the torch models to compare with."""
+    models, onnx, tracking, version = exported
     runtime = TritonRuntime.discover()
     root = tmp_path_factory.mktemp("triton")
     repository = root / "repository"
-    models = {}
-    for seed, (name, (signature, plan)) in enumerate(MODELS.items()):
-        models[name] = task_model(signature, seed)
-        onnx_path = export_onnx(models[name], root / f"{name}.onnx")
-        write_repository(repository, name, onnx_path, signature, plan, "python")
-    tracking = f"sqlite:///{root / 'mlflow.db'}"
-    version = register_exported(tracking, root, FETCHED, root / "multiclass.onnx", MODELS["multiclass"][0])
+    for name, (signature, plan) in MODELS.items():
+        write_repository(repository, name, onnx[name], signature, plan, "python")
     write_config(repository, fetch_version(tracking, FETCHED, version, repository), [version])
-    models[FETCHED] = models["multiclass"]
+    models = {**models, FETCHED: models["multiclass"]}
     ports = [processes.free_port() for _ in range(3)]
     argv = [a for a in runtime.argv(repository, *ports) if a != "--model-control-mode=explicit"]
     server = processes.start("tritonserver", [*argv, "--model-control-mode=none"], root / "logs", env=runtime.env())
@@ -141,3 +148,23 @@ def test_the_config_triton_loaded_declares_the_signatures_tensors(triton):
             ("features", [*batch, signature.n_inputs])]
         assert [(o["name"], [int(d) for d in o["dims"]]) for o in config["output"]] == [
             (signature.output_name, [*batch, signature.n_outputs])]
+
+
+def test_serving_fetch_writes_the_onnxruntime_repository_from_the_signature(exported, tmp_path):
+    """`kubeloop serving fetch` as a cluster serving Pod's init container runs
+    it (onnxruntime backend), here against the real MLflow: the repository it
+    writes. No cluster or onnxruntime backend runs here, so this proves the
+    files, not a Pod serving them."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from kubeloop.serving.repository import fetch_for_kubernetes
+
+    _, _, tracking, version = exported
+    path = fetch_for_kubernetes(f"models:/{FETCHED}/{version}", tmp_path, tracking, "onnxruntime")
+    config = text_format.Parse(path.read_text(), mc.ModelConfig())
+    assert config.platform == "onnxruntime_onnx" and list(config.version_policy.specific.versions) == [int(version)]
+    assert [(i.name, list(i.dims)) for i in config.input] == [("features", [N_INPUTS])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("probabilities", [4])]
+    assert (tmp_path / FETCHED / version / "model.onnx").exists()
+    assert not (tmp_path / FETCHED / version / "model.py").exists()
