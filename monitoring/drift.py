@@ -9,13 +9,15 @@ the share, against the InferenceService's threshold.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,19 +51,26 @@ def request_records(folder: Path) -> Iterator[dict]:
     while we read, so a last line without its newline is still being
     written: it is left for the next read."""
     for path in sorted(Path(folder).glob("*.jsonl")):
-        with open(path) as log:
-            for line in log:
+        with open(path) as lines:
+            for line in lines:
                 if line.endswith("\n"):
                     yield json.loads(line)
 
 
 def load_requests(folder: Path, since: float, features: list[str]) -> pd.DataFrame:
     """Logged request rows (primary and canary answers, not shadow copies)
-    newer than since, one column per feature."""
-    rows = []
+    newer than since, one column per feature. Rows of another width (sent
+    to a version with other inputs, before the served one) are left out, and
+    the count said."""
+    rows, other = [], 0
     for record in request_records(folder):
         if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
-            rows.extend(record["features"])
+            fitting = [row for row in record["features"] if len(row) == len(features)]
+            other += len(record["features"]) - len(fitting)
+            rows.extend(fitting)
+    if other:
+        log.warning("left out %d logged rows that do not have the %d features of the served version", other,
+                    len(features))
     frame = pd.DataFrame(rows, columns=features) if rows else pd.DataFrame(columns=features)
     return frame.astype("float64")
 

@@ -49,7 +49,8 @@ def test_the_request_log_is_read_by_window_without_shadow_copies(tmp_path):
     rows = [{"ts": now - 3600, "role": "primary", "features": [[9.0] * 6]},
             {"ts": now - 10, "role": "primary", "features": [[1.0] * 6, [2.0] * 6]},
             {"ts": now - 5, "role": "canary", "features": [[3.0] * 6]},
-            {"ts": now - 5, "role": "shadow", "outputs": [0.1]}]
+            {"ts": now - 5, "role": "shadow", "outputs": [0.1]},
+            {"ts": now - 5, "role": "primary", "features": [[7.0] * 4]}]  # a version with other inputs
     # The router is mid-write: the last line has no newline yet.
     partial = json.dumps({"ts": now, "role": "primary", "features": [[4.0] * 6]})[:-7]
     (tmp_path / "requests-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + partial)
