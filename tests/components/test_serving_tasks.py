@@ -1,6 +1,8 @@
 """Triton repositories written from a signature load in the real local
 tritonserver (nvidia-pytriton's, python backend, the serving environment)
-and answer KServe v2 requests with the task's output name and shape."""
+and answer KServe v2 requests with the task's output name and shape; the
+router in front reads, counts and logs a multiclass version's answers.
+Local backend; no control plane."""
 
 from __future__ import annotations
 
@@ -108,7 +110,7 @@ def triton(exported, tmp_path_factory):
 
     try:
         wait_for(ready, timeout=120, interval=0.3, what="tritonserver with every task's model ready")
-        yield url, models
+        yield url, models, version
     finally:
         processes.stop(server)
 
@@ -117,7 +119,7 @@ def triton(exported, tmp_path_factory):
 def test_each_tasks_repository_answers_v2_with_its_output_name_and_shape(triton, name):
     """Local backend (the real tritonserver): the answer's output tensor is
     the signature's, [batch, n_outputs], equal to the torch model's."""
-    url, models = triton
+    url, models, _ = triton
     signature = MODELS["multiclass" if name == FETCHED else name][0]
     rows = np.random.default_rng(7).normal(0, 2, (5, N_INPUTS)).astype(np.float32)
     body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32", "data": rows.tolist()}]}
@@ -139,7 +141,7 @@ def test_each_tasks_repository_answers_v2_with_its_output_name_and_shape(triton,
 def test_the_config_triton_loaded_declares_the_signatures_tensors(triton):
     """Local backend (the real tritonserver): Triton's own view of each model
     (/v2/models/<m>/config) has the signature's input and output."""
-    url, _ = triton
+    url, _, _ = triton
     # The fetched version has the default plan (batching on).
     for name, (signature, plan) in [*MODELS.items(), (FETCHED, MODELS["multiclass"])]:
         config = requests.get(f"{url}/v2/models/{name}/config", timeout=10).json()
@@ -168,3 +170,58 @@ def test_serving_fetch_writes_the_onnxruntime_repository_from_the_signature(expo
     assert [(o.name, list(o.dims)) for o in config.output] == [("probabilities", [4])]
     assert (tmp_path / FETCHED / version / "model.onnx").exists()
     assert not (tmp_path / FETCHED / version / "model.py").exists()
+
+
+def test_the_router_in_front_of_triton_counts_and_logs_class_probabilities(triton, tmp_path):
+    """Local backend: the router process (as the local backend starts it, its
+    config carrying the version's signature) in front of the real
+    tritonserver serving the fetched multiclass version: the caller gets
+    [batch, C]; the router counts the most probable classes and logs each
+    row's class probabilities."""
+    import json
+    import sys
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kubeloop.monitoring.drift import request_records
+    from kubeloop.serving.local import signature_fields
+
+    url, models, version = triton
+    signature = MODELS["multiclass"][0]
+    port = processes.free_port()
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({
+        "service": "ml/faults", "model": FETCHED, "triton_model": FETCHED, "triton_url": url,
+        "routes": [{"role": "primary", "version": version, "percent": 100}], "log_dir": str(tmp_path / "log"),
+        "sample_rate": 1.0, **signature_fields(signature)}))
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+                                        "--port", str(port)], tmp_path / "logs")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ok(f"{base}/v2/health/ready"), timeout=30, what="the router ready")
+        rows = np.random.default_rng(11).normal(0, 2, (8, N_INPUTS)).astype(np.float32)
+        body = {"inputs": [{"name": "features", "shape": [8, N_INPUTS], "datatype": "FP32", "data": rows.tolist()}]}
+        answer = requests.post(f"{base}/v2/models/{FETCHED}/infer", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        output = answer.json()["outputs"][0]
+        assert output["name"] == "probabilities" and output["shape"] == [8, 4]
+        with torch.no_grad():
+            expected = models[FETCHED](torch.from_numpy(rows)).numpy()
+        classes = [signature.classes[i] for i in expected.argmax(axis=1)]
+        counted = {s.labels["class"]: s.value for family in text_string_to_metric_families(
+            requests.get(f"{base}/metrics", timeout=5).text) for s in family.samples
+            if s.name == "kubeloop_predicted_class_total"}
+        assert counted == {c: float(classes.count(c)) for c in set(classes)}
+        records = wait_for(lambda: list(request_records(tmp_path / "log")) if (tmp_path / "log").exists() else [],
+                           timeout=10, what="the router's request log")
+    finally:
+        processes.stop(router)
+    (record,) = records
+    assert record["features"] == rows.tolist() and np.allclose(record["outputs"], expected, atol=1e-4)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
