@@ -185,8 +185,20 @@ CASES = {
 }
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a shared two-core machine two spinning OpenMP
+    threads made these small steps sixty times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_the_factory_builds_a_module_that_trains_and_exports(case, request, tmp_path):
+def test_the_factory_builds_a_module_that_trains_and_exports(case, request, tmp_path, one_thread):
     import onnxruntime as ort
     import torch
 
