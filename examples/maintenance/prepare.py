@@ -134,9 +134,8 @@ _LiteralDumper.add_representer(
 
 
 def _load_definitions(path: Path):  # noqa: ANN202 - a module
-    """Import definitions.py by path without registering it in sys.modules:
-    Feast then stores the on-demand view's function by value, so a process
-    that never saw this file (kubeloop's data step) can still run it."""
+    """Import the repository's definitions.py by path, as `feast apply` does:
+    it is the repository's file, not a module of any installed package."""
     spec = importlib.util.spec_from_file_location("maintenance_feature_definitions", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

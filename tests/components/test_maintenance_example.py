@@ -10,6 +10,9 @@ operator, the pipeline, serving) is proved by the e2e tests, not here."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -105,6 +108,30 @@ def test_the_configmap_holds_absolute_paths_and_the_repository_its_own_objects(r
     assert {v.name for v in store.list_feature_views()} == set(prepare.FEATURE_VIEWS[:2])
     assert all(Path(store.get_data_source(n).path).is_absolute() for n in
                ("maintenance_events", "machine_telemetry_hourly", "site_conditions_daily"))
+
+
+FRESH_CLIENT = """
+import json, sys, yaml
+from feast import FeatureStore, RepoConfig
+text = yaml.safe_load(open(sys.argv[1]))["data"]["feature_store.yaml"]
+store = FeatureStore(config=RepoConfig(repo_path=sys.argv[2], **yaml.safe_load(text)))
+row = {"machine_id": 7, "site_id": "plant-east", "load_pct": 50.0, "rpm": 2000}
+print(json.dumps(store.get_online_features(
+    features=["machine_telemetry:vibration_rms", "operating_context:vibration_per_krpm"], entity_rows=[row]).to_dict()))
+"""
+
+
+def test_a_process_that_never_saw_the_definitions_runs_the_on_demand_view(repo, tmp_path):
+    """kubeloop's data step and server hold only the ConfigMap: the
+    on-demand view's function must come from the registry (Feast re-executes
+    its stored source with only pd and np in scope), and the online store
+    must hold the materialised period."""
+    out = subprocess.run([sys.executable, "-c", FRESH_CLIENT, str(repo.configmap), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    features = json.loads(out.stdout.strip().splitlines()[-1])
+    assert features["vibration_rms"][0] is not None
+    assert features["vibration_per_krpm"][0] == pytest.approx(features["vibration_rms"][0] / 2.0, rel=1e-5)
 
 
 def test_every_labelled_row_gets_its_features(repo, reference):
