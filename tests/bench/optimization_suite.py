@@ -56,8 +56,6 @@ def _fraud(tmp: Path, quick: bool) -> dict:
 
 def _maintenance(tmp: Path, quick: bool) -> dict:
     """The examples/maintenance team's data (its own store) and module."""
-    import importlib.util
-
     import numpy as np
     import yaml
 
@@ -66,10 +64,9 @@ def _maintenance(tmp: Path, quick: bool) -> dict:
     from kubeloop.components.steps import architecture_for
     from kubeloop.featurestore.store import StoreLocation
 
+    from examples.maintenance import prepare
+
     folder = REPO / "examples" / "maintenance"
-    loader = importlib.util.spec_from_file_location("bench_maintenance_prepare", folder / "prepare.py")
-    prepare = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(prepare)
     repo = prepare.prepare(tmp / "maintenance").repo
     wire = yaml.safe_load((folder / "trainingjob.yaml").read_text())["spec"]
     wire["model"]["path"] = str(folder / "model")

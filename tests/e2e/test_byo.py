@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
 
@@ -36,13 +35,6 @@ def example(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
-def load_module(path: Path):  # noqa: ANN201 - a module
-    spec = importlib.util.spec_from_file_location(f"example_{path.parent.name}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def tree_digest(folder: Path) -> str:
     """Every file's name and bytes under the folder."""
     digest = hashlib.sha256()
@@ -53,7 +45,9 @@ def tree_digest(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def prepare():
-    return load_module(MAINTENANCE / "prepare.py")
+    from examples.maintenance import prepare
+
+    return prepare
 
 
 @pytest.fixture
@@ -160,7 +154,8 @@ def test_a_second_team_trains_optimises_serves_and_watches_its_own_multiclass_mo
 
     # A drifted week: the same views, hotter sites and a rougher fleet.
     period = prepare.append_period(repo, days=7, drifted=True)
-    drifted = feature_rows(location, training_spec, signature.feature_columns, period.start, None, limit=1500)
+    drifted = feature_rows(location, training_spec, signature.feature_columns, period.period.start, None,
+                           limit=1500)
     for start in range(0, len(drifted), 50):
         assert infer(url, model, drifted[start:start + 50]).status_code == 200
     moved = wait_for(lambda: (d := kube.get(API_VERSION, "InferenceService", "faults", namespace)["status"]

@@ -14,7 +14,7 @@ def isvc(**spec) -> dict:
 
 
 def tj(**spec) -> dict:
-    base = {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "s", "column": "y"}}}
+    base = {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "s", "column": "label"}}}
     return {"apiVersion": "kubeloop.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bad"},
             "spec": {**base, **spec}}
 
@@ -47,13 +47,13 @@ CASES = [
     (tj(task="binary", tuning={"metric": "rmse"}),
      ["spec.tuning.metric", "is not a metric of this task"]),
     (tj(task="ranking"), ["spec.task", "Unsupported value"]),
-    (tj(features={"featureViews": ["v"], "labels": {"source": "s", "path": "/data/l.parquet", "column": "y"}}),
+    (tj(features={"featureViews": ["v"], "labels": {"source": "s", "path": "/data/l.parquet", "column": "label"}}),
      ["spec.features.labels.source", "give either source"]),
-    (tj(features={"featureViews": ["v"], "labels": {"path": "/data/l.parquet", "column": "y"}}),
+    (tj(features={"featureViews": ["v"], "labels": {"path": "/data/l.parquet", "column": "label"}}),
      ["spec.features.labels.timestampColumn", "timestampColumn is required with path"]),
     (tj(features={"featureViews": ["v"]}), ["spec.features.labels", "Required value"]),
     (tj(model={"factory": "no colon here"}), ["spec.model.factory", "should match"]),
-    (tj(features={"featureViews": ["v"], "labels": {"source": "s", "column": "y"}, "store": {"configMap": {}}}),
+    (tj(features={"featureViews": ["v"], "labels": {"source": "s", "column": "label"}, "store": {"configMap": {}}}),
      ["spec.features.store.configMap.name", "Required value"]),
 ]
 
