@@ -40,11 +40,17 @@ from tritonclient.grpc import model_config_pb2 as mc
 from kubeloop.api.signature import ModelSignature
 
 BACKENDS = ("python", "onnxruntime")
+MAX_REQUEST_ROWS = 1024
+"""The most rows one request may carry to a batching model. Triton refuses a
+request of more rows than max_batch_size, so max_batch_size bounds callers;
+the preferred batch sizes (not max_batch_size) steer what the dynamic
+batcher waits to gather."""
 
 
 @dataclass(frozen=True)
 class BatchingPlan:
     max_batch_size: int
+    """The largest batch size profiled (the config accepts up to MAX_REQUEST_ROWS)."""
     preferred_batch_sizes: tuple[int, ...]
     max_queue_delay_us: int
     instances: int
@@ -87,7 +93,7 @@ def plan_batching(profile: dict[int, tuple[float, float]], slo_ms: float, device
 def build_config(name: str, signature: ModelSignature, plan: BatchingPlan | None, backend: str) -> mc.ModelConfig:
     """The model's config.pbtxt; without a plan, batching stays off (and the
     batch dimension is spelled out as -1)."""
-    config = mc.ModelConfig(name=name, max_batch_size=plan.max_batch_size if plan else 0)
+    config = mc.ModelConfig(name=name, max_batch_size=max(plan.max_batch_size, MAX_REQUEST_ROWS) if plan else 0)
     if backend == "python":
         config.backend = "python"
     else:

@@ -8,7 +8,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.triton import build_config, plan_batching
+from kubeloop.components.triton import MAX_REQUEST_ROWS, build_config, plan_batching
 
 # An overhead-bound model: a 32-row batch costs little more than one row.
 PROFILE = {1: (0.05, 0.08), 8: (0.06, 0.10), 32: (0.09, 0.15)}
@@ -45,7 +45,8 @@ def test_config_parses_as_a_triton_model_config_with_the_signatures_tensors(task
     plan = plan_batching(PROFILE, slo_ms=5.0, device="cpu", cpus=2)
     text = text_format.MessageToString(build_config("m", signature, plan, "python"))
     parsed = text_format.Parse(text, mc.ModelConfig())
-    assert parsed.backend == "python" and parsed.max_batch_size == 32
+    # Batches of 32 are what the batcher gathers; a caller may send more rows.
+    assert parsed.backend == "python" and plan.max_batch_size == 32 and parsed.max_batch_size == MAX_REQUEST_ROWS
     assert list(parsed.dynamic_batching.preferred_batch_size) == [32]
     assert [(i.name, i.data_type, list(i.dims)) for i in parsed.input] == [
         ("features", mc.TYPE_FP32, [signature.n_inputs])]

@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.triton import MODEL_PY, BatchingPlan, write_repository
+from kubeloop.components.triton import MAX_REQUEST_ROWS, MODEL_PY, BatchingPlan, write_repository
 from kubeloop.serving.base import triton_name
 
 # Batching for versions nobody profiled: small batches, a short wait.
@@ -57,6 +57,10 @@ def fetch_version(tracking_uri: str, model: str, version: str, repository: Path,
             (target / "model.py").write_text(MODEL_PY)
         config = text_format.Parse((source / "config.pbtxt").read_text(), mc.ModelConfig())
     config.name = name
+    if config.max_batch_size:
+        # Versions registered before requests were bounded by MAX_REQUEST_ROWS
+        # refused any request larger than their largest profiled batch.
+        config.max_batch_size = max(config.max_batch_size, MAX_REQUEST_ROWS)
     return config
 
 
