@@ -61,7 +61,7 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     client = MlflowClient(uri)
     model = f"{namespace}-fraud"
     kube.create(isvc(namespace, model, requestLogging={"sampleRate": 1.0}))
-    pending = wait_for(lambda: (o := get(kube, namespace)) and o.get("status", {}).get("phase") and o, timeout=20)
+    pending = wait_for(lambda: (o := get(kube, namespace)) and o.get("status", {}).get("phase") and o, timeout=60)
     assert pending["status"]["phase"] == "Pending"
 
     # Registered -> answering real predictions over HTTP v2 within 30 s.
