@@ -12,6 +12,7 @@ SERVING_VENV := .venv-serving
 PY := $(VENV)/bin/python
 export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
 BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
+              $(KUBELOOP_CACHE)/bin/node-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/kwok-$(KWOK_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/helm-$(HELM_VERSION)/.complete
 DEBS := prometheus prometheus-alertmanager
