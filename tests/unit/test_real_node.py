@@ -18,7 +18,7 @@ from kubeloop.dev.node import (
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
 from kubeloop.dev.platform import KWOK_CIDR
 
-PATHS = NodePaths(Path("/state/node"))
+PATHS = NodePaths(Path("/state/node"), Path("/run/kubeloop/0123456789ab"))
 CRI = "io.containerd.grpc.v1.cri"
 
 
@@ -30,9 +30,12 @@ def test_containerd_keeps_everything_under_the_state_dir_and_restricts_oom_score
     assert cri["stream_server_address"] == "127.0.0.1"
     runc = cri["containerd"]["runtimes"]["runc"]["options"]
     assert runc["SystemdCgroup"] is False
-    paths = [config["root"], config["state"], config["grpc"]["address"], config["ttrpc"]["address"],
-             runc["Root"], cri["cni"]["conf_dir"], config["plugins"]["io.containerd.internal.v1.opt"]["path"]]
+    paths = [config["root"], config["state"], runc["Root"], cri["cni"]["conf_dir"],
+             config["plugins"]["io.containerd.internal.v1.opt"]["path"]]
     assert all(Path(p).is_relative_to(PATHS.root) for p in paths), paths
+    sockets = [config["grpc"]["address"], config["ttrpc"]["address"]]
+    # Unix socket paths are limited to 108 bytes; a state directory can be longer.
+    assert all(Path(s).parent == PATHS.sockets and len(s) < 100 for s in sockets), sockets
 
 
 def test_kubelet_accepts_cgroup_v1_and_binds_only_the_node_address_and_loopback():

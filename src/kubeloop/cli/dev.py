@@ -84,6 +84,31 @@ def status(state_dir: StateDir = None) -> None:
 
 
 @app.command()
+def images(state_dir: StateDir = None,
+           load: Annotated[bool, typer.Option("--import", help="Also import them into the real node's containerd "
+                                              "(the platform must be up with --nodes real).")] = False) -> None:
+    """Build kubeloop's images without Docker (Debian root + the project's
+    packages, assembled with umoci), cached under ~/.cache/kubeloop/images
+    by their inputs; Pods use them with imagePullPolicy Never."""
+    import sys
+
+    from kubeloop.dev.images import ImageError, build_all
+
+    try:
+        built = build_all([sys.executable, "-m", "pip"])
+    except ImageError as exc:
+        console.print(f"[red]image build failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    platform = Platform(state_dir)
+    table = Table("image", "MB", "seconds")
+    for image, seconds in built:
+        if load:
+            platform.import_image(image)
+        table.add_row(image.ref, f"{image.archive.stat().st_size / 2**20:.0f}", f"{seconds:.1f}")
+    Console().print(table)
+
+
+@app.command()
 def env(state_dir: StateDir = None) -> None:
     """Print `export` lines for the platform: KUBECONFIG, service URLs, and a
     PATH that puts the pinned kubectl and helm first."""

@@ -10,6 +10,7 @@ says which state directory owns the host's changes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -36,7 +37,24 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "kubepods"
 NETNS_DIR = Path("/run/netns")
 CONTAINER_LOGS = Path("/var/log/containers")
-CLAIM = Path(os.environ.get("KUBELOOP_NODE_CLAIM", "/run/kubeloop/real-node.json"))
+RUN_DIR = Path("/run/kubeloop")
+CLAIM = RUN_DIR / "real-node.json"
+# Made outside the state directory by parts that hard-code the path: the CNI
+# result cache (libcni), shim sockets (containerd), the device-plugin socket
+# (kubelet), and the kubelet's default volume plugin folder. Only one real
+# node runs per machine, so what matches here is its own.
+HOST_FILES = {
+    Path("/var/lib/cni/results"): ("kubeloop-*", "cni-loopback-*"),
+    Path("/var/lib/kubelet/device-plugins"): ("kubelet.sock", "DEPRECATION"),
+    Path("/run/containerd/s"): ("*",),
+}
+# Removed when empty, children before parents.
+HOST_DIRS = (
+    Path("/var/lib/cni/results"), Path("/var/lib/cni"), Path("/var/lib/kubelet/device-plugins"),
+    Path("/var/lib/kubelet"), Path("/usr/libexec/kubernetes/kubelet-plugins/volume/exec"),
+    Path("/usr/libexec/kubernetes/kubelet-plugins/volume"), Path("/usr/libexec/kubernetes/kubelet-plugins"),
+    Path("/usr/libexec/kubernetes"), Path("/run/containerd/s"), Path("/run/containerd"), RUN_DIR,
+)
 # Set by us (forwarding, bridge netfilter), kube-proxy (route_localnet) and
 # the kubelet (its kernel defaults): each is put back as it was.
 SYSCTLS = (
@@ -71,6 +89,12 @@ class Claim:
         CLAIM.write_text(json.dumps(asdict(self)))
 
 
+def socket_dir(state_dir: Path) -> Path:
+    """containerd's sockets: unix socket paths cannot be as long as a state
+    directory's can, so they live in a short folder named after it."""
+    return RUN_DIR / hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
+
+
 # -- what is there ---------------------------------------------------------
 
 def leftovers(state_dir: Path | None = None) -> dict[str, list[str]]:
@@ -84,7 +108,14 @@ def leftovers(state_dir: Path | None = None) -> dict[str, list[str]]:
         "iptables chains": [f"{cmd} {table} {chain}" for cmd, table, chain in chains()],
         "routes": [f"blackhole {cidr}" for cidr in BLACKHOLES if _blackhole(cidr)],
         "network namespaces": [str(p) for p in _netns()],
+        "files": [str(p) for p in host_files()],
     }
+
+
+def host_files() -> list[Path]:
+    """HOST_FILES that exist, and HOST_DIRS that are left empty."""
+    found = [f for folder, patterns in HOST_FILES.items() for pattern in patterns for f in folder.glob(pattern)]
+    return found + [d for d in HOST_DIRS if d.is_dir() and not any(d.iterdir())]
 
 
 def node_processes(state_dir: Path | None) -> list:
@@ -94,9 +125,9 @@ def node_processes(state_dir: Path | None) -> list:
 
     pids = {pid for cg in cgroups() for pid in _cgroup_pids(cg)}
     if state_dir is not None:
-        marker = str(state_dir)
+        markers = (f"{state_dir}/", f"{socket_dir(state_dir)}/")
         for proc in psutil.process_iter(["cmdline"]):
-            if any(marker in arg for arg in proc.info["cmdline"] or ()):
+            if any(marker in arg for arg in proc.info["cmdline"] or () for marker in markers):
                 pids.add(proc.pid)
     pids.discard(os.getpid())
     found = []
@@ -181,9 +212,18 @@ def clean(state_dir: Path | None, claim: Claim | None = None) -> None:
             _ip("route", "del", "blackhole", cidr)
     _remove_chains()
     _remove_container_logs(state_dir)
+    if state_dir is not None:
+        shutil.rmtree(socket_dir(state_dir), ignore_errors=True)
+    for folder, patterns in HOST_FILES.items():
+        for pattern in patterns:
+            for found in folder.glob(pattern):
+                found.unlink(missing_ok=True)
     for key, value in (claim.sysctls if claim else {}).items():
         _set_sysctl(key, value)
     CLAIM.unlink(missing_ok=True)
+    for folder in HOST_DIRS:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _kill(procs: list) -> None:
@@ -249,7 +289,7 @@ def _remove_container_logs(state_dir: Path | None) -> None:
     if not CONTAINER_LOGS.is_dir():
         return
     for link in CONTAINER_LOGS.iterdir():
-        if link.is_symlink() and (not link.exists() or (state_dir and str(state_dir) in os.readlink(link))):
+        if link.is_symlink() and (not link.exists() or (state_dir is not None and f"{state_dir}/" in os.readlink(link))):
             link.unlink()
     if not any(CONTAINER_LOGS.iterdir()):
         CONTAINER_LOGS.rmdir()

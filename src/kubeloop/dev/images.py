@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -24,6 +25,10 @@ from kubeloop.dev.binaries import cache_dir, repo_root
 
 PREFIX = "localhost/kubeloop"
 PAUSE_SOURCE = ("tools/pause/go.mod", "tools/pause/main.go")
+# The Debian root every Python image starts from: python3 (with venv for the
+# project's environments) and tini, so PID 1 forwards SIGTERM.
+BASE_PACKAGES = ("python3", "python3-venv", "tini", "ca-certificates")
+APT_SOURCES = Path("/etc/apt")
 
 
 class ImageError(RuntimeError):
@@ -88,6 +93,144 @@ def pause_image() -> Image:
 
     build_image(image, populate, ImageConfig(entrypoint=["/pause"], user="65535:65535"))
     return image
+
+
+def debian_suite() -> str:
+    text = Path("/etc/os-release").read_text()
+    return next(line.split("=", 1)[1].strip('"') for line in text.splitlines()
+                if line.startswith("VERSION_CODENAME="))
+
+
+def apt_source_files() -> list[Path]:
+    """This machine's active apt sources: mmdebstrap reads the same mirrors
+    apt-get does (nothing names a mirror of its own)."""
+    files = [APT_SOURCES / "sources.list"] + sorted((APT_SOURCES / "sources.list.d").glob("*"))
+    return [f for f in files if f.suffix in (".list", ".sources") and f.is_file() and f.stat().st_size]
+
+
+def base_rootfs() -> Path:
+    """A minbase Debian root (BASE_PACKAGES) as a tar, built once per suite,
+    package set and apt sources."""
+    sources = apt_source_files()
+    suite = debian_suite()
+    key = image_tag([suite.encode(), " ".join(BASE_PACKAGES).encode(), *(f.read_bytes() for f in sources)])
+    tar = images_dir() / f"rootfs-{suite}-{key}.tar"
+    if tar.exists():
+        return tar
+    if shutil.which("mmdebstrap") is None:
+        raise ImageError("mmdebstrap is not installed; run `make setup` (it installs Debian's mmdebstrap)")
+    images_dir().mkdir(parents=True, exist_ok=True)
+    partial = tar.with_suffix(".partial.tar")
+    _run(["mmdebstrap", "--variant=minbase", "--quiet", f"--include={','.join(BASE_PACKAGES)}",
+          "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
+          suite, str(partial), *map(str, sources)])
+    partial.rename(tar)
+    return tar
+
+
+def extract(tar: Path, rootfs: Path) -> None:
+    _run(["tar", "-xf", str(tar), "-C", str(rootfs), "--numeric-owner", "--same-permissions"])
+
+
+def base_image() -> Image:
+    """Debian with python3 and tini, running as nobody-like 65532: enough for
+    plain processes in tests (an HTTP server, a memory hog)."""
+    rootfs_tar = base_rootfs()
+    tag = image_tag([rootfs_tar.name.encode()])
+    image = Image("base", tag, images_dir() / f"base-{tag}.tar")
+    if not image.archive.exists():
+        build_image(image, lambda rootfs: extract(rootfs_tar, rootfs),
+                    ImageConfig(entrypoint=["/usr/bin/tini", "--"], cmd=["python3"], workdir="/tmp",
+                                env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"}))
+    return image
+
+
+@dataclass(frozen=True)
+class PythonImage:
+    """An image of BASE_PACKAGES plus a venv at /opt/<name> installed from a
+    requirements file (the same file images/Dockerfile installs)."""
+
+    name: str
+    requirements: str
+    config: ImageConfig
+    project: bool = True
+    """Install kubeloop itself (with --no-deps: the requirements file decides)."""
+    constraints: str | None = "requirements/constraints.txt"
+
+
+VENV = "/opt/kubeloop"
+_PYTHON_ENV = {"PATH": f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONUNBUFFERED": "1",
+               "PYTHONDONTWRITEBYTECODE": "1"}
+PYTHON_IMAGES = {
+    "operator": PythonImage("operator", "images/operator.txt", ImageConfig(
+        entrypoint=["/usr/bin/tini", "--", "kubeloop"], cmd=["operator"], env=_PYTHON_ENV, workdir="/tmp")),
+    "runtime": PythonImage("runtime", "images/runtime.txt", ImageConfig(
+        entrypoint=["/usr/bin/tini", "--"], cmd=["kubeloop"], env=_PYTHON_ENV, workdir="/tmp")),
+}
+
+
+def project_files(root: Path) -> list[Path]:
+    """What a kubeloop wheel is built from (the Dockerfile's COPY lines)."""
+    files = [root / name for name in ("pyproject.toml", "setup.py", "README.md")]
+    for area in ("src", "operator", "pipelines", "components", "featurestore", "monitoring"):
+        files += sorted(p for p in (root / area).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return files
+
+
+def python_image(spec: PythonImage, pip: list[str]) -> Image:
+    """Build (or find in the cache) spec's image; pip is the host's pip
+    command, which collects the wheels the image installs offline."""
+    root = repo_root()
+    inputs = [base_rootfs().name.encode(), (root / spec.requirements).read_bytes(), repr(spec.config).encode()]
+    if spec.constraints:
+        inputs.append((root / spec.constraints).read_bytes())
+    if spec.project:
+        inputs += [str(p.relative_to(root)).encode() + p.read_bytes() for p in project_files(root)]
+    tag = image_tag(inputs)
+    image = Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
+    if image.archive.exists():
+        return image
+    with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
+        _collect_wheels(spec, pip, root, Path(wheels))
+        build_image(image, lambda rootfs: _install_venv(rootfs, spec, Path(wheels)), spec.config)
+    return image
+
+
+def _collect_wheels(spec: PythonImage, pip: list[str], root: Path, wheels: Path) -> None:
+    constraints = ["-c", str(root / spec.constraints)] if spec.constraints else []
+    _run([*pip, "wheel", "--quiet", "--wheel-dir", str(wheels), *constraints, "-r", str(root / spec.requirements)])
+    if spec.project:
+        _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(root)])
+    shutil.copy(root / spec.requirements, wheels / "requirements.txt")
+    if spec.constraints:
+        shutil.copy(root / spec.constraints, wheels / "constraints.txt")
+
+
+def _install_venv(rootfs: Path, spec: PythonImage, wheels: Path) -> None:
+    """Debian's python3 makes the venv inside the root (so its paths are the
+    image's own) and installs only the collected wheels: no index is asked."""
+    extract(base_rootfs(), rootfs)
+    inside = rootfs / "tmp" / "wheels"
+    shutil.copytree(wheels, inside)
+    _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", VENV])
+    pip = ["chroot", str(rootfs), f"{VENV}/bin/pip", "install", "--quiet", "--no-index", "--no-cache-dir",
+           "--find-links", "/tmp/wheels"]
+    constraints = ["-c", "/tmp/wheels/constraints.txt"] if spec.constraints else []
+    _run([*pip, *constraints, "-r", "/tmp/wheels/requirements.txt"])
+    if spec.project:
+        _run([*pip, "--no-deps", "kubeloop"])
+    shutil.rmtree(inside)
+
+
+def build_all(pip: list[str]) -> list[tuple[Image, float]]:
+    """Every image the real node uses, each with the seconds its build took
+    (near zero when it came from the cache)."""
+    built = []
+    for build in (pause_image, base_image, *(lambda s=s: python_image(s, pip) for s in PYTHON_IMAGES.values())):
+        started = time.monotonic()
+        image = build()
+        built.append((image, time.monotonic() - started))
+    return built
 
 
 def build_image(image: Image, populate: Callable[[Path], None], config: ImageConfig) -> None:

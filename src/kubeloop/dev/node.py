@@ -35,10 +35,11 @@ class NodePaths:
     """Where the real node keeps its files, under the platform's state directory."""
 
     root: Path
+    sockets: Path
 
     @property
     def socket(self) -> Path:
-        return self.root / "containerd" / "containerd.sock"
+        return self.sockets / "containerd.sock"
 
     @property
     def containerd_config(self) -> Path:
@@ -90,7 +91,7 @@ def build_containerd_config(paths: NodePaths, pause_ref: str) -> str:
         ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",'
         ' "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]',
         "[grpc]", f'  address = "{paths.socket}"',
-        "[ttrpc]", f'  address = "{base / "containerd.ttrpc.sock"}"',
+        "[ttrpc]", f'  address = "{paths.sockets / "containerd.ttrpc.sock"}"',
         '[plugins."io.containerd.internal.v1.opt"]', f'  path = "{base / "opt"}"',
         f"[{cri}]",
         f'  sandbox_image = "{pause_ref}"',
@@ -171,7 +172,7 @@ def kubelet_argv(kubelet: Path, paths: NodePaths) -> list[str]:
 def write_configs(paths: NodePaths, pki: Pki, pause_ref: str) -> None:
     import yaml
 
-    for folder in (paths.cni_conf_dir, paths.containerd_config.parent):
+    for folder in (paths.cni_conf_dir, paths.containerd_config.parent, paths.sockets):
         folder.mkdir(parents=True, exist_ok=True)
     paths.containerd_config.write_text(build_containerd_config(paths, pause_ref))
     (paths.cni_conf_dir / "10-kubeloop.conflist").write_text(json.dumps(build_cni_config(paths), indent=2))
@@ -184,6 +185,13 @@ def write_configs(paths: NodePaths, pki: Pki, pause_ref: str) -> None:
 def ctr(paths: NodePaths, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(["ctr", f"--address={paths.socket}", "--namespace=k8s.io", *args],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def containerd_ready(paths: NodePaths) -> bool:
+    try:
+        return ctr(paths, "version", timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:  # the socket is there before the server answers
+        return False
 
 
 def import_image(paths: NodePaths, archive: Path, ref: str) -> None:

@@ -33,7 +33,7 @@ from kubeloop.dev import host, node, processes
 from kubeloop.dev.binaries import binary
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
-from kubeloop.dev.images import pause_image
+from kubeloop.dev.images import Image, pause_image
 from kubeloop.dev.pki import NODE_NAME, Pki, create_pki
 from kubeloop.operator.kube import Kube, KubeError
 
@@ -117,7 +117,7 @@ class Platform:
 
     @property
     def node_paths(self) -> node.NodePaths:
-        return node.NodePaths(self.dir / "node")
+        return node.NodePaths(self.dir / "node", host.socket_dir(self.dir))
 
     def state(self) -> PlatformState | None:
         if not self.state_file.exists():
@@ -214,6 +214,15 @@ class Platform:
         kube = self.kube()
         for kind in KINDS:
             kube.apply(build_crd(kind), field_manager="kubeloop-dev")
+
+    def import_image(self, image: Image) -> None:
+        """Make a locally built image available to the real node's Pods
+        (which use it with imagePullPolicy Never)."""
+        state = self.state()
+        if not state or not state.real_node:
+            raise PlatformError(f"the platform in {self.dir} has no real node to import {image.ref} into")
+        if not node.has_image(self.node_paths, image.ref):
+            node.import_image(self.node_paths, image.archive, image.ref)
 
     def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.ProcessRecord:
         """Start (or restart) a process that `down` will stop with the rest,
@@ -393,7 +402,7 @@ class Platform:
             path.write_text(yaml.safe_dump(build_kubeconfig(api, pki.ca_cert, pki.token(identity), identity)))
             path.chmod(0o600)
         self._spawn(state, "containerd", ["containerd", f"--config={paths.containerd_config}"])
-        self._wait(state, "containerd", lambda: node.ctr(paths, "version", timeout=5).returncode == 0, 30)
+        self._wait(state, "containerd", lambda: node.containerd_ready(paths), 30)
         if not node.has_image(paths, pause.ref):
             node.import_image(paths, pause.archive, pause.ref)
         self._spawn(state, "kubelet", node.kubelet_argv(binary("kubelet"), paths))

@@ -1,0 +1,230 @@
+"""The real node: containerd, runc, the kubelet and kube-proxy run real Pods
+beside KWOK's fake GPU fleet. Every test here proves the cluster path on a
+real node (real processes in real namespaces), not the local backend.
+
+One real node fits on a machine: the module starts its own platform with it
+(the session's platform stays fake-only) and the last test takes it down and
+checks the host. KUBELOOP_REAL_NODE=0 turns these tests off (for a machine
+where a developer keeps a real node of their own running)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kubeloop.dev import host
+from kubeloop.dev.binaries import versions
+from kubeloop.dev.images import base_image, pause_image
+from kubeloop.dev.pki import NODE_NAME
+from kubeloop.dev.platform import Platform
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    os.environ.get("KUBELOOP_REAL_NODE") == "0", reason="the real node is turned off (KUBELOOP_REAL_NODE=0)")]
+
+
+def sysctls() -> dict[str, str]:
+    return {key: Path("/proc/sys", key).read_text().strip() for key in host.SYSCTLS
+            if Path("/proc/sys", key).exists()}
+
+
+class RealPlatform:
+    """The module's platform with its real node, and what the host looked like before it."""
+
+    def __init__(self, state_dir: Path):
+        self.platform = Platform(state_dir, real_node=True)
+        self.sysctls_before = sysctls()
+        self.platform.up()
+        self.kube = self.platform.kube()
+
+    def namespace(self) -> str:
+        name = f"r-{uuid.uuid4().hex[:8]}"
+        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        return name
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory) -> RealPlatform:
+    instance = RealPlatform(tmp_path_factory.mktemp("real"))
+    try:
+        yield instance
+    finally:
+        instance.kube.close()
+        instance.platform.down()
+
+
+def pod(name: str, namespace: str, image: str, command: list[str] | None = None, **spec) -> dict:
+    container = {"name": "main", "image": image, "imagePullPolicy": "Never",
+                 "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                     "capabilities": {"drop": ["ALL"]},
+                                     "seccompProfile": {"type": "RuntimeDefault"}}}
+    if command:
+        container["command"] = command
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
+                                                            "labels": {"app": name}},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec}}
+
+
+def running(kube, name: str, namespace: str, timeout: float = 60) -> dict:
+    def probe():
+        found = kube.get("v1", "Pod", name, namespace) or {}
+        return found if found.get("status", {}).get("phase") == "Running" else None
+    return wait_for(probe, timeout=timeout, what=f"Pod {name} Running")
+
+
+def test_the_real_node_registers_and_is_ready(real):
+    """Cluster path: the kubelet registered the node with its real runtime."""
+    found = real.kube.get("v1", "Node", NODE_NAME)
+    ready = {c["type"]: c["status"] for c in found["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    info = found["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == versions()["KUBERNETES_VERSION"]
+    assert info["containerRuntimeVersion"].startswith("containerd://1.")
+    assert found["metadata"]["labels"]["kubeloop.dev/node"] == "real"
+    names = {n["metadata"]["name"] for n in real.kube.list("v1", "Node")}
+    assert "cpu-1" not in names and "gpu-h100-mig-mixed" in names  # the real node replaces the fake CPU node
+    assert real.platform.node_status()["ready"] is True
+
+
+def test_a_cpu_pod_runs_on_the_real_node_and_a_mig_pod_on_the_fake_h100(real):
+    """Cluster path: the scheduler puts CPU work on the real node (a real
+    process in a real sandbox) and a MIG request on KWOK's H100."""
+    namespace = real.namespace()
+    image = pause_image().ref
+    created = time.monotonic()
+    real.kube.create(pod("cpu", namespace, image))
+    cpu = running(real.kube, "cpu", namespace)
+    print(f"pod create -> Running: {time.monotonic() - created:.2f} s")
+    assert cpu["spec"]["nodeName"] == NODE_NAME
+    assert cpu["status"]["podIP"].startswith("10.244.128.")
+    container = cpu["status"]["containerStatuses"][0]
+    assert container["state"]["running"] and container["containerID"].startswith("containerd://")
+    mig = pod("mig", namespace, "example.invalid/cuda:1")
+    mig["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": 1}}
+    real.kube.create(mig)
+    assert running(real.kube, "mig", namespace)["spec"]["nodeName"] == "gpu-h100-mig-mixed"
+
+
+def test_a_deployment_answers_through_its_service(real):
+    """Cluster path: real Pods from a Deployment serve HTTP; kube-proxy's rules
+    carry a request to them through the Service's NodePort on the host's
+    loopback and through its ClusterIP from another Pod."""
+    namespace = real.namespace()
+    image = base_image()
+    real.platform.import_image(image)
+    server = pod("web", namespace, image.ref, ["python3", "-m", "http.server", "8080"])["spec"]
+    server["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
+    real.kube.create({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": server}}})
+    service = real.kube.create({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"type": "NodePort", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    wait_for(lambda: (real.kube.get("apps/v1", "Deployment", "web", namespace) or {})
+             .get("status", {}).get("availableReplicas") == 2, timeout=90, what="2 web replicas available")
+    node_port = service["spec"]["ports"][0]["nodePort"]
+    response = wait_for(lambda: _get(f"http://127.0.0.1:{node_port}/"), timeout=30, what="the NodePort answering")
+    assert response.status_code == 200 and "Directory listing" in response.text
+
+    cluster_ip = service["spec"]["clusterIP"]
+    client = pod("client", namespace, image.ref, ["python3", "-c", (
+        f"import urllib.request; body = urllib.request.urlopen('http://{cluster_ip}/', timeout=10).read();"
+        " assert b'Directory listing' in body")], restartPolicy="Never")
+    real.kube.create(client)
+    phase = wait_for(lambda: (real.kube.get("v1", "Pod", "client", namespace) or {}).get("status", {})
+                     .get("phase") in ("Succeeded", "Failed") and real.kube.get("v1", "Pod", "client", namespace),
+                     timeout=60, what="the client Pod finishing")
+    assert phase["status"]["phase"] == "Succeeded", phase["status"]
+
+
+def _get(url: str):
+    import requests
+
+    try:
+        return requests.get(url, timeout=3)
+    except requests.RequestException:
+        return None
+
+
+@pytest.mark.parametrize("address", ["10.244.77.7", "10.99.250.250"], ids=["pod-range", "service-range"])
+def test_traffic_to_an_address_without_endpoint_goes_nowhere(real, address):
+    """Cluster path: the Pod and Service ranges are blackholed on the host, so
+    a packet for an address nothing answers is dropped here instead of
+    following the default route out of the machine."""
+    route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True)
+    assert route.returncode != 0 or route.stdout.startswith("blackhole"), route.stdout
+    with socket.socket() as sock:
+        sock.settimeout(5)
+        with pytest.raises(OSError) as failure:
+            sock.connect((address, 80))
+    assert failure.value.errno in (errno.EINVAL, errno.ENETUNREACH, errno.EHOSTUNREACH), failure.value
+
+
+def node_pids(platform: Platform) -> list[int]:
+    pids = [p.pid for p in platform.state().processes]
+    return pids + [p.pid for p in host.node_processes(platform.dir)]
+
+
+def assert_host_clean(state_dirs: list[Path], pids: list[int], sysctls_before: dict[str, str]) -> None:
+    """Each kind of change the real node makes, checked with the host's own tools."""
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [psutil.Process(pid).cmdline() for pid in alive]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for state_dir in state_dirs:
+        assert str(state_dir) not in mounts
+        assert not state_dir.exists()
+        assert not host.socket_dir(state_dir).exists()
+    assert "/run/netns/cni-" not in mounts
+    assert not list(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    assert not Path("/sys/class/net", host.BRIDGE).exists()
+    for command in ("iptables", "ip6tables"):
+        for table in host.TABLES:
+            rules = subprocess.run([command, "-w", "5", "-t", table, "-S"], capture_output=True, text=True).stdout
+            assert not [line for line in rules.splitlines() if any(p in line for p in host.CHAIN_PREFIXES)], \
+                (command, table, rules)
+    routes = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True).stdout
+    assert routes.strip() == ""
+    assert sysctls() == sysctls_before
+    assert not host.CLAIM.exists()
+    # CNI results, shim and device-plugin sockets: paths the parts hard-code.
+    for folder in ("/var/lib/cni", "/var/lib/kubelet", "/run/containerd", "/usr/libexec/kubernetes", "/run/kubeloop"):
+        assert not Path(folder).exists(), list(Path(folder).rglob("*"))
+
+
+def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, tmp_path):
+    """Cluster path: a real node killed without teardown (every process
+    SIGKILLed, its Pods' processes left running) is cleaned up by the next
+    `dev up`, whose node then runs Pods; its `dev down` leaves no process,
+    mount, cgroup, bridge, iptables chain, route or sysctl change behind."""
+    namespace = real.namespace()
+    real.kube.create(pod("survivor", namespace, pause_image().ref))
+    running(real.kube, "survivor", namespace)
+    crashed = real.platform
+    pids = node_pids(crashed)
+    for record in crashed.state().processes:
+        os.kill(record.pid, signal.SIGKILL)
+    assert host.leftovers(crashed.dir)["cgroups"], "the crash should have left the Pod's cgroups"
+
+    second = Platform(tmp_path / "second", real_node=True)
+    try:
+        second.up()
+        kube = second.kube()
+        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "after"}})
+        kube.create(pod("after", "after", pause_image().ref))
+        assert running(kube, "after", "after")["spec"]["nodeName"] == NODE_NAME
+        pids += node_pids(second)
+        kube.close()
+    finally:
+        second.down()
+    assert_host_clean([crashed.dir, second.dir], pids, real.sysctls_before)
