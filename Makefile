@@ -22,6 +22,7 @@ DEBS := prometheus prometheus-alertmanager
 NODE_DEBS := containerd runc containernetworking-plugins iptables conntrack mmdebstrap umoci
 ifneq ($(KUBELOOP_REAL_NODE),0)
 DEBS += $(NODE_DEBS)
+NODE_IMAGES := node-images
 endif
 # The editable install links each file of the mapped folders into a tree of
 # its own, so it is refreshed whenever the set of package files changes.
@@ -29,18 +30,19 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
   -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
   | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python serving-env binaries debs images link test test-unit test-e2e lint bench demo crds pipelines lock clean
+.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
 	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
 	@echo "make bench  - run the benchmarks and print their tables"
 	@echo "make setup  - install everything the above need (done by them when needed)"
+	@echo "make images - build the real node's images without Docker (cached by their inputs)"
 	@echo "make crds   - regenerate the chart's CRDs and RBAC rules from the code"
 	@echo "make pipelines - recompile the pipelines' IR under pipelines/compiled"
 	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
 
-setup: python link serving-env binaries debs
+setup: python link serving-env binaries debs $(NODE_IMAGES)
 
 python: $(VENV)/.installed
 
@@ -80,9 +82,14 @@ debs:
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# kubeloop's images for the real node, built without Docker (see images/).
+# kubeloop's images for the real node, built without Docker and cached by
+# their inputs (see images/). Setup builds the two that do not change with the
+# code (the sandbox and the Debian base); tests build the others when needed.
 images: python link binaries debs
 	$(VENV)/bin/kubeloop dev images
+
+node-images: python link debs
+	$(VENV)/bin/kubeloop dev images pause base
 
 lint: setup
 	$(VENV)/bin/ruff check .

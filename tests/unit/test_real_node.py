@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kubeloop.dev import host
-from kubeloop.dev.images import ImageConfig, image_tag, umoci_args
+from kubeloop.dev.binaries import repo_root
+from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
     NodePaths, build_cni_config, build_containerd_config, build_kube_proxy_config, build_kubelet_config,
     kubelet_argv,
@@ -99,3 +100,15 @@ def test_image_tags_change_with_any_input_and_only_then():
     assert tag == image_tag([b"a", b"b"])
     assert tag != image_tag([b"a", b"c"]) and tag != image_tag([b"ab"])
     assert tag.split("-")[0].count(".") == 2  # the project's version comes first
+
+
+@pytest.mark.parametrize("name", sorted(PYTHON_IMAGES))
+def test_local_images_install_the_dockerfiles_package_list_as_a_numeric_non_root_user(name):
+    """One package list per image, read by both builds: the Dockerfile's
+    target of the same name installs the requirements file the local build does."""
+    spec = PYTHON_IMAGES[name]
+    dockerfile = (repo_root() / "images" / "Dockerfile").read_text()
+    assert f"AS build-{name}\n" in dockerfile and f"-r {spec.requirements}" in dockerfile
+    assert "torch" not in (repo_root() / spec.requirements).read_text().split()
+    user = spec.config.user.split(":")[0]
+    assert user.isdigit() and int(user) != 0

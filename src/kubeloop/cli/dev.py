@@ -84,7 +84,9 @@ def status(state_dir: StateDir = None) -> None:
 
 
 @app.command()
-def images(state_dir: StateDir = None,
+def images(names: Annotated[Optional[list[str]], typer.Argument(
+               help="Images to build: pause, base, operator, runtime (default: all).")] = None,
+           state_dir: StateDir = None,
            load: Annotated[bool, typer.Option("--import", help="Also import them into the real node's containerd "
                                               "(the platform must be up with --nodes real).")] = False) -> None:
     """Build kubeloop's images without Docker (Debian root + the project's
@@ -95,7 +97,7 @@ def images(state_dir: StateDir = None,
     from kubeloop.dev.images import ImageError, build_all
 
     try:
-        built = build_all([sys.executable, "-m", "pip"])
+        built = build_all([sys.executable, "-m", "pip"], names)
     except ImageError as exc:
         console.print(f"[red]image build failed:[/red] {exc}")
         raise typer.Exit(1) from None

@@ -222,13 +222,25 @@ def _install_venv(rootfs: Path, spec: PythonImage, wheels: Path) -> None:
     shutil.rmtree(inside)
 
 
-def build_all(pip: list[str]) -> list[tuple[Image, float]]:
-    """Every image the real node uses, each with the seconds its build took
+def builders(pip: list[str]) -> dict[str, Callable[[], Image]]:
+    """How to build (or find in the cache) each image the real node uses, by name."""
+    found: dict[str, Callable[[], Image]] = {"pause": pause_image, "base": base_image}
+    for name, spec in PYTHON_IMAGES.items():
+        found[name] = lambda spec=spec: python_image(spec, pip)
+    return found
+
+
+def build_all(pip: list[str], names: list[str] | None = None) -> list[tuple[Image, float]]:
+    """The named images (default: all), each with the seconds its build took
     (near zero when it came from the cache)."""
+    available = builders(pip)
+    unknown = sorted(set(names or ()) - set(available))
+    if unknown:
+        raise ImageError(f"no image named {', '.join(unknown)}; the images are {', '.join(available)}")
     built = []
-    for build in (pause_image, base_image, *(lambda s=s: python_image(s, pip) for s in PYTHON_IMAGES.values())):
+    for name in names or available:
         started = time.monotonic()
-        image = build()
+        image = available[name]()
         built.append((image, time.monotonic() - started))
     return built
 
