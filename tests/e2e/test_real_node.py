@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,11 +24,15 @@ import pytest
 
 from kubeloop.dev import host
 from kubeloop.dev.binaries import versions
-from kubeloop.dev.images import base_image, pause_image
+from kubeloop.api.constants import API_VERSION
+from kubeloop.cli.demo import load_examples
+from kubeloop.dev.binaries import binary, repo_root
+from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import Platform
 from tests.support.waiting import wait_for
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kubeloop"
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     os.environ.get("KUBELOOP_REAL_NODE") == "0", reason="the real node is turned off (KUBELOOP_REAL_NODE=0)")]
 
@@ -46,9 +51,12 @@ class RealPlatform:
         self.platform.up()
         self.kube = self.platform.kube()
 
-    def namespace(self) -> str:
+    def namespace(self, labels: dict | None = None) -> str:
         name = f"r-{uuid.uuid4().hex[:8]}"
-        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        # Pods are admitted once the namespace's default ServiceAccount exists.
+        wait_for(lambda: self.kube.get("v1", "ServiceAccount", "default", name), timeout=30,
+                 what=f"the default ServiceAccount of {name}")
         return name
 
 
@@ -171,6 +179,99 @@ def test_traffic_to_an_address_without_endpoint_goes_nowhere(real, address):
     assert failure.value.errno in (errno.EINVAL, errno.ENETUNREACH, errno.EHOSTUNREACH), failure.value
 
 
+def operator_process(pod_uid: str) -> psutil.Process:
+    """The operator's Python process, found in its Pod's cgroup."""
+    def probe():
+        for cg in host.cgroups():
+            if pod_uid.replace("-", "_") in str(cg) or pod_uid in str(cg):
+                for pid in host._cgroup_pids(cg):
+                    proc = psutil.Process(pid)
+                    if "operator" in proc.cmdline() and "tini" not in proc.name():
+                        return proc
+        return None
+    return wait_for(probe, timeout=30, what="the operator's process")
+
+
+def test_the_chart_runs_the_operator_on_the_real_node(real):
+    """Cluster path: `helm install` of charts/kubeloop with the locally built
+    operator image. The Pod is admitted under the restricted Pod Security
+    profile, runs as 65532 with a read-only root, reaches the API server
+    through the kubernetes Service, reconciles an example with the noop
+    pipeline backend, answers its webhooks through its Service, and is
+    restarted by its liveness probe when wedged."""
+    image = python_image(PYTHON_IMAGES["operator"], [sys.executable, "-m", "pip"])
+    real.platform.import_image(image)
+    system = real.namespace({"pod-security.kubernetes.io/enforce": "restricted"})
+    apps = real.namespace()
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "webhook", "namespace": system},
+                      "stringData": {"token": "s3cret-token"}})
+    repository, tag = image.ref.rsplit(":", 1)
+    helm = subprocess.run([str(binary("helm")), f"--kubeconfig={real.platform.kubeconfig}", "install", "kl", str(CHART),
+                           "--namespace", system, "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                           "--set", "image.pullPolicy=Never", "--set", "pipelines.backend=noop",
+                           "--set", f"mlflow.trackingUri={real.platform.env()['MLFLOW_TRACKING_URI']}",
+                           "--set", "webhooks.tokenSecret.name=webhook", "--set", f"watchNamespaces={{{apps}}}"],
+                          capture_output=True, text=True, timeout=120)
+    assert helm.returncode == 0, helm.stderr
+
+    def ready_pod():
+        pods = real.kube.list("v1", "Pod", system)
+        ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p.get("status", {}).get("conditions", []))]
+        return ready[0] if ready else None
+    started = wait_for(ready_pod, timeout=120, what="the operator Pod Ready")
+    assert started["spec"]["nodeName"] == NODE_NAME
+    proc = operator_process(started["metadata"]["uid"])
+    assert proc.uids().real == 65532
+    root = next(line.split() for line in Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()
+                if line.split()[4] == "/")
+    assert "ro" in root[5].split(","), root
+
+    examples = {d["kind"]: d for d in load_examples(repo_root() / "examples")}
+    job = examples["TrainingJob"]
+    job["metadata"]["namespace"] = apps
+    real.kube.create(job)
+    wait_for(lambda: ((real.kube.get(API_VERSION, "TrainingJob", job["metadata"]["name"], apps) or {})
+                      .get("status") or {}).get("phase") == "Succeeded", timeout=60, what="the TrainingJob reconciled")
+
+    service = real.kube.get("v1", "Service", "kl-kubeloop", system)
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/hooks/alertmanager"
+    real.platform.import_image(base_image())
+    client = pod("hooks", apps, base_image().ref, ["python3", "-c", WEBHOOK_CLIENT, url], restartPolicy="Never")
+    real.kube.create(client)
+    done = wait_for(lambda: (p := real.kube.get("v1", "Pod", "hooks", apps)) and
+                    p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=60, what="the webhook client")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+
+    os.kill(proc.pid, signal.SIGSTOP)  # wedged: alive, answering nothing
+    try:
+        restarted = wait_for(lambda: (p := ready_pod()) and p["status"]["containerStatuses"][0]["restartCount"] >= 1
+                             and p, timeout=180, interval=1, what="the liveness probe restarting the operator")
+    finally:
+        if proc.is_running():
+            os.kill(proc.pid, signal.SIGCONT)
+    assert restarted["metadata"]["uid"] == started["metadata"]["uid"]  # the same Pod, its container restarted
+
+
+# Posts one alert with the right token and one with a wrong one: 200, then 401.
+WEBHOOK_CLIENT = """
+import json, sys, urllib.error, urllib.request
+alert = {"version": "4", "status": "firing", "receiver": "kubeloop-operator", "alerts": [{"status": "firing",
+         "labels": {"alertname": "KubeloopDataDrift", "namespace": "none", "inferenceservice": "none"},
+         "annotations": {}, "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "realnode00000001"}]}
+def post(token):
+    request = urllib.request.Request(sys.argv[1], json.dumps(alert).encode(), method="POST",
+                                     headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as error:
+        return error.code
+codes = (post("s3cret-token"), post("wrong"))
+print(codes)
+assert codes == (200, 401), codes
+"""
+
+
 def node_pids(platform: Platform) -> list[int]:
     pids = [p.pid for p in platform.state().processes]
     return pids + [p.pid for p in host.node_processes(platform.dir)]
@@ -198,7 +299,7 @@ def assert_host_clean(state_dirs: list[Path], pids: list[int], sysctls_before: d
     assert sysctls() == sysctls_before
     assert not host.CLAIM.exists()
     # CNI results, shim and device-plugin sockets: paths the parts hard-code.
-    for folder in ("/var/lib/cni", "/var/lib/kubelet", "/run/containerd", "/usr/libexec/kubernetes", "/run/kubeloop"):
+    for folder in ("/var/lib/cni", "/var/lib/kubelet", "/run/containerd", "/run/kubeloop"):
         assert not Path(folder).exists(), list(Path(folder).rglob("*"))
 
 
@@ -221,6 +322,7 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
         second.up()
         kube = second.kube()
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "after"}})
+        wait_for(lambda: kube.get("v1", "ServiceAccount", "default", "after"), timeout=30, what="a ServiceAccount")
         kube.create(pod("after", "after", pause_image().ref))
         assert running(kube, "after", "after")["spec"]["nodeName"] == NODE_NAME
         pids += node_pids(second)

@@ -41,8 +41,9 @@ RUN_DIR = Path("/run/kubeloop")
 CLAIM = RUN_DIR / "real-node.json"
 # Made outside the state directory by parts that hard-code the path: the CNI
 # result cache (libcni), shim sockets (containerd), the device-plugin socket
-# (kubelet), and the kubelet's default volume plugin folder. Only one real
-# node runs per machine, so what matches here is its own.
+# (kubelet). Only one real node runs per machine, so what matches here is its
+# own. (/usr/libexec/kubernetes is not: every kube-controller-manager, the
+# fake-only platforms' too, makes its flexvolume folder there.)
 HOST_FILES = {
     Path("/var/lib/cni/results"): ("kubeloop-*", "cni-loopback-*"),
     Path("/var/lib/kubelet/device-plugins"): ("kubelet.sock", "DEPRECATION"),
@@ -51,9 +52,7 @@ HOST_FILES = {
 # Removed when empty, children before parents.
 HOST_DIRS = (
     Path("/var/lib/cni/results"), Path("/var/lib/cni"), Path("/var/lib/kubelet/device-plugins"),
-    Path("/var/lib/kubelet"), Path("/usr/libexec/kubernetes/kubelet-plugins/volume/exec"),
-    Path("/usr/libexec/kubernetes/kubelet-plugins/volume"), Path("/usr/libexec/kubernetes/kubelet-plugins"),
-    Path("/usr/libexec/kubernetes"), Path("/run/containerd/s"), Path("/run/containerd"), RUN_DIR,
+    Path("/var/lib/kubelet"), Path("/run/containerd/s"), Path("/run/containerd"), RUN_DIR,
 )
 # Set by us (forwarding, bridge netfilter), kube-proxy (route_localnet) and
 # the kubelet (its kernel defaults): each is put back as it was.
@@ -223,7 +222,10 @@ def clean(state_dir: Path | None, claim: Claim | None = None) -> None:
     CLAIM.unlink(missing_ok=True)
     for folder in HOST_DIRS:
         if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+            try:
+                folder.rmdir()
+            except OSError:  # refilled meanwhile: no longer ours to remove
+                pass
 
 
 def _kill(procs: list) -> None:

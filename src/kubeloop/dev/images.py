@@ -29,6 +29,7 @@ PAUSE_SOURCE = ("tools/pause/go.mod", "tools/pause/main.go")
 # project's environments) and tini, so PID 1 forwards SIGTERM.
 BASE_PACKAGES = ("python3", "python3-venv", "tini", "ca-certificates")
 APT_SOURCES = Path("/etc/apt")
+USER_ID = "65532"
 
 
 class ImageError(RuntimeError):
@@ -129,14 +130,19 @@ def base_rootfs() -> Path:
 
 
 def extract(tar: Path, rootfs: Path) -> None:
+    """Unpack the Debian root and add the images' user: Pods run as 65532,
+    and Python's getpass (kopf asks it for an identity) needs a passwd entry."""
     _run(["tar", "-xf", str(tar), "-C", str(rootfs), "--numeric-owner", "--same-permissions"])
+    _run(["chroot", str(rootfs), "groupadd", "--gid", USER_ID, "kubeloop"])
+    _run(["chroot", str(rootfs), "useradd", "--uid", USER_ID, "--gid", USER_ID, "--home-dir", "/tmp",
+          "--no-create-home", "--shell", "/usr/sbin/nologin", "kubeloop"])
 
 
 def base_image() -> Image:
     """Debian with python3 and tini, running as nobody-like 65532: enough for
     plain processes in tests (an HTTP server, a memory hog)."""
     rootfs_tar = base_rootfs()
-    tag = image_tag([rootfs_tar.name.encode()])
+    tag = image_tag([rootfs_tar.name.encode(), Path(__file__).read_bytes()])
     image = Image("base", tag, images_dir() / f"base-{tag}.tar")
     if not image.archive.exists():
         build_image(image, lambda rootfs: extract(rootfs_tar, rootfs),
@@ -181,7 +187,7 @@ def python_image(spec: PythonImage, pip: list[str]) -> Image:
     """Build (or find in the cache) spec's image; pip is the host's pip
     command, which collects the wheels the image installs offline."""
     root = repo_root()
-    inputs = [base_rootfs().name.encode(), (root / spec.requirements).read_bytes(), repr(spec.config).encode()]
+    inputs = [base_rootfs().name.encode(), (root / spec.requirements).read_bytes(), Path(__file__).read_bytes()]
     if spec.constraints:
         inputs.append((root / spec.constraints).read_bytes())
     if spec.project:

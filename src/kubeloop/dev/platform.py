@@ -34,7 +34,7 @@ from kubeloop.dev.binaries import binary
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
 from kubeloop.dev.images import Image, pause_image
-from kubeloop.dev.pki import NODE_NAME, Pki, create_pki
+from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki, create_pki
 from kubeloop.operator.kube import Kube, KubeError
 
 Progress = Callable[[str], None]
@@ -116,6 +116,12 @@ class Platform:
         return Pki(self.dir / "pki")
 
     @property
+    def host_address(self) -> str:
+        """Where the API server and MLflow listen: loopback, or with the real
+        node its address (on this machine only), so that Pods reach them too."""
+        return NODE_IP if self.real_node else "127.0.0.1"
+
+    @property
     def node_paths(self) -> node.NodePaths:
         return node.NodePaths(self.dir / "node", host.socket_dir(self.dir))
 
@@ -148,6 +154,8 @@ class Platform:
         started = time.monotonic()
         state = PlatformState(started_at=time.time(), real_node=self.real_node)
         try:
+            if self.real_node:  # first: the servers bind the node's address
+                host.prepare(self.dir)
             self._start_control_plane(state, progress)
             if self.real_node:
                 self._start_node(state, progress)
@@ -254,7 +262,7 @@ class Platform:
         ports = state.ports
         for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", "operator"):
             ports[name] = processes.free_port()
-        api = f"https://127.0.0.1:{ports['apiserver']}"
+        api = f"https://{self.host_address}:{ports['apiserver']}"
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
             name = "kubeconfig" if identity == "admin" else f"{identity}.kubeconfig"
             (self.dir / name).write_text(
@@ -279,7 +287,7 @@ class Platform:
         progress("starting kube-apiserver")
         self._spawn(state, "kube-apiserver", [
             str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.host_address}", f"--advertise-address={self.host_address}",
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}", f"--token-auth-file={pki.token_file}",
@@ -292,10 +300,12 @@ class Platform:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.service_account_key}",
             f"--service-account-signing-key-file={pki.service_account_key}",
-            "--disable-admission-plugins=ServiceAccount",
-            # The loopback address may not be an Endpoints IP; nothing in the
-            # platform reaches the API server through the kubernetes Service.
-            "--endpoint-reconciler-type=none",
+            # Pods on the real node get their ServiceAccount's token; KWOK's
+            # Pods need none (and need not wait for the namespace's account).
+            *([] if self.real_node else ["--disable-admission-plugins=ServiceAccount"]),
+            # The loopback address may not be an Endpoints IP: without the real
+            # node nothing reaches the API server through the kubernetes Service.
+            f"--endpoint-reconciler-type={'lease' if self.real_node else 'none'}",
             f"--audit-policy-file={AUDIT_POLICY}", f"--audit-log-path={self.audit_log}",
             "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             "--profiling=false", "--v=0",
@@ -395,7 +405,6 @@ class Platform:
         progress("starting the real node (containerd, kubelet, kube-proxy)")
         paths, pki = self.node_paths, self.pki
         pause = pause_image()
-        host.prepare(self.dir)
         node.write_configs(paths, pki, pause.ref)
         api = state.urls["KUBELOOP_APISERVER"]
         for identity, path in (("node", paths.kubelet_kubeconfig), ("kube-proxy", paths.kube_proxy_kubeconfig)):
@@ -461,7 +470,8 @@ class Platform:
         root.mkdir(parents=True, exist_ok=True)
         port = state.ports["mlflow"]
         self._spawn(state, "mlflow", [
-            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            sys.executable, "-m", "mlflow", "server", "--host", self.host_address, "--port", str(port),
+            *(["--allowed-hosts", f"{NODE_IP}:{port},{NODE_IP}"] if self.real_node else []),
             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
             "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts", "--workers", "1",
         ], env={
@@ -473,7 +483,7 @@ class Platform:
             "MLFLOW_WEBHOOK_CACHE_TTL": "1",
             "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": _fernet_key(root / "webhook.key"),
         })
-        state.urls["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+        state.urls["MLFLOW_TRACKING_URI"] = f"http://{self.host_address}:{port}"
 
     # -- helpers -----------------------------------------------------------
 
