@@ -3,8 +3,8 @@ beside KWOK's fake GPU fleet. Every test here proves the cluster path on a
 real node (real processes in real namespaces), not the local backend.
 
 One real node fits on a machine: the module starts its own platform with it
-(the session's platform stays fake-only) and the last test takes it down and
-checks the host. KUBELOOP_REAL_NODE=0 turns these tests off (for a machine
+(the session's platform stays fake-only; a run that finds another run's real
+node waits for it to go), and the last test takes it down and checks the host. KUBELOOP_REAL_NODE=0 turns these tests off (for a machine
 where a developer keeps a real node of their own running)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kubeloop.cli.demo import load_examples
 from kubeloop.dev.binaries import binary, repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
 from kubeloop.dev.pki import NODE_NAME
-from kubeloop.dev.platform import Platform
+from kubeloop.dev.platform import NodeBusy, Platform
 from tests.support.waiting import wait_for
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kubeloop"
@@ -48,8 +48,16 @@ class RealPlatform:
     def __init__(self, state_dir: Path):
         self.platform = Platform(state_dir, real_node=True)
         self.sysctls_before = sysctls()
-        self.platform.up()
+        wait_for(self._up, timeout=900, interval=5, what="this machine's one real node to be free")
         self.kube = self.platform.kube()
+
+    def _up(self) -> bool:
+        """Up, or False while another test run's real node holds the machine."""
+        try:
+            self.platform.up()
+            return True
+        except NodeBusy:
+            return False
 
     def namespace(self, labels: dict | None = None) -> str:
         name = f"r-{uuid.uuid4().hex[:8]}"
@@ -304,10 +312,16 @@ def assert_host_clean(state_dirs: list[Path], pids: list[int], sysctls_before: d
 
 
 def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, tmp_path):
-    """Cluster path: a real node killed without teardown (every process
+    """Cluster path: a second real node is refused while one runs; a real
+    node killed without teardown (every process
     SIGKILLed, its Pods' processes left running) is cleaned up by the next
     `dev up`, whose node then runs Pods; its `dev down` leaves no process,
     mount, cgroup, bridge, iptables chain, route or sysctl change behind."""
+    refused = Platform(tmp_path / "refused", real_node=True)
+    with pytest.raises(NodeBusy, match=f"dev down --state-dir {real.platform.dir}"):
+        refused.up()  # while the first node runs, a second is refused before it starts anything
+    assert not refused.dir.exists()
+
     namespace = real.namespace()
     real.kube.create(pod("survivor", namespace, pause_image().ref))
     running(real.kube, "survivor", namespace)

@@ -84,6 +84,10 @@ class PlatformError(RuntimeError):
     """The platform could not be brought up; the message carries the log tail."""
 
 
+class NodeBusy(PlatformError):
+    """Another platform's real node runs on this machine (one fits)."""
+
+
 class Platform:
     """The local platform rooted at one state directory."""
 
@@ -384,7 +388,7 @@ class Platform:
         if claim and Path(claim.state_dir) != self.dir:
             owner = Platform(Path(claim.state_dir))
             if owner.running():
-                raise PlatformError(
+                raise NodeBusy(
                     f"a real node of the platform in {claim.state_dir} is running, and one machine takes one real"
                     f" node: stop it with `kubeloop dev down --state-dir {claim.state_dir}`, or start this"
                     " platform without --nodes real")
