@@ -187,6 +187,77 @@ def test_traffic_to_an_address_without_endpoint_goes_nowhere(real, address):
     assert failure.value.errno in (errno.EINVAL, errno.ENETUNREACH, errno.EHOSTUNREACH), failure.value
 
 
+# A python-backend model that doubles its input: enough to show the image's
+# tritonserver, its python backend stub and the serving environment's numpy work.
+DOUBLE_CONFIG = """
+name: "double"
+backend: "python"
+max_batch_size: 0
+input [{ name: "X", data_type: TYPE_FP32, dims: [ 2 ] }]
+output [{ name: "Y", data_type: TYPE_FP32, dims: [ 2 ] }]
+instance_group [{ kind: KIND_CPU, count: 1 }]
+"""
+DOUBLE_MODEL = """
+import os
+import site
+
+site.addsitedir(os.environ["KUBELOOP_SITE_PACKAGES"])
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", (pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2).astype(np.float32))]) for r in requests]
+"""
+
+
+def test_a_triton_pod_from_the_local_image_answers_v2_inference_through_its_service(real):
+    """Cluster path: tritonserver from kubeloop's Triton image (the
+    nvidia-pytriton wheel with the serving environment, built here) runs in a
+    non-root Pod on the real node, loads a python-backend model from a
+    ConfigMap, and answers a v2 inference request through its Service's
+    NodePort on the host's loopback."""
+    image = python_image(PYTHON_IMAGES["triton"], [sys.executable, "-m", "pip"])
+    real.platform.import_image(image)
+    namespace = real.namespace()
+    real.kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "double", "namespace": namespace},
+                      "data": {"config.pbtxt": DOUBLE_CONFIG, "model.py": DOUBLE_MODEL}})
+    server = pod("triton", namespace, image.ref)
+    container = server["spec"]["containers"][0]
+    container["args"] = ["tritonserver", "--model-repository=/models", "--model-control-mode=explicit",
+                         "--load-model=double", "--exit-on-error=false", "--http-port=8000", "--grpc-port=8001",
+                         "--metrics-port=8002"]
+    container["readinessProbe"] = {"httpGet": {"path": "/v2/models/double/ready", "port": 8000}, "periodSeconds": 1}
+    container["volumeMounts"] = [{"name": "models", "mountPath": "/models/double"}]
+    server["spec"]["volumes"] = [{"name": "models", "configMap": {"name": "double", "items": [
+        {"key": "config.pbtxt", "path": "config.pbtxt"}, {"key": "model.py", "path": "1/model.py"}]}}]
+    real.kube.create(server)
+    service = real.kube.create({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "triton", "namespace": namespace},
+        "spec": {"type": "NodePort", "selector": {"app": "triton"}, "ports": [{"port": 8000, "targetPort": 8000}]}})
+    wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
+                         (real.kube.get("v1", "Pod", "triton", namespace) or {}).get("status", {}).get("conditions", [])),
+             timeout=120, what="Triton Ready with the model loaded")
+    url = f"http://127.0.0.1:{service['spec']['ports'][0]['nodePort']}"
+    import requests
+
+    body = {"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1.5, -2.0]}]}
+    answer = wait_for(lambda: _post(requests, f"{url}/v2/models/double/infer", body), timeout=30,
+                      what="the inference answered through the Service")
+    assert answer["outputs"][0]["data"] == [3.0, -4.0]
+    assert requests.get(f"{url}/v2", timeout=5).json()["name"] == "triton"
+
+
+def _post(requests, url: str, body: dict) -> dict | None:
+    try:
+        response = requests.post(url, json=body, timeout=10)
+    except requests.RequestException:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
 def operator_process(pod_uid: str) -> psutil.Process:
     """The operator's Python process, found in its Pod's cgroup."""
     def probe():

@@ -109,12 +109,13 @@ def apt_source_files() -> list[Path]:
     return [f for f in files if f.suffix in (".list", ".sources") and f.is_file() and f.stat().st_size]
 
 
-def base_rootfs() -> Path:
-    """A minbase Debian root (BASE_PACKAGES) as a tar, built once per suite,
-    package set and apt sources."""
+def base_rootfs(extra: tuple[str, ...] = ()) -> Path:
+    """A minbase Debian root (BASE_PACKAGES and extra) as a tar, built once
+    per suite, package set and apt sources."""
     sources = apt_source_files()
     suite = debian_suite()
-    key = image_tag([suite.encode(), " ".join(BASE_PACKAGES).encode(), *(f.read_bytes() for f in sources)])
+    packages = BASE_PACKAGES + extra
+    key = image_tag([suite.encode(), " ".join(packages).encode(), *(f.read_bytes() for f in sources)])
     tar = images_dir() / f"rootfs-{suite}-{key}.tar"
     if tar.exists():
         return tar
@@ -122,7 +123,7 @@ def base_rootfs() -> Path:
         raise ImageError("mmdebstrap is not installed; run `make setup` (it installs Debian's mmdebstrap)")
     images_dir().mkdir(parents=True, exist_ok=True)
     partial = tar.with_suffix(".partial.tar")
-    _run(["mmdebstrap", "--variant=minbase", "--quiet", f"--include={','.join(BASE_PACKAGES)}",
+    _run(["mmdebstrap", "--variant=minbase", "--quiet", f"--include={','.join(packages)}",
           "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
           suite, str(partial), *map(str, sources)])
     partial.rename(tar)
@@ -162,16 +163,34 @@ class PythonImage:
     project: bool = True
     """Install kubeloop itself (with --no-deps: the requirements file decides)."""
     constraints: str | None = "requirements/constraints.txt"
+    debs: tuple[str, ...] = ()
+    """Debian packages beyond BASE_PACKAGES."""
+    finish: Callable[[Path], None] | None = None
+    """Last touches to the root, after the venv is installed."""
 
 
 VENV = "/opt/kubeloop"
 _PYTHON_ENV = {"PATH": f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONUNBUFFERED": "1",
                "PYTHONDONTWRITEBYTECODE": "1"}
+TRITON_SETUP = "images/triton-setup.sh"
+
+
+def _lay_out_triton(rootfs: Path) -> None:
+    """The same layout step images/Dockerfile runs (one script for both)."""
+    shutil.copy(repo_root() / TRITON_SETUP, rootfs / "tmp" / "triton-setup.sh")
+    _run(["chroot", str(rootfs), "/bin/sh", "/tmp/triton-setup.sh"])
+    (rootfs / "tmp" / "triton-setup.sh").unlink()
+
+
 PYTHON_IMAGES = {
     "operator": PythonImage("operator", "images/operator.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--", "kubeloop"], cmd=["operator"], env=_PYTHON_ENV, workdir="/tmp")),
     "runtime": PythonImage("runtime", "images/runtime.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--"], cmd=["kubeloop"], env=_PYTHON_ENV, workdir="/tmp")),
+    # Triton's own environment (numpy<2, see requirements/serving.txt).
+    "triton": PythonImage("triton", "requirements/serving.txt", ImageConfig(
+        entrypoint=["/usr/bin/tini", "--"], cmd=["tritonserver"], env=_PYTHON_ENV, workdir="/tmp"),
+        project=False, constraints=None, debs=("libpython3.11",), finish=_lay_out_triton),
 }
 
 
@@ -187,7 +206,8 @@ def python_image(spec: PythonImage, pip: list[str]) -> Image:
     """Build (or find in the cache) spec's image; pip is the host's pip
     command, which collects the wheels the image installs offline."""
     root = repo_root()
-    inputs = [base_rootfs().name.encode(), (root / spec.requirements).read_bytes(), Path(__file__).read_bytes()]
+    inputs = [base_rootfs(spec.debs).name.encode(), (root / spec.requirements).read_bytes(),
+              Path(__file__).read_bytes(), (root / TRITON_SETUP).read_bytes()]
     if spec.constraints:
         inputs.append((root / spec.constraints).read_bytes())
     if spec.project:
@@ -215,7 +235,7 @@ def _collect_wheels(spec: PythonImage, pip: list[str], root: Path, wheels: Path)
 def _install_venv(rootfs: Path, spec: PythonImage, wheels: Path) -> None:
     """Debian's python3 makes the venv inside the root (so its paths are the
     image's own) and installs only the collected wheels: no index is asked."""
-    extract(base_rootfs(), rootfs)
+    extract(base_rootfs(spec.debs), rootfs)
     inside = rootfs / "tmp" / "wheels"
     shutil.copytree(wheels, inside)
     _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", VENV])
@@ -226,6 +246,8 @@ def _install_venv(rootfs: Path, spec: PythonImage, wheels: Path) -> None:
     if spec.project:
         _run([*pip, "--no-deps", "kubeloop"])
     shutil.rmtree(inside)
+    if spec.finish:
+        spec.finish(rootfs)
 
 
 def builders(pip: list[str]) -> dict[str, Callable[[], Image]]:
@@ -272,6 +294,10 @@ def build_image(image: Image, populate: Callable[[Path], None], config: ImageCon
             for entry in sorted(layout.iterdir()):
                 archive.add(entry, arcname=entry.name)
         partial.rename(image.archive)
+    # Only the newest build of each image is kept: older ones are never used again.
+    for older in images_dir().glob(f"{image.name}-*.tar"):
+        if older != image.archive:
+            older.unlink()
 
 
 def _run(argv: list[str], cwd: Path | None = None, env_extra: dict[str, str] | None = None) -> None:
