@@ -12,27 +12,37 @@ SERVING_VENV := .venv-serving
 PY := $(VENV)/bin/python
 export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
 BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
+              $(KUBELOOP_CACHE)/bin/node-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/kwok-$(KWOK_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/helm-$(HELM_VERSION)/.complete
 DEBS := prometheus prometheus-alertmanager
+# The real node (kubeloop dev up --nodes real, and its tests): containerd, runc,
+# CNI plugins, kube-proxy's iptables and conntrack, and the image tools.
+# KUBELOOP_REAL_NODE=0 leaves them out (and the real node's tests skip).
+NODE_DEBS := containerd runc containernetworking-plugins iptables conntrack mmdebstrap umoci
+ifneq ($(KUBELOOP_REAL_NODE),0)
+DEBS += $(NODE_DEBS)
+NODE_IMAGES := node-images
+endif
 # The editable install links each file of the mapped folders into a tree of
 # its own, so it is refreshed whenever the set of package files changes.
 PKG_FILES_HASH := $(shell find src operator pipelines components featurestore monitoring \
   -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
   | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python serving-env binaries debs link test test-unit test-e2e lint bench demo crds pipelines lock clean
+.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
 	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
 	@echo "make bench  - run the benchmarks and print their tables"
 	@echo "make setup  - install everything the above need (done by them when needed)"
+	@echo "make images - build the real node's images without Docker (cached by their inputs)"
 	@echo "make crds   - regenerate the chart's CRDs and RBAC rules from the code"
 	@echo "make pipelines - recompile the pipelines' IR under pipelines/compiled"
 	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
 
-setup: python link serving-env binaries debs
+setup: python link serving-env binaries debs $(NODE_IMAGES)
 
 python: $(VENV)/.installed
 
@@ -71,6 +81,15 @@ debs:
 	  echo "installing Debian packages:$$missing"; \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+
+# kubeloop's images for the real node, built without Docker and cached by
+# their inputs (see images/). Setup builds the two that do not change with the
+# code (the sandbox and the Debian base); tests build the others when needed.
+images: python link binaries debs
+	$(VENV)/bin/kubeloop dev images
+
+node-images: python link debs
+	$(VENV)/bin/kubeloop dev images pause base
 
 lint: setup
 	$(VENV)/bin/ruff check .

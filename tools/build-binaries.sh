@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local platform (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kwok, helm) from the tools modules
+# kube-controller-manager, kube-scheduler, kwok, helm; kubelet and kube-proxy
+# for the real node) from the tools modules
 # beside this script into $KUBELOOP_CACHE/bin/<group>-<version>/. Each group is
 # built once per machine and version: a finished group carries a .complete
 # stamp and is skipped afterwards. Usage: build-binaries.sh [group...]
@@ -45,13 +46,19 @@ kubernetes_ldflags() {
 
 mkdir -p "$cache/bin"
 groups=("$@")
-[[ ${#groups[@]} -gt 0 ]] || groups=(kubernetes kwok helm)
+[[ ${#groups[@]} -gt 0 ]] || groups=(kubernetes node kwok helm)
 for group in "${groups[@]}"; do
   case $group in
     kubernetes)
       build kubernetes "$KUBERNETES_VERSION" controlplane "$(kubernetes_ldflags)" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl go.etcd.io/etcd/server/v3
+      ;;
+    # The real node's binaries: a group of their own, so adding them left the
+    # control plane's cached group valid; they share its build cache.
+    node)
+      build node "$KUBERNETES_VERSION" controlplane "$(kubernetes_ldflags)" \
+        k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
       ;;
     kwok) build kwok "$KWOK_VERSION" kwok "-s -w" sigs.k8s.io/kwok/cmd/kwok ;;
     helm)

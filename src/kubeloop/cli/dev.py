@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,10 +20,25 @@ StateDir = Annotated[Optional[Path], typer.Option("--state-dir", envvar="KUBELOO
                                                   help="Where the platform keeps its state and logs.")]
 
 
+class Nodes(str, Enum):
+    fake = "fake"
+    real = "real"
+
+
+def nodes_from_env() -> Nodes:
+    """KUBELOOP_REAL_NODE=1 (or true/yes) asks for the real node by default."""
+    return Nodes.real if os.environ.get("KUBELOOP_REAL_NODE", "").lower() in ("1", "true", "yes") else Nodes.fake
+
+
 @app.command()
-def up(state_dir: StateDir = None) -> None:
-    """Start etcd, the Kubernetes control plane and KWOK's fake GPU fleet."""
-    platform = Platform(state_dir)
+def up(state_dir: StateDir = None,
+       nodes: Annotated[Optional[Nodes], typer.Option(
+           help="fake: KWOK's nodes only. real: also one real node (containerd, kubelet, kube-proxy) that runs "
+                "the CPU Pods; changes the host (see README). Default: real if KUBELOOP_REAL_NODE=1.")] = None,
+       ) -> None:
+    """Start etcd, the Kubernetes control plane and KWOK's fake GPU fleet,
+    and with --nodes real a real node beside it."""
+    platform = Platform(state_dir, real_node=(nodes or nodes_from_env()) is Nodes.real)
     try:
         with console.status("starting the platform") as status:
             platform.up(progress=lambda msg: status.update(msg))
@@ -35,8 +52,13 @@ def up(state_dir: StateDir = None) -> None:
 
 @app.command()
 def down(state_dir: StateDir = None) -> None:
-    """Stop every process `up` started and remove the state."""
-    Platform(state_dir).down()
+    """Stop every process `up` started, undo the real node's changes to the
+    host, and remove the state."""
+    try:
+        Platform(state_dir).down()
+    except PlatformError as exc:
+        console.print(f"[red]the platform did not come down cleanly:[/red] {exc}")
+        raise typer.Exit(1) from None
     console.print("platform down")
 
 
@@ -52,9 +74,40 @@ def status(state_dir: StateDir = None) -> None:
     for name, row in rows.items():
         table.add_row(name, "[green]running[/green]" if row["running"] else "[red]stopped[/red]",
                       str(row["pid"]), row["log"])
+    node = platform.node_status()
+    if node:
+        table.add_row(f"node {node['name']}", "[green]Ready[/green]" if node["ready"] else "[red]NotReady[/red]",
+                      "", node["message"])
     Console().print(table)
-    if not all(r["running"] for r in rows.values()):
+    if not all(r["running"] for r in rows.values()) or (node and not node["ready"]):
         raise typer.Exit(1)
+
+
+@app.command()
+def images(names: Annotated[Optional[list[str]], typer.Argument(
+               help="Images to build: pause, base, operator, runtime (default: all).")] = None,
+           state_dir: StateDir = None,
+           load: Annotated[bool, typer.Option("--import", help="Also import them into the real node's containerd "
+                                              "(the platform must be up with --nodes real).")] = False) -> None:
+    """Build kubeloop's images without Docker (Debian root + the project's
+    packages, assembled with umoci), cached under ~/.cache/kubeloop/images
+    by their inputs; Pods use them with imagePullPolicy Never."""
+    import sys
+
+    from kubeloop.dev.images import ImageError, build_all
+
+    try:
+        built = build_all([sys.executable, "-m", "pip"], names)
+    except ImageError as exc:
+        console.print(f"[red]image build failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    platform = Platform(state_dir)
+    table = Table("image", "MB", "seconds")
+    for image, seconds in built:
+        if load:
+            platform.import_image(image)
+        table.add_row(image.ref, f"{image.archive.stat().st_size / 2**20:.0f}", f"{seconds:.1f}")
+    Console().print(table)
 
 
 @app.command()

@@ -7,16 +7,15 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+# binary -> (its group's folder under bin/, the version that keys the group)
 GROUPS = {
-    "etcd": "KUBERNETES_VERSION",
-    "kube-apiserver": "KUBERNETES_VERSION",
-    "kube-controller-manager": "KUBERNETES_VERSION",
-    "kube-scheduler": "KUBERNETES_VERSION",
-    "kubectl": "KUBERNETES_VERSION",
-    "kwok": "KWOK_VERSION",
-    "helm": "HELM_VERSION",
+    **{name: ("kubernetes", "KUBERNETES_VERSION") for name in
+       ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")},
+    "kubelet": ("node", "KUBERNETES_VERSION"),
+    "kube-proxy": ("node", "KUBERNETES_VERSION"),
+    "kwok": ("kwok", "KWOK_VERSION"),
+    "helm": ("helm", "HELM_VERSION"),
 }
-_GROUP_DIR = {"KUBERNETES_VERSION": "kubernetes", "KWOK_VERSION": "kwok", "HELM_VERSION": "helm"}
 
 
 class MissingBinary(RuntimeError):
@@ -47,9 +46,9 @@ def versions() -> dict[str, str]:
 
 def binary(name: str) -> Path:
     """The cached binary, or MissingBinary saying how to build it."""
-    key = GROUPS[name]
+    group, key = GROUPS[name]
     version = versions()[key]
-    path = cache_dir() / "bin" / f"{_GROUP_DIR[key]}-{version}" / name
+    path = cache_dir() / "bin" / f"{group}-{version}" / name
     if not path.exists():
         raise MissingBinary(
             f"{name} {version} is not built on this machine ({path} is missing); "

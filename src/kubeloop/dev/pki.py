@@ -2,7 +2,10 @@
 
 A private CA signs the API server's serving certificate, so clients verify
 TLS instead of skipping it; one RSA key signs service-account tokens; static
-bearer tokens identify the admin, the controller manager and the scheduler.
+bearer tokens identify the admin, the controller manager, the scheduler and
+the real node's kubelet and kube-proxy. The CA also signs the real node's
+kubelet serving certificate and the client certificate the API server shows
+the kubelet (for logs, exec and port-forward).
 """
 
 from __future__ import annotations
@@ -18,13 +21,21 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-# Static identities (user, groups). The controller manager and the scheduler
-# get exactly the identities Kubernetes' bootstrap RBAC policy grants roles to.
+# The real node's name and address: the gateway of its Pod bridge, an address
+# that exists only on this machine (never a routable one).
+NODE_NAME = "kubeloop-real"
+NODE_IP = "10.244.128.1"
+
+# Static identities (user, groups). The controller manager, the scheduler, the
+# kubelet and kube-proxy get exactly the identities Kubernetes' bootstrap RBAC
+# policy (and the Node authorizer) grant their permissions to.
 IDENTITIES = {
     "admin": ("kubeloop-admin", "system:masters"),
     "controller-manager": ("system:kube-controller-manager", ""),
     "scheduler": ("system:kube-scheduler", ""),
     "kwok": ("kubeloop-kwok", "system:masters"),
+    "node": (f"system:node:{NODE_NAME}", "system:nodes"),
+    "kube-proxy": ("system:kube-proxy", ""),
 }
 
 
@@ -54,6 +65,22 @@ class Pki:
     def token_file(self) -> Path:
         return self.dir / "tokens.csv"
 
+    @property
+    def kubelet_client_cert(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.key"
+
+    @property
+    def kubelet_cert(self) -> Path:
+        return self.dir / "kubelet.crt"
+
+    @property
+    def kubelet_key(self) -> Path:
+        return self.dir / "kubelet.key"
+
     def token(self, identity: str) -> str:
         for line in self.token_file.read_text().splitlines():
             token, user, _uid, *_ = line.split(",")
@@ -77,27 +104,43 @@ def create_pki(directory: Path) -> Pki:
                                      encipher_only=False, decipher_only=False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    server_key = _rsa_key()
     names = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
                                        "kubernetes.default.svc")]
-    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "10.96.0.1")]
-    server = (
-        _builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
-                 ca_name, server_key.public_key())
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
-                       critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "10.96.0.1", NODE_IP)]
+    issue = _Issuer(ca_name, ca_key)
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.serving_cert.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    _write_key(pki.serving_key, server_key)
+    issue(pki.serving_cert, pki.serving_key, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+          x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, names)
+    issue(pki.kubelet_cert, pki.kubelet_key, x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NODE_NAME)]),
+          x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, [x509.IPAddress(ipaddress.ip_address(NODE_IP))])
+    issue(pki.kubelet_client_cert, pki.kubelet_client_key, x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+        x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client")]),
+          x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH, [])
     _write_key(pki.service_account_key, _rsa_key())
     rows = [f"{secrets.token_urlsafe(32)},{user},{user}" + (f',"{group}"' if group else "")
             for user, group in IDENTITIES.values()]
     pki.token_file.write_text("\n".join(rows) + "\n")
     pki.token_file.chmod(0o600)
     return pki
+
+
+@dataclass(frozen=True)
+class _Issuer:
+    """Issues certificates signed by the CA."""
+
+    ca_name: x509.Name
+    ca_key: rsa.RSAPrivateKey
+
+    def __call__(self, cert_path: Path, key_path: Path, subject: x509.Name, usage: x509.ObjectIdentifier,
+                 names: list[x509.GeneralName]) -> None:
+        key = _rsa_key()
+        builder = (_builder(subject, self.ca_name, key.public_key())
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        if names:
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert_path.write_bytes(builder.sign(self.ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+        _write_key(key_path, key)
 
 
 def _rsa_key() -> rsa.RSAPrivateKey:

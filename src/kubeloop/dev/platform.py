@@ -2,11 +2,14 @@
 kube-controller-manager, kube-scheduler) with KWOK faking a GPU fleet, an
 MLflow tracking server, a Feast repository, and Prometheus and Alertmanager
 (Debian's) with kubeloop's rules, run as background processes on 127.0.0.1
-from a state directory.
+from a state directory. With `real_node`, one real node (containerd, kubelet,
+kube-proxy; see kubeloop.dev.node) runs Pods beside the fake GPU fleet and
+takes the place of the fleet's CPU-only nodes.
 
 `up` is idempotent: a platform whose processes all run is left alone, one that
 is half dead is torn down and started again. `down` stops every process `up`
-started and removes the state directory.
+started, undoes what the real node changed on the host, and removes the
+state directory.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from typing import Callable
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
-from kubeloop.dev import processes
+from kubeloop.dev import host, node, processes
 from kubeloop.dev.binaries import binary
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
-from kubeloop.dev.pki import Pki, create_pki
+from kubeloop.dev.host import SERVICE_CIDR
+from kubeloop.dev.images import Image, pause_image
+from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki, create_pki
 from kubeloop.operator.kube import Kube, KubeError
 
 Progress = Callable[[str], None]
@@ -37,9 +42,11 @@ KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
 CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus",
         "alertmanager")
+NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
-SERVICE_CIDR = "10.96.0.0/12"
-POD_CIDR = "10.244.0.0/16"
+# KWOK's fake Pods take addresses from the lower half of the Pod range; the
+# real node's bridge subnet (host.NODE_CIDR) lies in the upper half.
+KWOK_CIDR = "10.244.0.0/17"
 
 
 def default_state_dir() -> Path:
@@ -56,11 +63,12 @@ class PlatformState:
     urls: dict[str, str] = field(default_factory=dict)
     started_at: float = 0.0
     ready_seconds: float = 0.0
+    real_node: bool = False
 
     def to_json(self) -> str:
         return json.dumps({
             "ports": self.ports, "urls": self.urls, "started_at": self.started_at,
-            "ready_seconds": self.ready_seconds,
+            "ready_seconds": self.ready_seconds, "real_node": self.real_node,
             "processes": [p.to_dict() for p in self.processes],
         }, indent=2)
 
@@ -68,7 +76,7 @@ class PlatformState:
     def from_json(cls, text: str) -> "PlatformState":
         data = json.loads(text)
         return cls(ports=data["ports"], urls=data["urls"], started_at=data["started_at"],
-                   ready_seconds=data.get("ready_seconds", 0.0),
+                   ready_seconds=data.get("ready_seconds", 0.0), real_node=data.get("real_node", False),
                    processes=[processes.ProcessRecord(**p) for p in data["processes"]])
 
 
@@ -76,12 +84,17 @@ class PlatformError(RuntimeError):
     """The platform could not be brought up; the message carries the log tail."""
 
 
+class NodeBusy(PlatformError):
+    """Another platform's real node runs on this machine (one fits)."""
+
+
 class Platform:
     """The local platform rooted at one state directory."""
 
-    def __init__(self, state_dir: Path | None = None, fleet_file: Path = DEFAULT_FLEET):
-        self.dir = Path(state_dir or default_state_dir())
+    def __init__(self, state_dir: Path | None = None, fleet_file: Path = DEFAULT_FLEET, real_node: bool = False):
+        self.dir = Path(state_dir or default_state_dir()).absolute()
         self.fleet_file = fleet_file
+        self.real_node = real_node
 
     # -- paths -------------------------------------------------------------
 
@@ -106,6 +119,16 @@ class Platform:
     def pki(self) -> Pki:
         return Pki(self.dir / "pki")
 
+    @property
+    def host_address(self) -> str:
+        """Where the API server and MLflow listen: loopback, or with the real
+        node its address (on this machine only), so that Pods reach them too."""
+        return NODE_IP if self.real_node else "127.0.0.1"
+
+    @property
+    def node_paths(self) -> node.NodePaths:
+        return node.NodePaths(self.dir / "node", host.socket_dir(self.dir))
+
     def state(self) -> PlatformState | None:
         if not self.state_file.exists():
             return None
@@ -117,20 +140,29 @@ class Platform:
         """Whether every process `up` started still runs (the operator and other
         processes started later may come and go)."""
         state = self.state()
-        core = [p for p in state.processes if p.name in CORE] if state else []
+        core = [p for p in state.processes if p.name in CORE + NODE_PROCESSES] if state else []
         return bool(core) and all(p.running() for p in core)
 
     def up(self, progress: Progress = lambda _: None) -> PlatformState:
         if self.running():
+            if self.state().real_node != self.real_node:
+                raise PlatformError(f"the platform in {self.dir} is up {'with' if self.state().real_node else 'without'}"
+                                    " a real node; `kubeloop dev down` first to change that")
             progress("the platform is already up")
             return self.state()
         if self.dir.exists():
             progress("clearing a stale platform state")
             self.down()
+        if self.real_node:
+            self._claim_host(progress)
         started = time.monotonic()
-        state = PlatformState(started_at=time.time())
+        state = PlatformState(started_at=time.time(), real_node=self.real_node)
         try:
+            if self.real_node:  # first: the servers bind the node's address
+                host.prepare(self.dir)
             self._start_control_plane(state, progress)
+            if self.real_node:
+                self._start_node(state, progress)
             self._install(state, progress)
         except BaseException:
             self._save(state)
@@ -146,6 +178,13 @@ class Platform:
         if state:
             for record in reversed(state.processes):
                 processes.stop(record)
+        claim = host.Claim.read()
+        if claim and Path(claim.state_dir) == self.dir:
+            host.clean(self.dir, claim)
+        # Never delete through a mount (a container's bind mount could reach anywhere).
+        left = host.mounts(self.dir)
+        if left:
+            raise PlatformError(f"{self.dir} still has mounts ({', '.join(map(str, left[:3]))}); not removing it")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def status(self) -> dict[str, dict]:
@@ -154,6 +193,17 @@ class Platform:
             return {}
         return {p.name: {"running": p.running(), "pid": p.pid, "log": p.log}
                 for p in state.processes}
+
+    def node_status(self) -> dict | None:
+        """The real node's Ready condition, None without one."""
+        state = self.state()
+        if not state or not state.real_node:
+            return None
+        try:
+            found = self.kube().get("v1", "Node", NODE_NAME) or {}
+        except (KubeError, OSError) as exc:
+            return {"name": NODE_NAME, "ready": False, "message": str(exc)}
+        return {"name": NODE_NAME, **_node_ready(found)}
 
     def env(self) -> dict[str, str]:
         state = self.state()
@@ -176,6 +226,15 @@ class Platform:
         kube = self.kube()
         for kind in KINDS:
             kube.apply(build_crd(kind), field_manager="kubeloop-dev")
+
+    def import_image(self, image: Image) -> None:
+        """Make a locally built image available to the real node's Pods
+        (which use it with imagePullPolicy Never)."""
+        state = self.state()
+        if not state or not state.real_node:
+            raise PlatformError(f"the platform in {self.dir} has no real node to import {image.ref} into")
+        if not node.has_image(self.node_paths, image.ref):
+            node.import_image(self.node_paths, image.archive, image.ref)
 
     def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> processes.ProcessRecord:
         """Start (or restart) a process that `down` will stop with the rest,
@@ -207,7 +266,7 @@ class Platform:
         ports = state.ports
         for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", "operator"):
             ports[name] = processes.free_port()
-        api = f"https://127.0.0.1:{ports['apiserver']}"
+        api = f"https://{self.host_address}:{ports['apiserver']}"
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
             name = "kubeconfig" if identity == "admin" else f"{identity}.kubeconfig"
             (self.dir / name).write_text(
@@ -232,18 +291,25 @@ class Platform:
         progress("starting kube-apiserver")
         self._spawn(state, "kube-apiserver", [
             str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.host_address}", f"--advertise-address={self.host_address}",
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}", f"--token-auth-file={pki.token_file}",
-            "--authorization-mode=RBAC", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            # Node names do not resolve here; the real node's address does.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki.service_account_key}",
             f"--service-account-signing-key-file={pki.service_account_key}",
-            "--disable-admission-plugins=ServiceAccount",
-            # The loopback address may not be an Endpoints IP; nothing in the
-            # platform reaches the API server through the kubernetes Service.
-            "--endpoint-reconciler-type=none",
+            # Pods on the real node get their ServiceAccount's token; KWOK's
+            # Pods need none (and need not wait for the namespace's account).
+            *([] if self.real_node else ["--disable-admission-plugins=ServiceAccount"]),
+            # The loopback address may not be an Endpoints IP: without the real
+            # node nothing reaches the API server through the kubernetes Service.
+            f"--endpoint-reconciler-type={'lease' if self.real_node else 'none'}",
             f"--audit-policy-file={AUDIT_POLICY}", f"--audit-log-path={self.audit_log}",
             "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             "--profiling=false", "--v=0",
@@ -270,7 +336,7 @@ class Platform:
             f"--config={KWOK_STAGES}", "--node-lease-duration-seconds=40",
             "--manage-all-nodes=false",
             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--cidr={POD_CIDR}", "--node-ip=10.0.0.1",
+            f"--cidr={KWOK_CIDR}", "--node-ip=10.0.0.1",
         ], cwd=self.dir)
         state.urls["KUBELOOP_APISERVER"] = api
 
@@ -279,10 +345,13 @@ class Platform:
         progress("installing the kubeloop CRDs")
         self.install_crds()
         progress("registering the fake GPU fleet")
-        for node in build_nodes(load_fleet(self.fleet_file)):
+        fleet = load_fleet(self.fleet_file)
+        if self.real_node:  # the real node carries the CPU work
+            fleet = fleet.model_copy(update={"nodes": [n for n in fleet.nodes if n.gpu]})
+        for fake in build_nodes(fleet):
             # Created with its status in one request, as a kubelet registers a
             # node, so KWOK never sees a node without capacity.
-            kube.create(node)
+            kube.create(fake)
 
         def crds_established() -> bool:
             for kind in KINDS:
@@ -293,16 +362,15 @@ class Platform:
             return True
 
         def nodes_ready() -> bool:
-            for node in kube.list("v1", "Node"):
-                conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
-                if conditions.get("Ready") != "True" or not node["status"].get("allocatable"):
-                    return False
-            return True
+            return all(_node_ready(found)["ready"] and found["status"].get("allocatable")
+                       for found in kube.list("v1", "Node"))
 
         def controllers_running() -> bool:
             return kube.get("v1", "ServiceAccount", "default", "default") is not None
 
         self._wait(state, "kube-apiserver", crds_established, 30)
+        if self.real_node:
+            self._wait(state, "kubelet", lambda: _node_ready(kube.get("v1", "Node", NODE_NAME) or {})["ready"], 60)
         self._wait(state, "kwok", nodes_ready, 30)
         self._wait(state, "kube-controller-manager", controllers_running, 30)
         progress("waiting for MLflow")
@@ -312,6 +380,46 @@ class Platform:
         self._wait(state, "alertmanager", lambda: _http_ok(f"{state.urls['ALERTMANAGER_URL']}/-/ready"), 60)
         progress("waiting for the feature repository")
         self._wait_job(state, "featurestore", 120)
+
+    def _claim_host(self, progress: Progress) -> None:
+        """Make sure no other real node runs on this machine; clean up what a
+        real node that did not stop cleanly left behind."""
+        claim = host.Claim.read()
+        if claim and Path(claim.state_dir) != self.dir:
+            owner = Platform(Path(claim.state_dir))
+            if owner.running():
+                raise NodeBusy(
+                    f"a real node of the platform in {claim.state_dir} is running, and one machine takes one real"
+                    f" node: stop it with `kubeloop dev down --state-dir {claim.state_dir}`, or start this"
+                    " platform without --nodes real")
+            progress(f"cleaning up the real node left behind in {claim.state_dir}")
+            owner.down()
+        claim = host.Claim.read()
+        owner_dir = Path(claim.state_dir) if claim else None
+        left = [kind for kind, items in host.leftovers(owner_dir).items() if items]
+        if left:
+            progress(f"cleaning up what an earlier real node left: {', '.join(left)}")
+            host.clean(owner_dir, claim)
+        missing = node.missing_prerequisites()
+        if missing:
+            raise PlatformError(f"the real node needs Debian's {', '.join(missing)}: run `make setup`")
+
+    def _start_node(self, state: PlatformState, progress: Progress) -> None:
+        """containerd, the kubelet and kube-proxy, on a bridge of their own."""
+        progress("starting the real node (containerd, kubelet, kube-proxy)")
+        paths, pki = self.node_paths, self.pki
+        pause = pause_image()
+        node.write_configs(paths, pki, pause.ref)
+        api = state.urls["KUBELOOP_APISERVER"]
+        for identity, path in (("node", paths.kubelet_kubeconfig), ("kube-proxy", paths.kube_proxy_kubeconfig)):
+            path.write_text(yaml.safe_dump(build_kubeconfig(api, pki.ca_cert, pki.token(identity), identity)))
+            path.chmod(0o600)
+        self._spawn(state, "containerd", ["containerd", f"--config={paths.containerd_config}"])
+        self._wait(state, "containerd", lambda: node.containerd_ready(paths), 30)
+        if not node.has_image(paths, pause.ref):
+            node.import_image(paths, pause.archive, pause.ref)
+        self._spawn(state, "kubelet", node.kubelet_argv(binary("kubelet"), paths))
+        self._spawn(state, "kube-proxy", [str(binary("kube-proxy")), f"--config={paths.kube_proxy_config}"])
 
     def _start_monitoring(self, state: PlatformState, pki: Pki) -> None:
         """Prometheus with kubeloop's rules, scraping what registers itself
@@ -366,7 +474,8 @@ class Platform:
         root.mkdir(parents=True, exist_ok=True)
         port = state.ports["mlflow"]
         self._spawn(state, "mlflow", [
-            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            sys.executable, "-m", "mlflow", "server", "--host", self.host_address, "--port", str(port),
+            *(["--allowed-hosts", f"{NODE_IP}:{port},{NODE_IP}"] if self.real_node else []),
             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
             "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts", "--workers", "1",
         ], env={
@@ -378,7 +487,7 @@ class Platform:
             "MLFLOW_WEBHOOK_CACHE_TTL": "1",
             "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": _fernet_key(root / "webhook.key"),
         })
-        state.urls["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
+        state.urls["MLFLOW_TRACKING_URI"] = f"http://{self.host_address}:{port}"
 
     # -- helpers -----------------------------------------------------------
 
@@ -469,6 +578,12 @@ def build_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict:
                                                       "namespace": "default"}}],
         "current-context": "kubeloop",
     }
+
+
+def _node_ready(found: dict) -> dict:
+    conditions = {c["type"]: c for c in found.get("status", {}).get("conditions", [])}
+    ready = conditions.get("Ready", {})
+    return {"ready": ready.get("status") == "True", "message": ready.get("message", "not registered")}
 
 
 def _http_ok(url: str) -> bool:

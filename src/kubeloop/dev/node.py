@@ -1,0 +1,207 @@
+"""The real node: Debian's containerd and runc with the CNI bridge plugin,
+and the kubelet and kube-proxy built from the control plane's Go module, all
+rooted in the platform's state directory.
+
+The settings that make it work on these machines: the kubelet accepts cgroup
+v1 only with failCgroupV1 false (and the cgroupfs driver); runc cannot set a
+negative oom_score_adj without CAP_SYS_RESOURCE, so containerd restricts it;
+kube-proxy leaves conntrack sysctls alone. Every port binds the node address
+(a bridge address that exists only here) or 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubeloop.dev.host import BRIDGE, NODE_CIDR, POD_CIDR
+from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
+
+NODE_LABEL = "kubeloop.dev/node"
+CNI_BIN = Path("/usr/lib/cni")
+NEEDED = {"containerd": "containerd", "runc": "runc", "ctr": "containerd", "iptables": "iptables",
+          "conntrack": "conntrack", "umoci": "umoci"}
+
+
+class NodeError(RuntimeError):
+    """The real node cannot start; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where the real node keeps its files, under the platform's state directory."""
+
+    root: Path
+    sockets: Path
+
+    @property
+    def socket(self) -> Path:
+        return self.sockets / "containerd.sock"
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.root / "containerd" / "config.toml"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet-config.yaml"
+
+    @property
+    def kube_proxy_config(self) -> Path:
+        return self.root / "kube-proxy-config.yaml"
+
+    @property
+    def kubelet_kubeconfig(self) -> Path:
+        return self.root / "kubelet.kubeconfig"
+
+    @property
+    def kube_proxy_kubeconfig(self) -> Path:
+        return self.root / "kube-proxy.kubeconfig"
+
+
+def missing_prerequisites() -> list[str]:
+    """The Debian packages the real node needs that are not installed."""
+    missing = {package for command, package in NEEDED.items() if shutil.which(command) is None}
+    if not (CNI_BIN / "bridge").exists():
+        missing.add("containernetworking-plugins")
+    return sorted(missing)
+
+
+def build_containerd_config(paths: NodePaths, pause_ref: str) -> str:
+    """containerd's config (TOML, version 2): state, sockets, the runc root and
+    the CRI plugin's CNI files all under paths.root."""
+    base = paths.root / "containerd"
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return "\n".join([
+        "version = 2",
+        f'root = "{base / "root"}"',
+        f'state = "{base / "state"}"',
+        'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
+        ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",'
+        ' "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]',
+        "[grpc]", f'  address = "{paths.socket}"',
+        "[ttrpc]", f'  address = "{paths.sockets / "containerd.ttrpc.sock"}"',
+        '[plugins."io.containerd.internal.v1.opt"]', f'  path = "{base / "opt"}"',
+        f"[{cri}]",
+        f'  sandbox_image = "{pause_ref}"',
+        # Without CAP_SYS_RESOURCE runc cannot lower oom_score_adj below ours.
+        "  restrict_oom_score_adj = true",
+        '  stream_server_address = "127.0.0.1"', '  stream_server_port = "0"',
+        "  enable_selinux = false",
+        f"[{cri}.containerd]", '  snapshotter = "overlayfs"', '  default_runtime_name = "runc"',
+        f"[{cri}.containerd.runtimes.runc]", '  runtime_type = "io.containerd.runc.v2"',
+        f"[{cri}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
+        f'  Root = "{base / "runc"}"',
+        f"[{cri}.cni]", f'  bin_dir = "{CNI_BIN}"', f'  conf_dir = "{paths.cni_conf_dir}"',
+        "", ])
+
+
+def build_cni_config(paths: NodePaths) -> dict:
+    """One bridge network for the node's Pods, gateway = the node address; no
+    masquerading and no host ports (nothing of a Pod's is reachable from or
+    sent beyond this machine)."""
+    return {
+        "cniVersion": "0.4.0", "name": "kubeloop",
+        "plugins": [{
+            "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+            "ipam": {"type": "host-local", "dataDir": str(paths.root / "cni" / "ipam"),
+                     "ranges": [[{"subnet": NODE_CIDR, "gateway": NODE_IP}]],
+                     "routes": [{"dst": "0.0.0.0/0"}]},
+        }],
+    }
+
+
+def build_kubelet_config(paths: NodePaths, pki: Pki) -> dict:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        # These VMs run cgroup v1, which the kubelet refuses unless told.
+        "failCgroupV1": False, "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": f"unix://{paths.socket}",
+        "address": NODE_IP, "port": 10250, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
+        "tlsCertFile": str(pki.kubelet_cert), "tlsPrivateKeyFile": str(pki.kubelet_key),
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(pki.ca_cert)}},
+        "authorization": {"mode": "Webhook"},
+        "clusterDomain": "cluster.local",
+        "resolvConf": str(paths.root / "resolv.conf"),
+        "podLogsDir": str(paths.root / "pod-logs"),
+        "volumePluginDir": str(paths.root / "volume-plugins"),
+        "failSwapOn": False,
+        # Images cannot be pulled again here, so the kubelet never collects them.
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        # A shared machine's disk and memory are not this node's to guard.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "serializeImagePulls": False,
+        "maxPods": 110,
+    }
+
+
+def build_kube_proxy_config(paths: NodePaths) -> dict:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "mode": "iptables", "hostnameOverride": NODE_NAME, "clusterCIDR": POD_CIDR,
+        "clientConnection": {"kubeconfig": str(paths.kube_proxy_kubeconfig)},
+        "bindAddress": "127.0.0.1",
+        "healthzBindAddress": "127.0.0.1:10256", "metricsBindAddress": "127.0.0.1:10249",
+        # NodePorts answer on loopback only.
+        "nodePortAddresses": ["127.0.0.0/8"],
+        # Zero leaves the host's conntrack sysctls as they are.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def kubelet_argv(kubelet: Path, paths: NodePaths) -> list[str]:
+    return [str(kubelet), f"--config={paths.kubelet_config}", f"--kubeconfig={paths.kubelet_kubeconfig}",
+            f"--root-dir={paths.kubelet_root}", f"--node-ip={NODE_IP}", f"--hostname-override={NODE_NAME}",
+            f"--node-labels={NODE_LABEL}=real", "--v=1"]
+
+
+def write_configs(paths: NodePaths, pki: Pki, pause_ref: str) -> None:
+    import yaml
+
+    for folder in (paths.cni_conf_dir, paths.containerd_config.parent, paths.sockets):
+        folder.mkdir(parents=True, exist_ok=True)
+    paths.containerd_config.write_text(build_containerd_config(paths, pause_ref))
+    (paths.cni_conf_dir / "10-kubeloop.conflist").write_text(json.dumps(build_cni_config(paths), indent=2))
+    paths.kubelet_config.write_text(yaml.safe_dump(build_kubelet_config(paths, pki)))
+    paths.kube_proxy_config.write_text(yaml.safe_dump(build_kube_proxy_config(paths)))
+    # No cluster DNS: names fail at once inside Pods instead of asking the host's resolver.
+    (paths.root / "resolv.conf").write_text("options ndots:1\n")
+
+
+def ctr(paths: NodePaths, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["ctr", f"--address={paths.socket}", "--namespace=k8s.io", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def containerd_ready(paths: NodePaths) -> bool:
+    try:
+        return ctr(paths, "version", timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:  # the socket is there before the server answers
+        return False
+
+
+def import_image(paths: NodePaths, archive: Path, ref: str) -> None:
+    """Import an OCI archive into the node's containerd as ref (unpacked for the snapshotter)."""
+    base = ref.rsplit(":", 1)[0]
+    result = ctr(paths, "images", "import", f"--base-name={base}", "--digests", str(archive))
+    if result.returncode != 0:
+        raise NodeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
+
+
+def has_image(paths: NodePaths, ref: str) -> bool:
+    result = ctr(paths, "images", "list", "--quiet", f"name=={ref}", timeout=30)
+    return ref in result.stdout.split()

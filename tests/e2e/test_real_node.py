@@ -1,0 +1,417 @@
+"""The real node: containerd, runc, the kubelet and kube-proxy run real Pods
+beside KWOK's fake GPU fleet. Every test here proves the cluster path on a
+real node (real processes in real namespaces), not the local backend.
+
+One real node fits on a machine: the module starts its own platform with it
+(the session's platform stays fake-only; a run that finds another run's real
+node waits for it to go), and the last test takes it down and checks the host. KUBELOOP_REAL_NODE=0 turns these tests off (for a machine
+where a developer keeps a real node of their own running)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kubeloop.dev import host
+from kubeloop.dev.binaries import versions
+from kubeloop.api.constants import API_VERSION
+from kubeloop.cli.demo import load_examples
+from kubeloop.dev.binaries import binary, repo_root
+from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
+from kubeloop.dev.pki import NODE_NAME
+from kubeloop.dev.platform import NodeBusy, Platform
+from tests.support.waiting import wait_for
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kubeloop"
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    os.environ.get("KUBELOOP_REAL_NODE") == "0", reason="the real node is turned off (KUBELOOP_REAL_NODE=0)")]
+
+
+def sysctls() -> dict[str, str]:
+    return {key: Path("/proc/sys", key).read_text().strip() for key in host.SYSCTLS
+            if Path("/proc/sys", key).exists()}
+
+
+class RealPlatform:
+    """The module's platform with its real node, and what the host looked like before it."""
+
+    def __init__(self, state_dir: Path):
+        self.platform = Platform(state_dir, real_node=True)
+        self.sysctls_before = sysctls()
+        wait_for(self._up, timeout=900, interval=5, what="this machine's one real node to be free")
+        self.kube = self.platform.kube()
+
+    def _up(self) -> bool:
+        """Up, or False while another test run's real node holds the machine."""
+        try:
+            self.platform.up()
+            return True
+        except NodeBusy:
+            return False
+
+    def namespace(self, labels: dict | None = None) -> str:
+        name = f"r-{uuid.uuid4().hex[:8]}"
+        self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        # Pods are admitted once the namespace's default ServiceAccount exists.
+        wait_for(lambda: self.kube.get("v1", "ServiceAccount", "default", name), timeout=30,
+                 what=f"the default ServiceAccount of {name}")
+        return name
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory) -> RealPlatform:
+    instance = RealPlatform(tmp_path_factory.mktemp("real"))
+    try:
+        yield instance
+    finally:
+        instance.kube.close()
+        instance.platform.down()
+
+
+def pod(name: str, namespace: str, image: str, command: list[str] | None = None, **spec) -> dict:
+    container = {"name": "main", "image": image, "imagePullPolicy": "Never",
+                 "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                                     "capabilities": {"drop": ["ALL"]},
+                                     "seccompProfile": {"type": "RuntimeDefault"}}}
+    if command:
+        container["command"] = command
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
+                                                            "labels": {"app": name}},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 2, **spec}}
+
+
+def running(kube, name: str, namespace: str, timeout: float = 60) -> dict:
+    def probe():
+        found = kube.get("v1", "Pod", name, namespace) or {}
+        return found if found.get("status", {}).get("phase") == "Running" else None
+    return wait_for(probe, timeout=timeout, what=f"Pod {name} Running")
+
+
+def test_the_real_node_registers_and_is_ready(real):
+    """Cluster path: the kubelet registered the node with its real runtime."""
+    found = real.kube.get("v1", "Node", NODE_NAME)
+    ready = {c["type"]: c["status"] for c in found["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+    info = found["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == versions()["KUBERNETES_VERSION"]
+    assert info["containerRuntimeVersion"].startswith("containerd://1.")
+    assert found["metadata"]["labels"]["kubeloop.dev/node"] == "real"
+    names = {n["metadata"]["name"] for n in real.kube.list("v1", "Node")}
+    assert "cpu-1" not in names and "gpu-h100-mig-mixed" in names  # the real node replaces the fake CPU node
+    assert real.platform.node_status()["ready"] is True
+
+
+def test_a_cpu_pod_runs_on_the_real_node_and_a_mig_pod_on_the_fake_h100(real):
+    """Cluster path: the scheduler puts CPU work on the real node (a real
+    process in a real sandbox) and a MIG request on KWOK's H100."""
+    namespace = real.namespace()
+    image = pause_image().ref
+    created = time.monotonic()
+    real.kube.create(pod("cpu", namespace, image))
+    cpu = running(real.kube, "cpu", namespace)
+    print(f"pod create -> Running: {time.monotonic() - created:.2f} s")
+    assert cpu["spec"]["nodeName"] == NODE_NAME
+    assert cpu["status"]["podIP"].startswith("10.244.128.")
+    container = cpu["status"]["containerStatuses"][0]
+    assert container["state"]["running"] and container["containerID"].startswith("containerd://")
+    mig = pod("mig", namespace, "example.invalid/cuda:1")
+    mig["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": 1}}
+    real.kube.create(mig)
+    assert running(real.kube, "mig", namespace)["spec"]["nodeName"] == "gpu-h100-mig-mixed"
+
+
+def test_a_deployment_answers_through_its_service(real):
+    """Cluster path: real Pods from a Deployment serve HTTP; kube-proxy's rules
+    carry a request to them through the Service's NodePort on the host's
+    loopback and through its ClusterIP from another Pod."""
+    namespace = real.namespace()
+    image = base_image()
+    real.platform.import_image(image)
+    server = pod("web", namespace, image.ref, ["python3", "-m", "http.server", "8080"])["spec"]
+    server["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}
+    real.kube.create({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": server}}})
+    service = real.kube.create({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"type": "NodePort", "selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}})
+    wait_for(lambda: (real.kube.get("apps/v1", "Deployment", "web", namespace) or {})
+             .get("status", {}).get("availableReplicas") == 2, timeout=90, what="2 web replicas available")
+    node_port = service["spec"]["ports"][0]["nodePort"]
+    response = wait_for(lambda: _get(f"http://127.0.0.1:{node_port}/"), timeout=30, what="the NodePort answering")
+    assert response.status_code == 200 and "Directory listing" in response.text
+
+    cluster_ip = service["spec"]["clusterIP"]
+    client = pod("client", namespace, image.ref, ["python3", "-c", (
+        f"import urllib.request; body = urllib.request.urlopen('http://{cluster_ip}/', timeout=10).read();"
+        " assert b'Directory listing' in body")], restartPolicy="Never")
+    real.kube.create(client)
+    phase = wait_for(lambda: (real.kube.get("v1", "Pod", "client", namespace) or {}).get("status", {})
+                     .get("phase") in ("Succeeded", "Failed") and real.kube.get("v1", "Pod", "client", namespace),
+                     timeout=60, what="the client Pod finishing")
+    assert phase["status"]["phase"] == "Succeeded", phase["status"]
+
+
+def _get(url: str):
+    import requests
+
+    try:
+        return requests.get(url, timeout=3)
+    except requests.RequestException:
+        return None
+
+
+@pytest.mark.parametrize("address", ["10.244.77.7", "10.99.250.250"], ids=["pod-range", "service-range"])
+def test_traffic_to_an_address_without_endpoint_goes_nowhere(real, address):
+    """Cluster path: the Pod and Service ranges are blackholed on the host, so
+    a packet for an address nothing answers is dropped here instead of
+    following the default route out of the machine."""
+    route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True)
+    assert route.returncode != 0 or route.stdout.startswith("blackhole"), route.stdout
+    with socket.socket() as sock:
+        sock.settimeout(5)
+        with pytest.raises(OSError) as failure:
+            sock.connect((address, 80))
+    assert failure.value.errno in (errno.EINVAL, errno.ENETUNREACH, errno.EHOSTUNREACH), failure.value
+
+
+# A python-backend model that doubles its input: enough to show the image's
+# tritonserver, its python backend stub and the serving environment's numpy work.
+DOUBLE_CONFIG = """
+name: "double"
+backend: "python"
+max_batch_size: 0
+input [{ name: "X", data_type: TYPE_FP32, dims: [ 2 ] }]
+output [{ name: "Y", data_type: TYPE_FP32, dims: [ 2 ] }]
+instance_group [{ kind: KIND_CPU, count: 1 }]
+"""
+DOUBLE_MODEL = """
+import os
+import site
+
+site.addsitedir(os.environ["KUBELOOP_SITE_PACKAGES"])
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", (pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2).astype(np.float32))]) for r in requests]
+"""
+
+
+def test_a_triton_pod_from_the_local_image_answers_v2_inference_through_its_service(real):
+    """Cluster path: tritonserver from kubeloop's Triton image (the
+    nvidia-pytriton wheel with the serving environment, built here) runs in a
+    non-root Pod on the real node, loads a python-backend model from a
+    ConfigMap, and answers a v2 inference request through its Service's
+    NodePort on the host's loopback."""
+    image = python_image(PYTHON_IMAGES["triton"], [sys.executable, "-m", "pip"])
+    real.platform.import_image(image)
+    namespace = real.namespace()
+    real.kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "double", "namespace": namespace},
+                      "data": {"config.pbtxt": DOUBLE_CONFIG, "model.py": DOUBLE_MODEL}})
+    server = pod("triton", namespace, image.ref)
+    container = server["spec"]["containers"][0]
+    container["args"] = ["tritonserver", "--model-repository=/models", "--model-control-mode=explicit",
+                         "--load-model=double", "--exit-on-error=false", "--http-port=8000", "--grpc-port=8001",
+                         "--metrics-port=8002"]
+    container["readinessProbe"] = {"httpGet": {"path": "/v2/models/double/ready", "port": 8000}, "periodSeconds": 1}
+    container["volumeMounts"] = [{"name": "models", "mountPath": "/models/double"}]
+    server["spec"]["volumes"] = [{"name": "models", "configMap": {"name": "double", "items": [
+        {"key": "config.pbtxt", "path": "config.pbtxt"}, {"key": "model.py", "path": "1/model.py"}]}}]
+    real.kube.create(server)
+    service = real.kube.create({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "triton", "namespace": namespace},
+        "spec": {"type": "NodePort", "selector": {"app": "triton"}, "ports": [{"port": 8000, "targetPort": 8000}]}})
+    wait_for(lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in
+                         (real.kube.get("v1", "Pod", "triton", namespace) or {}).get("status", {}).get("conditions", [])),
+             timeout=120, what="Triton Ready with the model loaded")
+    url = f"http://127.0.0.1:{service['spec']['ports'][0]['nodePort']}"
+    import requests
+
+    body = {"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1.5, -2.0]}]}
+    answer = wait_for(lambda: _post(requests, f"{url}/v2/models/double/infer", body), timeout=30,
+                      what="the inference answered through the Service")
+    assert answer["outputs"][0]["data"] == [3.0, -4.0]
+    assert requests.get(f"{url}/v2", timeout=5).json()["name"] == "triton"
+
+
+def _post(requests, url: str, body: dict) -> dict | None:
+    try:
+        response = requests.post(url, json=body, timeout=10)
+    except requests.RequestException:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def operator_process(pod_uid: str) -> psutil.Process:
+    """The operator's Python process, found in its Pod's cgroup."""
+    def probe():
+        for cg in host.cgroups():
+            if pod_uid.replace("-", "_") in str(cg) or pod_uid in str(cg):
+                for pid in host._cgroup_pids(cg):
+                    proc = psutil.Process(pid)
+                    if "operator" in proc.cmdline() and "tini" not in proc.name():
+                        return proc
+        return None
+    return wait_for(probe, timeout=30, what="the operator's process")
+
+
+def test_the_chart_runs_the_operator_on_the_real_node(real):
+    """Cluster path: `helm install` of charts/kubeloop with the locally built
+    operator image. The Pod is admitted under the restricted Pod Security
+    profile, runs as 65532 with a read-only root, reaches the API server
+    through the kubernetes Service, reconciles an example with the noop
+    pipeline backend, answers its webhooks through its Service, and is
+    restarted by its liveness probe when wedged."""
+    image = python_image(PYTHON_IMAGES["operator"], [sys.executable, "-m", "pip"])
+    real.platform.import_image(image)
+    system = real.namespace({"pod-security.kubernetes.io/enforce": "restricted"})
+    apps = real.namespace()
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "webhook", "namespace": system},
+                      "stringData": {"token": "s3cret-token"}})
+    repository, tag = image.ref.rsplit(":", 1)
+    helm = subprocess.run([str(binary("helm")), f"--kubeconfig={real.platform.kubeconfig}", "install", "kl", str(CHART),
+                           "--namespace", system, "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                           "--set", "image.pullPolicy=Never", "--set", "pipelines.backend=noop",
+                           "--set", f"mlflow.trackingUri={real.platform.env()['MLFLOW_TRACKING_URI']}",
+                           "--set", "webhooks.tokenSecret.name=webhook", "--set", f"watchNamespaces={{{apps}}}"],
+                          capture_output=True, text=True, timeout=120)
+    assert helm.returncode == 0, helm.stderr
+
+    def ready_pod():
+        pods = real.kube.list("v1", "Pod", system)
+        ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p.get("status", {}).get("conditions", []))]
+        return ready[0] if ready else None
+    started = wait_for(ready_pod, timeout=120, what="the operator Pod Ready")
+    assert started["spec"]["nodeName"] == NODE_NAME
+    proc = operator_process(started["metadata"]["uid"])
+    assert proc.uids().real == 65532
+    root = next(line.split() for line in Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()
+                if line.split()[4] == "/")
+    assert "ro" in root[5].split(","), root
+
+    examples = {d["kind"]: d for d in load_examples(repo_root() / "examples")}
+    job = examples["TrainingJob"]
+    job["metadata"]["namespace"] = apps
+    real.kube.create(job)
+    wait_for(lambda: ((real.kube.get(API_VERSION, "TrainingJob", job["metadata"]["name"], apps) or {})
+                      .get("status") or {}).get("phase") == "Succeeded", timeout=60, what="the TrainingJob reconciled")
+
+    service = real.kube.get("v1", "Service", "kl-kubeloop", system)
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/hooks/alertmanager"
+    real.platform.import_image(base_image())
+    client = pod("hooks", apps, base_image().ref, ["python3", "-c", WEBHOOK_CLIENT, url], restartPolicy="Never")
+    real.kube.create(client)
+    done = wait_for(lambda: (p := real.kube.get("v1", "Pod", "hooks", apps)) and
+                    p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=60, what="the webhook client")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+
+    os.kill(proc.pid, signal.SIGSTOP)  # wedged: alive, answering nothing
+    try:
+        restarted = wait_for(lambda: (p := ready_pod()) and p["status"]["containerStatuses"][0]["restartCount"] >= 1
+                             and p, timeout=180, interval=1, what="the liveness probe restarting the operator")
+    finally:
+        if proc.is_running():
+            os.kill(proc.pid, signal.SIGCONT)
+    assert restarted["metadata"]["uid"] == started["metadata"]["uid"]  # the same Pod, its container restarted
+
+
+# Posts one alert with the right token and one with a wrong one: 200, then 401.
+WEBHOOK_CLIENT = """
+import json, sys, urllib.error, urllib.request
+alert = {"version": "4", "status": "firing", "receiver": "kubeloop-operator", "alerts": [{"status": "firing",
+         "labels": {"alertname": "KubeloopDataDrift", "namespace": "none", "inferenceservice": "none"},
+         "annotations": {}, "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "realnode00000001"}]}
+def post(token):
+    request = urllib.request.Request(sys.argv[1], json.dumps(alert).encode(), method="POST",
+                                     headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as error:
+        return error.code
+codes = (post("s3cret-token"), post("wrong"))
+print(codes)
+assert codes == (200, 401), codes
+"""
+
+
+def node_pids(platform: Platform) -> list[int]:
+    pids = [p.pid for p in platform.state().processes]
+    return pids + [p.pid for p in host.node_processes(platform.dir)]
+
+
+def assert_host_clean(state_dirs: list[Path], pids: list[int], sysctls_before: dict[str, str]) -> None:
+    """Each kind of change the real node makes, checked with the host's own tools."""
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [psutil.Process(pid).cmdline() for pid in alive]
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for state_dir in state_dirs:
+        assert str(state_dir) not in mounts
+        assert not state_dir.exists()
+        assert not host.socket_dir(state_dir).exists()
+    assert "/run/netns/cni-" not in mounts
+    assert not list(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    assert not Path("/sys/class/net", host.BRIDGE).exists()
+    for command in ("iptables", "ip6tables"):
+        for table in host.TABLES:
+            rules = subprocess.run([command, "-w", "5", "-t", table, "-S"], capture_output=True, text=True).stdout
+            assert not [line for line in rules.splitlines() if any(p in line for p in host.CHAIN_PREFIXES)], \
+                (command, table, rules)
+    routes = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True).stdout
+    assert routes.strip() == ""
+    assert sysctls() == sysctls_before
+    assert not host.CLAIM.exists()
+    # CNI results, shim and device-plugin sockets: paths the parts hard-code.
+    for folder in ("/var/lib/cni", "/var/lib/kubelet", "/run/containerd", "/run/kubeloop"):
+        assert not Path(folder).exists(), list(Path(folder).rglob("*"))
+
+
+def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, tmp_path):
+    """Cluster path: a second real node is refused while one runs; a real
+    node killed without teardown (every process
+    SIGKILLed, its Pods' processes left running) is cleaned up by the next
+    `dev up`, whose node then runs Pods; its `dev down` leaves no process,
+    mount, cgroup, bridge, iptables chain, route or sysctl change behind."""
+    refused = Platform(tmp_path / "refused", real_node=True)
+    with pytest.raises(NodeBusy, match=f"dev down --state-dir {real.platform.dir}"):
+        refused.up()  # while the first node runs, a second is refused before it starts anything
+    assert not refused.dir.exists()
+
+    namespace = real.namespace()
+    real.kube.create(pod("survivor", namespace, pause_image().ref))
+    running(real.kube, "survivor", namespace)
+    crashed = real.platform
+    pids = node_pids(crashed)
+    for record in crashed.state().processes:
+        os.kill(record.pid, signal.SIGKILL)
+    assert host.leftovers(crashed.dir)["cgroups"], "the crash should have left the Pod's cgroups"
+
+    second = Platform(tmp_path / "second", real_node=True)
+    try:
+        second.up()
+        kube = second.kube()
+        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "after"}})
+        wait_for(lambda: kube.get("v1", "ServiceAccount", "default", "after"), timeout=30, what="a ServiceAccount")
+        kube.create(pod("after", "after", pause_image().ref))
+        assert running(kube, "after", "after")["spec"]["nodeName"] == NODE_NAME
+        pids += node_pids(second)
+        kube.close()
+    finally:
+        second.down()
+    assert_host_clean([crashed.dir, second.dir], pids, real.sysctls_before)

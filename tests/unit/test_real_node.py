@@ -1,0 +1,116 @@
+"""The real node's generated configs and image helpers, as plain data (no
+process runs here; tests/e2e/test_real_node.py proves the node itself)."""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from kubeloop.dev import host
+from kubeloop.dev.binaries import repo_root
+from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
+from kubeloop.dev.node import (
+    NodePaths, build_cni_config, build_containerd_config, build_kube_proxy_config, build_kubelet_config,
+    kubelet_argv,
+)
+from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
+from kubeloop.dev.platform import KWOK_CIDR
+
+PATHS = NodePaths(Path("/state/node"), Path("/run/kubeloop/0123456789ab"))
+CRI = "io.containerd.grpc.v1.cri"
+
+
+def test_containerd_keeps_everything_under_the_state_dir_and_restricts_oom_score_adj():
+    config = tomllib.loads(build_containerd_config(PATHS, "localhost/kubeloop/pause:1"))
+    cri = config["plugins"][CRI]
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["sandbox_image"] == "localhost/kubeloop/pause:1"
+    assert cri["stream_server_address"] == "127.0.0.1"
+    runc = cri["containerd"]["runtimes"]["runc"]["options"]
+    assert runc["SystemdCgroup"] is False
+    paths = [config["root"], config["state"], runc["Root"], cri["cni"]["conf_dir"],
+             config["plugins"]["io.containerd.internal.v1.opt"]["path"]]
+    assert all(Path(p).is_relative_to(PATHS.root) for p in paths), paths
+    sockets = [config["grpc"]["address"], config["ttrpc"]["address"]]
+    # Unix socket paths are limited to 108 bytes; a state directory can be longer.
+    assert all(Path(s).parent == PATHS.sockets and len(s) < 100 for s in sockets), sockets
+
+
+def test_kubelet_accepts_cgroup_v1_and_binds_only_the_node_address_and_loopback():
+    config = build_kubelet_config(PATHS, Pki(Path("/state/pki")))
+    assert config["failCgroupV1"] is False and config["cgroupDriver"] == "cgroupfs"
+    assert (config["address"], config["healthzBindAddress"], config["readOnlyPort"]) == (NODE_IP, "127.0.0.1", 0)
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["authorization"]["mode"] == "Webhook"
+    assert config["containerRuntimeEndpoint"] == f"unix://{PATHS.socket}"
+    for key in ("resolvConf", "podLogsDir", "volumePluginDir"):
+        assert Path(config[key]).is_relative_to(PATHS.root), key
+    argv = kubelet_argv(Path("/bin/kubelet"), PATHS)
+    assert f"--hostname-override={NODE_NAME}" in argv and f"--root-dir={PATHS.kubelet_root}" in argv
+
+
+def test_kube_proxy_uses_iptables_on_loopback_and_leaves_conntrack_sysctls_alone():
+    config = build_kube_proxy_config(PATHS)
+    assert config["mode"] == "iptables"
+    assert config["conntrack"]["maxPerCore"] == 0
+    assert config["conntrack"]["tcpEstablishedTimeout"] == "0s"
+    assert config["nodePortAddresses"] == ["127.0.0.0/8"]
+    for key in ("healthzBindAddress", "metricsBindAddress"):
+        assert config[key].startswith("127.0.0.1:"), key
+
+
+def test_pod_network_is_a_bridge_without_masquerade_inside_the_blackholed_pod_range():
+    plugin = build_cni_config(PATHS)["plugins"][0]
+    assert plugin["type"] == "bridge" and plugin["bridge"] == host.BRIDGE
+    assert plugin["ipMasq"] is False
+    subnet = ipaddress.ip_network(plugin["ipam"]["ranges"][0][0]["subnet"])
+    assert subnet.subnet_of(ipaddress.ip_network(host.POD_CIDR))
+    assert not subnet.overlaps(ipaddress.ip_network(KWOK_CIDR))  # no real Pod shares a fake Pod's address
+    assert ipaddress.ip_address(NODE_IP) in subnet
+    assert Path(plugin["ipam"]["dataDir"]).is_relative_to(PATHS.root)
+
+
+@pytest.mark.parametrize("rule, ours", [
+    ("-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD", True),
+    ("-A FORWARD -j KUBELOOP-FORWARD", True),
+    ("-A POSTROUTING -s 10.244.128.0/24 -j CNI-abc", True),
+    ("-A PREROUTING -g KUBE-SERVICES", True),
+    ("-A FORWARD -i eth0 -j ACCEPT", False),
+    ("-A OUTPUT -j DOCKER", False),
+])
+def test_teardown_deletes_only_jumps_into_the_nodes_chains(rule, ours):
+    import shlex
+
+    assert host._jumps_to_ours(shlex.split(rule)) is ours
+
+
+def test_umoci_config_flags_carry_each_list_item():
+    config = ImageConfig(entrypoint=["tini", "--"], cmd=["kubeloop", "operator"], user="65532:65532",
+                         env={"PATH": "/opt/kubeloop/bin:/usr/bin"}, workdir="/tmp")
+    assert umoci_args(config) == [
+        "--config.entrypoint=tini", "--config.entrypoint=--", "--config.cmd=kubeloop", "--config.cmd=operator",
+        "--config.env=PATH=/opt/kubeloop/bin:/usr/bin", "--config.user=65532:65532", "--config.workingdir=/tmp"]
+
+
+def test_image_tags_change_with_any_input_and_only_then():
+    tag = image_tag([b"a", b"b"])
+    assert tag == image_tag([b"a", b"b"])
+    assert tag != image_tag([b"a", b"c"]) and tag != image_tag([b"ab"])
+    assert tag.split("-")[0].count(".") == 2  # the project's version comes first
+
+
+@pytest.mark.parametrize("name", sorted(PYTHON_IMAGES))
+def test_local_images_install_the_dockerfiles_package_list_as_a_numeric_non_root_user(name):
+    """One package list per image, read by both builds: the Dockerfile's
+    target of the same name installs the requirements file the local build does."""
+    spec = PYTHON_IMAGES[name]
+    dockerfile = (repo_root() / "images" / "Dockerfile").read_text()
+    assert f"AS build-{name}\n" in dockerfile and f"-r {spec.requirements}" in dockerfile
+    lines = (repo_root() / spec.requirements).read_text().splitlines()
+    packages = [line.split("==")[0].split("[")[0].strip() for line in lines if line.strip() and line[0] != "#"]
+    assert packages and "torch" not in packages
+    user = spec.config.user.split(":")[0]
+    assert user.isdigit() and int(user) != 0

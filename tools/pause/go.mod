@@ -1,0 +1,3 @@
+module kubeloop.dev/tools/pause
+
+go 1.26.0
