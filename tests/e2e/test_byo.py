@@ -195,8 +195,8 @@ def test_broken_factories_and_labels_fail_with_their_names(platform, kube, kubec
     folder.mkdir()
     (folder / "fraud_model.py").write_text(
         (BYO_FRAUD / "model" / "fraud_model.py").read_text()
-        + "\n\ndef explode(n_inputs, n_outputs):\n    raise RuntimeError('out of team quota')\n"
-        + "\n\ndef three_outputs(n_inputs, n_outputs):\n    return build(n_inputs, 3)\n")
+        + "\n\ndef explode(n_inputs, n_outputs, **parameters):\n    raise RuntimeError('out of team quota')\n"
+        + "\n\ndef three_outputs(n_inputs, n_outputs, **parameters):\n    return build(n_inputs, 3, **parameters)\n")
     base = example(BYO_FRAUD / "trainingjob.yaml")
     jobs = {}
     for i, (factory, message) in enumerate(BROKEN.items()):
