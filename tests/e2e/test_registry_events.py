@@ -45,6 +45,7 @@ def test_the_webhook_moves_the_service_without_waiting_for_a_resync(platform, ku
                         KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_RESYNC_SECONDS="600",
                         KUBELOOP_WEBHOOK_PORT=env["KUBELOOP_WEBHOOK_PORT"],
                         KUBELOOP_WEBHOOK_TOKEN_FILE=env["KUBELOOP_WEBHOOK_TOKEN_FILE"],
+                        KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE=env["KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"],
                         KUBELOOP_MLFLOW_WEBHOOK_URL=env["KUBELOOP_MLFLOW_WEBHOOK_URL"])
     op.wait_for_log("Initial authentication has finished")
     kube.create(isvc(namespace, name))
