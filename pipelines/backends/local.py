@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from kubeloop.dev import processes
 from kubeloop.files import write_atomic
 from kubeloop.pipelines.backends.base import PipelineBackend, RunRequest, RunStatus
 
@@ -78,13 +78,11 @@ class LocalBackend(PipelineBackend):
             {"name": request.name, "pipeline": request.pipeline, "arguments": arguments,
              "labels": request.labels}, indent=2, default=str))
         write_state(run_dir, phase="Pending", progress="starting the worker")
-        with open(run_dir / "worker.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", self.worker, str(run_dir)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        write_state(run_dir, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
+        # In a session of its own, recorded where `kubeloop dev down` finds it, and
+        # with prometheus-client's mode decided by kubeloop, not by what the operator imported.
+        worker = processes.start("worker", [sys.executable, "-m", self.worker, str(run_dir)], run_dir,
+                                 env={"PYTHONUNBUFFERED": "1"})
+        write_state(run_dir, pid=worker.pid, create_time=worker.create_time)
         return self.status(request.name)
 
     def status(self, run_id: str) -> RunStatus | None:

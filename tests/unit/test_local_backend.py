@@ -67,3 +67,18 @@ def test_the_failing_steps_exception_is_extracted():
     ])
     assert step_error(log, "training-data") == (
         "step training-data: ValueError: feature view 'nope' does not exist in project p; known views: a")
+
+
+def test_the_worker_and_its_steps_never_inherit_the_operators_prometheus_folder(backend, monkeypatch):
+    """Local: importing feast in the operator points PROMETHEUS_MULTIPROC_DIR at a folder
+    feast removes when the operator exits; a worker that inherited it failed its next
+    step after a graceful operator restart."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/feast_metrics_of_the_operator")
+    run = backend.submit(request(30))
+    try:
+        pid = wait_for(lambda: read_state(backend.run_dir(run.run_id)).get("pid"))
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert not [v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+        assert b"PYTHONUNBUFFERED=1" in environ
+    finally:
+        backend.cancel(run.run_id)

@@ -146,6 +146,10 @@ class Platform:
         if state:
             for record in reversed(state.processes):
                 processes.stop(record)
+        # What the operator started under its work folder here (Triton servers,
+        # routers, pipeline workers) runs in sessions of its own: stop it too.
+        if self.dir.exists():
+            processes.stop_all_under(self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def status(self) -> dict[str, dict]:
@@ -321,9 +325,11 @@ class Platform:
         root = self.dir / "monitoring"
         targets = root / "targets"
         targets.mkdir(parents=True, exist_ok=True)
-        token = pki.dir / "webhook-token"
-        token.write_text(secrets.token_urlsafe(32))
-        token.chmod(0o600)
+        # One secret per purpose: Alertmanager's bearer token, MLflow's signing secret.
+        token, signing = pki.dir / "webhook-token", pki.dir / "mlflow-webhook-secret"
+        for path in (token, signing):
+            path.write_text(secrets.token_urlsafe(32))
+            path.chmod(0o600)
         operator = f"127.0.0.1:{ports['operator']}"
         (targets / "operator.json").write_text(json.dumps([{"targets": [operator], "labels": {"job": "kubeloop-operator"}}]))
         prometheus_config = build_prometheus_config(RULES, targets, ports["alertmanager"])
@@ -345,6 +351,9 @@ class Platform:
             "ALERTMANAGER_URL": f"http://127.0.0.1:{ports['alertmanager']}",
             "KUBELOOP_WEBHOOK_PORT": str(ports["operator"]),
             "KUBELOOP_WEBHOOK_TOKEN_FILE": str(token),
+            "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE": str(signing),
+            # The operator's work folder belongs to this platform, never to a folder all share.
+            "KUBELOOP_WORK_DIR": str(self.dir / "operator"),
             "KUBELOOP_PROMETHEUS_TARGETS": str(targets),
             "KUBELOOP_MLFLOW_WEBHOOK_URL": f"http://{operator}/hooks/mlflow",
         })
