@@ -19,5 +19,6 @@ CHAMPION_PREFIX = "gate.champion."
 """gate.champion.<name>: the champion's metrics on this version's hold-out."""
 MEETS_SLO = "kubeloop.meets_slo"
 """true or false: whether the optimised version met its latency SLO."""
-AUDIT = "kubeloop.audit"
-"""On the registered model: promotions and rollbacks, newest last (JSON)."""
+AUDIT_PREFIX = "kubeloop.audit."
+"""On the registered model: one tag per promotion, rejection or rollback
+(kubeloop.audit.<ns since the epoch>-<random>, JSON), so the trail is append-only."""
