@@ -44,12 +44,19 @@ class DriftResult:
         return cls(**json.loads(text))
 
 
-def request_records(folder: Path) -> Iterator[dict]:
-    """Every complete record in a request log folder. The router appends
+def request_records(folder: Path, since: float = 0.0) -> Iterator[dict]:
+    """Every complete record in a request log folder, from the files written
+    to since `since` (older files hold only older rows). The router appends
     while we read, so a last line without its newline is still being
     written: it is left for the next read."""
     for path in sorted(Path(folder).glob("*.jsonl")):
-        with open(path) as log:
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            log = open(path)
+        except FileNotFoundError:  # expired by the router meanwhile
+            continue
+        with log:
             for line in log:
                 if line.endswith("\n"):
                     yield json.loads(line)
@@ -59,7 +66,7 @@ def load_requests(folder: Path, since: float, features: list[str]) -> pd.DataFra
     """Logged request rows (primary and canary answers, not shadow copies)
     newer than since, one column per feature."""
     rows = []
-    for record in request_records(folder):
+    for record in request_records(folder, since):
         if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
             rows.extend(record["features"])
     frame = pd.DataFrame(rows, columns=features) if rows else pd.DataFrame(columns=features)
