@@ -82,3 +82,33 @@ def test_the_worker_and_its_steps_never_inherit_the_operators_prometheus_folder(
         assert b"PYTHONUNBUFFERED=1" in environ
     finally:
         backend.cancel(run.run_id)
+
+
+def test_the_steps_start_without_a_prometheus_folder_the_worker_imported(tmp_path, monkeypatch):
+    """Local: the worker's kfp steps are its children; they get prometheus-client's
+    single-process mode, not a folder set by something the worker imported."""
+    import json
+    import sys
+
+    from kubeloop.pipelines import worker
+
+    seen = tmp_path / "env.json"
+
+    def pipeline(**_):
+        import subprocess
+
+        subprocess.run([sys.executable, "-c", f"import json, os; open({str(seen)!r}, 'w').write("
+                        "json.dumps(sorted(k for k in os.environ if 'MULTIPROC' in k.upper())))"], check=True)
+
+        class Task:
+            output = {}
+        return Task()
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "set-by-an-import"))
+    monkeypatch.setattr(worker, "pipeline_function", lambda name: pipeline)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "request.json").write_text(json.dumps({"pipeline": "training", "arguments": {}}))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main() tees stdout; put it back afterwards
+    assert worker.main(run_dir) == 0
+    assert json.loads(seen.read_text()) == []
