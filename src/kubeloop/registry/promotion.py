@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from kubeloop.api.promotion import PromotionGates, alias_for
 from kubeloop.registry.base import ModelRegistry, ModelVersion
-from kubeloop.registry.tags import AUDIT_PREFIX, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
+from kubeloop.registry.tags import AUDIT as AUDIT_TAG, AUDIT_PREFIX, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,12 @@ class AuditEntry:
 
 
 def audit_trail(registry: ModelRegistry, name: str) -> list[AuditEntry]:
-    """Every entry, oldest first (the keys sort by the time they were written)."""
+    """Every entry, oldest first: those of the list tag earlier versions wrote,
+    then one per tag (their keys sort by the time they were written)."""
     tags = registry.get_model_tags(name)
-    return [AuditEntry(**json.loads(tags[key])) for key in sorted(tags) if key.startswith(AUDIT_PREFIX)]
+    entries = json.loads(tags[AUDIT_TAG]) if AUDIT_TAG in tags else []
+    entries += [json.loads(tags[key]) for key in sorted(tags) if key.startswith(AUDIT_PREFIX)]
+    return [AuditEntry(**entry) for entry in entries]
 
 
 def _record(registry: ModelRegistry, name: str, entry: AuditEntry) -> None:
