@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
@@ -193,6 +194,24 @@ class Platform:
         state.processes.append(record)
         self._save(state)
         return record
+
+    def restart_process(self, name: str, stopped: Callable[[], None] = lambda: None) -> processes.ProcessRecord:
+        """Stop one of the platform's processes and start it again as it was
+        (same command line, environment and folder), for outage drills;
+        stopped() runs while it is down."""
+        state = self.state()
+        record = next((p for p in state.processes if p.name == name), None) if state else None
+        if record is None or not record.running():
+            raise PlatformError(f"{name} is not running")
+        proc = psutil.Process(record.pid)
+        argv, env, cwd = proc.cmdline(), proc.environ(), proc.cwd()
+        processes.stop(record)
+        stopped()
+        fresh = processes.start(name, argv, self.logs, env=env, cwd=Path(cwd))
+        state = self.state()
+        state.processes = [fresh if p.name == name else p for p in state.processes]
+        self._save(state)
+        return fresh
 
     def stop_process(self, name: str) -> None:
         state = self.state()

@@ -58,6 +58,8 @@ class LogLimits:
     """The oldest files go once the folder holds more."""
     retention_seconds: float = 7 * 86400
     """Files not written to for this long go (drift windows are shorter)."""
+    queue_rows: int = LOG_QUEUE
+    """Rows held between flushes, or while the disk refuses them."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ class Router:
         self.mtime = config_path.stat().st_mtime
         self.metrics = Metrics()
         self._show_routes()
-        self.log = RequestLog()
+        self.log = RequestLog(self.config.log_limits.queue_rows)
         self.session: aiohttp.ClientSession | None = None
         self.background: set[asyncio.Task] = set()
         self.mirrors: set[asyncio.Task] = set()
@@ -281,6 +283,7 @@ class Router:
             mtime = self.config_path.stat().st_mtime
             if mtime != self.mtime:
                 self.config, self.mtime = RouterConfig.load(self.config_path), mtime
+                self.log.capacity = self.config.log_limits.queue_rows
                 self._show_routes()
                 log.info("routes: %s", self.config.routes)
         except (OSError, ValueError, KeyError) as exc:
