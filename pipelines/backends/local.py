@@ -33,6 +33,13 @@ class LocalContext:
     git_sha: str = "unknown"
 
 
+# Steps write to MLflow for minutes; an MLflow restart meanwhile must cost a
+# retry, not the run. The operator's own client gives up within seconds
+# (kubeloop.registry.mlflow.fail_fast) and its settings are not the steps'.
+STEP_MLFLOW_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "8", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}
+
+
 def read_state(run_dir: Path) -> dict:
     try:
         return json.loads((run_dir / "state.json").read_text())
@@ -81,7 +88,7 @@ class LocalBackend(PipelineBackend):
         # In a session of its own, recorded where `kubeloop dev down` finds it, and
         # with prometheus-client's mode decided by kubeloop, not by what the operator imported.
         worker = processes.start("worker", [sys.executable, "-m", self.worker, str(run_dir)], run_dir,
-                                 env={"PYTHONUNBUFFERED": "1"})
+                                 env={"PYTHONUNBUFFERED": "1", **STEP_MLFLOW_RETRIES})
         write_state(run_dir, pid=worker.pid, create_time=worker.create_time)
         return self.status(request.name)
 

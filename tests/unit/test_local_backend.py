@@ -74,12 +74,15 @@ def test_the_worker_and_its_steps_never_inherit_the_operators_prometheus_folder(
     feast removes when the operator exits; a worker that inherited it failed its next
     step after a graceful operator restart."""
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/feast_metrics_of_the_operator")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # the operator's fail_fast()
     run = backend.submit(request(30))
     try:
         pid = wait_for(lambda: read_state(backend.run_dir(run.run_id)).get("pid"))
         environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         assert not [v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
         assert b"PYTHONUNBUFFERED=1" in environ
+        # Steps wait out an MLflow restart instead of failing the run in seconds.
+        assert b"MLFLOW_HTTP_REQUEST_MAX_RETRIES=8" in environ
     finally:
         backend.cancel(run.run_id)
 
