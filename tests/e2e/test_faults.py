@@ -1,8 +1,12 @@
 """Faults injected into real components, and what the platform loses: the
-API server restarted, MLflow stopped, tritonserver killed, the operator
-stopped gracefully mid-run. Every test here runs the local backends (local
+operator stopped gracefully mid-run, the API server restarted, MLflow
+stopped, tritonserver killed. Every test here runs the local backends (local
 pipelines, local Triton) against the live control plane; none is evidence
-for the cluster backends."""
+for the cluster backends.
+
+One TrainingJob's run (about five minutes here: four steps, each a fresh
+Python process) goes through the first three faults in turn, so the suite
+trains once for all of them."""
 
 from __future__ import annotations
 
@@ -24,24 +28,102 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_a_graceful_operator_restart_mid_run_keeps_training(platform, kube, namespace, local_operator):
-    """Local backend. SIGTERM (a rolling update) while the run trains: before, the
-    worker had inherited the operator's PROMETHEUS_MULTIPROC_DIR, which feast removes
-    when the operator exits normally, and its next step failed with FileNotFoundError."""
+def test_one_run_through_a_graceful_restart_an_api_server_restart_and_two_mlflow_outages(
+        platform, kube, namespace, local_operator):
+    """Local backends, in the order a run meets them:
+
+    1. SIGTERM to the operator while the run trains (a rolling update). Before, the
+       worker had inherited the operator's PROMETHEUS_MULTIPROC_DIR, which feast
+       removes when the operator exits normally, and the next step failed.
+    2. kube-apiserver stopped and started while the run trains and while an
+       InferenceService's Triton starts: one run, one Triton, one router.
+    3. MLflow stopped while the steps write to it: they wait (before, the operator's
+       fail-fast client settings reached them and the run failed in seconds).
+    4. MLflow stopped while the operator promotes: a condition says so, and the
+       promotion completes once MLflow is back, with one audit entry.
+    """
     op = local_operator()
-    kube.create(training_job(namespace, "graceful"))
-    running = wait_for(lambda: (s := status_of(kube, "TrainingJob", namespace, "graceful"))
-                       and "step train" in (run_state(op.work, s).get("progress") or "") and s,
-                       timeout=240, interval=0.5, what="the run in its train step")
+    job = training_job(namespace, "faults")
+    job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
+                                "gates": {"metrics": [{"metric": "auc", "min": 0.5}]}}
+    model = job["spec"]["modelName"]
+    kube.create(job)
+
+    def job_status() -> dict:
+        return status_of(kube, "TrainingJob", namespace, "faults")
+
+    def progress() -> str:
+        return run_state(op.work, job_status()).get("progress") or ""
+
+    # 1. A graceful restart while the run trains.
+    wait_for(lambda: "step train" in progress(), timeout=300, interval=0.5, what="the run in its train step")
+    run_id = job_status()["runId"]
     op.stop()
     assert op.proc.returncode is not None
     op.start().wait_for_log("Initial authentication has finished", timeout=60)
-    done = wait_for(lambda: (s := status_of(kube, "TrainingJob", namespace, "graceful"))
-                    .get("phase") in ("Succeeded", "Failed") and s, timeout=400, interval=1, what="the run finished")
-    assert done["phase"] == "Succeeded", condition(done, "RunSucceeded")
-    assert done["runId"] == running["runId"]
-    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
-    assert len(client.search_model_versions(f"name = '{namespace}-graceful'")) == 1
+
+    # 2. The API server restarted mid-training and mid-serving.
+    served_model = registered_model(platform, namespace, "served")
+    kube.create(inference_service(namespace, served_model))
+    wait_for(lambda: "starting" in condition(status_of(kube, "InferenceService", namespace, "fraud"),
+                                             "Deployed").get("message", ""),
+             timeout=120, interval=0.2, what="Triton starting")
+    assert run_state(op.work, job_status()).get("phase") == "Running"
+    platform.restart_process("kube-apiserver")
+    wait_for(kube.healthy, timeout=60, what="the API server back")
+
+    # 3. MLflow stopped while the steps write to it.
+    wait_for(lambda: "step evaluate" in progress() or "step register" in progress(), timeout=400, interval=0.2,
+             what="the run reaching the steps that write to MLflow")
+    worker_log = op.work / "runs" / run_id / "worker.log"
+
+    def steps_meet_the_outage() -> None:
+        wait_for(lambda: "Connection refused" in worker_log.read_text(errors="replace"), timeout=120,
+                 interval=0.5, what="a step meeting the outage")
+        # Hold the operator until the run has finished, so that its promotion
+        # (not a reconcile that came first) is what meets the second outage.
+        os.kill(op.pid, signal.SIGSTOP)
+
+    uri = platform.env()["MLFLOW_TRACKING_URI"]
+    try:
+        platform.restart_process("mlflow", stopped=steps_meet_the_outage)
+        wait_for(lambda: _healthy(uri), timeout=90, what="MLflow back")
+        wait_for(lambda: run_state(op.work, job_status()).get("phase") in ("Succeeded", "Failed"), timeout=400,
+                 interval=0.5, what="the run finished")
+        assert run_state(op.work, job_status())["phase"] == "Succeeded", run_state(op.work, job_status())
+
+        # 4. MLflow stopped while the operator promotes.
+        def promotion_waits() -> None:
+            os.kill(op.pid, signal.SIGCONT)
+            wait_for(lambda: condition(job_status(), "Promoted").get("reason") == "RegistryUnavailable",
+                     timeout=120, interval=0.5, what="the promotion waiting with a condition")
+
+        platform.restart_process("mlflow", stopped=promotion_waits)
+    finally:
+        os.kill(op.pid, signal.SIGCONT)
+    wait_for(lambda: _healthy(uri), timeout=90, what="MLflow back")
+
+    done = wait_for(lambda: (s := job_status()) and condition(s, "Promoted").get("status") == "True" and s,
+                    timeout=300, interval=1, what="promoted")
+    assert done["phase"] == "Succeeded" and done["runId"] == run_id
+    assert [p.name for p in (op.work / "runs").iterdir()] == [run_id]
+    client = MlflowClient(uri)
+    assert len(client.search_model_versions(f"name = '{model}'")) == 1
+    assert client.get_model_version_by_alias(model, "champion").version == "1"
+    assert [(e.action, e.alias, e.version) for e in audit_trail(MlflowRegistry(uri), model)] == [
+        ("promote", "champion", "1")]
+    served = wait_for(lambda: (s := status_of(kube, "InferenceService", namespace, "fraud")).get("phase") == "Ready"
+                      and s, timeout=120, interval=0.5, what="serving")
+    assert infer(served["url"], served_model).status_code == 200
+    assert served_processes(op.work) == {"tritonserver": 1, "router": 1}
+    assert op.running()
+
+
+def _healthy(uri: str) -> bool:
+    try:
+        return requests.get(f"{uri}/health", timeout=2).ok
+    except requests.RequestException:
+        return False
 
 
 def test_a_killed_tritonserver_answers_503_fast_and_is_restarted(platform, kube, namespace, local_operator):
@@ -73,91 +155,3 @@ def test_a_killed_tritonserver_answers_503_fast_and_is_restarted(platform, kube,
     fresh = InstanceState.read(state_path).record("tritonserver")
     assert fresh.pid != triton.pid and fresh.running()
     assert served_processes(op.work) == {"tritonserver": 1, "router": 1}
-
-
-def test_an_api_server_restart_mid_training_and_serving_converges_without_duplicates(
-        platform, kube, namespace, local_operator):
-    """Local backends. kube-apiserver is stopped and started while a TrainingJob's run
-    trains and while an InferenceService's Triton starts: one run, one version, one
-    Triton and one router."""
-    model = registered_model(platform, namespace, "served")
-    op = local_operator()
-    kube.create(training_job(namespace, "apifault"))
-    running = wait_for(lambda: (s := status_of(kube, "TrainingJob", namespace, "apifault")).get("runId") and s,
-                       timeout=120, interval=0.5, what="the run submitted")
-    kube.create(inference_service(namespace, model))
-    wait_for(lambda: "starting" in condition(status_of(kube, "InferenceService", namespace, "fraud"),
-                                             "Deployed").get("message", ""),
-             timeout=120, interval=0.2, what="Triton starting")
-
-    platform.restart_process("kube-apiserver")
-    wait_for(kube.healthy, timeout=60, what="the API server back")
-
-    done = wait_for(lambda: (s := status_of(kube, "TrainingJob", namespace, "apifault"))
-                    .get("phase") in ("Succeeded", "Failed") and s, timeout=400, interval=1, what="training finished")
-    assert done["phase"] == "Succeeded", condition(done, "RunSucceeded")
-    assert done["runId"] == running["runId"]
-    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
-    assert len(client.search_model_versions(f"name = '{namespace}-apifault'")) == 1
-    assert len(list((op.work / "runs").iterdir())) == 1
-    served = wait_for(lambda: (s := status_of(kube, "InferenceService", namespace, "fraud")).get("phase") == "Ready"
-                      and s, timeout=120, interval=0.5, what="serving")
-    assert infer(served["url"], model).status_code == 200
-    assert served_processes(op.work) == {"tritonserver": 1, "router": 1}
-    assert op.running()
-
-
-def test_mlflow_stopped_during_registration_and_promotion(platform, kube, namespace, local_operator):
-    """Local backends. MLflow goes away while the pipeline registers the model, and
-    again while the operator promotes it: the object waits with a condition and
-    finishes once MLflow is back, with one registered version and one audit entry."""
-    op = local_operator()
-    job = training_job(namespace, "mlfault")
-    job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
-                                "gates": {"metrics": [{"metric": "auc", "min": 0.5}]}}
-    kube.create(job)
-    model = job["spec"]["modelName"]
-
-    def progress() -> str:
-        return run_state(op.work, status_of(kube, "TrainingJob", namespace, "mlfault")).get("progress") or ""
-
-    wait_for(lambda: "step evaluate" in progress() or "step register" in progress(), timeout=300, interval=0.2,
-             what="the run reaching the steps that write to MLflow")
-    status = status_of(kube, "TrainingJob", namespace, "mlfault")
-    worker_log = op.work / "runs" / status["runId"] / "worker.log"
-
-    def while_down() -> None:
-        # The steps meet the outage (and say so in the run's log) before MLflow returns.
-        wait_for(lambda: "Connection refused" in worker_log.read_text(errors="replace"), timeout=120,
-                 interval=0.5, what="a step meeting the outage")
-
-    platform.restart_process("mlflow", stopped=while_down)
-    uri = platform.env()["MLFLOW_TRACKING_URI"]
-    wait_for(lambda: requests.get(f"{uri}/health", timeout=2).ok, timeout=90, what="MLflow back")
-
-    # Hold the operator while the run finishes, so its promotion meets the second outage.
-    os.kill(op.pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: run_state(op.work, status).get("phase") in ("Succeeded", "Failed"), timeout=300,
-                 interval=0.5, what="the run finished")
-        assert run_state(op.work, status)["phase"] == "Succeeded", run_state(op.work, status).get("error")
-
-        def promotion_blocked() -> None:
-            os.kill(op.pid, signal.SIGCONT)
-            wait_for(lambda: condition(status_of(kube, "TrainingJob", namespace, "mlfault"), "Promoted")
-                     .get("reason") == "RegistryUnavailable", timeout=120, interval=0.5,
-                     what="the promotion waiting with a condition")
-
-        platform.restart_process("mlflow", stopped=promotion_blocked)
-    finally:
-        os.kill(op.pid, signal.SIGCONT)
-    wait_for(lambda: requests.get(f"{uri}/health", timeout=2).ok, timeout=90, what="MLflow back")
-    done = wait_for(lambda: (s := status_of(kube, "TrainingJob", namespace, "mlfault"))
-                    and condition(s, "Promoted").get("status") == "True" and s, timeout=300, interval=1,
-                    what="promoted")
-    assert done["phase"] == "Succeeded"
-    client = MlflowClient(uri)
-    assert len(client.search_model_versions(f"name = '{model}'")) == 1
-    assert client.get_model_version_by_alias(model, "champion").version == "1"
-    trail = audit_trail(MlflowRegistry(uri), model)
-    assert [(e.action, e.alias, e.version) for e in trail] == [("promote", "champion", "1")]

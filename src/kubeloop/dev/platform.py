@@ -206,11 +206,13 @@ class Platform:
         proc = psutil.Process(record.pid)
         argv, env, cwd = proc.cmdline(), proc.environ(), proc.cwd()
         processes.stop(record)
-        stopped()
-        fresh = processes.start(name, argv, self.logs, env=env, cwd=Path(cwd))
-        state = self.state()
-        state.processes = [fresh if p.name == name else p for p in state.processes]
-        self._save(state)
+        try:
+            stopped()
+        finally:
+            fresh = processes.start(name, argv, self.logs, env=env, cwd=Path(cwd))
+            state = self.state()
+            state.processes = [fresh if p.name == name else p for p in state.processes]
+            self._save(state)
         return fresh
 
     def stop_process(self, name: str) -> None:
