@@ -121,8 +121,13 @@ def post_outcome(outcome: Outcome, body: kopf.Body) -> None:
 
 
 def _unfinished(status: dict, **_: Any) -> bool:
-    """Finished runs have nothing left to converge; the timer leaves them alone."""
-    return (status or {}).get("phase") not in ("Succeeded", "Failed")
+    """Finished runs have nothing left to converge and the timer leaves them
+    alone, unless a condition is still undecided (a promotion that met a
+    registry outage is Promoted=Unknown until a reconcile gets through)."""
+    status = status or {}
+    if status.get("phase") == "Succeeded":
+        return any(c.get("status") == "Unknown" for c in status.get("conditions", []))
+    return status.get("phase") != "Failed"
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:

@@ -170,3 +170,18 @@ def test_a_status_that_fails_validation_keeps_what_can_be_kept():
     assert status.retrains == ["fraud-retrain-1"] and status.phase == "Ready"
     assert [c.type for c in status.conditions] == ["Ready"]
     assert sorted(dropped) == ["conditions[1]", "readyReplicas"]
+
+
+def test_a_finished_run_whose_promotion_waits_is_still_resynced():
+    """Local and cluster: the resync timer stopped at phase Succeeded, so a promotion that
+    met a registry outage (Promoted=Unknown) was never tried again."""
+    from kubeloop.operator.handlers import _unfinished
+
+    waiting = {"phase": "Succeeded", "conditions": [
+        {"type": "Ready", "status": "True"}, {"type": "Promoted", "status": "Unknown", "reason": "RegistryUnavailable"}]}
+    assert _unfinished(waiting)
+    done = {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "True"},
+                                                 {"type": "Promoted", "status": "True"}]}
+    assert not _unfinished(done)
+    assert not _unfinished({"phase": "Failed", "conditions": [{"type": "ModelRegistered", "status": "Unknown"}]})
+    assert _unfinished({"phase": "Running"}) and _unfinished({})
