@@ -99,7 +99,7 @@ class AlertmanagerPayload(_Lenient):
 
 class AliasEvent(_Lenient):
     entity: str = ""
-    data: dict[str, str | int | None] = {}
+    data: dict = {}
 
 
 def read_json(body: bytes) -> object:
