@@ -15,6 +15,17 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(autouse=True)
+def no_webhook_left_behind(platform):
+    """MLflow delivers to a registered webhook, retrying for most of a minute, even
+    after this test's operator is gone: later tests' alias moves would wait on it."""
+    yield
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    for hook in client.list_webhooks():
+        if hook.name == "kubeloop-operator":
+            client.delete_webhook(hook.webhook_id)
+
+
 @pytest.fixture
 def model(platform, namespace):
     client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
