@@ -46,13 +46,20 @@ class DriftResult:
         return cls(**json.loads(text))
 
 
-def request_records(folder: Path) -> Iterator[dict]:
-    """Every complete record in a request log folder. The router appends
+def request_records(folder: Path, since: float = 0.0) -> Iterator[dict]:
+    """Every complete record in a request log folder, from the files written
+    to since `since` (older files hold only older rows). The router appends
     while we read, so a last line without its newline is still being
     written: it is left for the next read."""
     for path in sorted(Path(folder).glob("*.jsonl")):
-        with open(path) as lines:
-            for line in lines:
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            handle = open(path)
+        except FileNotFoundError:  # expired by the router meanwhile
+            continue
+        with handle:
+            for line in handle:
                 if line.endswith("\n"):
                     yield json.loads(line)
 
@@ -63,7 +70,7 @@ def load_requests(folder: Path, since: float, features: list[str]) -> pd.DataFra
     to a version with other inputs, before the served one) are left out, and
     the count said."""
     rows, other = [], 0
-    for record in request_records(folder):
+    for record in request_records(folder, since):
         if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
             fitting = [row for row in record["features"] if len(row) == len(features)]
             other += len(record["features"]) - len(fitting)

@@ -16,6 +16,7 @@ Status = Literal["True", "False", "Unknown"]
 
 # Reasons shared by every kind.
 INVALID_SPEC = "InvalidSpec"
+INVALID_STATUS = "InvalidStatus"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ periodic timer, so the operator converges from whatever state it finds.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import logging
 import threading
 from typing import Any, Callable
@@ -18,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from kubeloop.api.constants import FINALIZER, GROUP, VERSION
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
-from kubeloop.operator.conditions import INVALID_SPEC, Observation, merge_conditions, now
+from kubeloop.operator.conditions import INVALID_SPEC, INVALID_STATUS, Observation, merge_conditions, now
 from kubeloop.operator.kube import KubeError
 from kubeloop.operator.ports import Objects, Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, transition_events
@@ -35,7 +37,7 @@ def reconcile(kind: Kind, reconciler: Reconciler, meta: dict, spec: dict, status
               ports: Ports, retry: int = 0) -> Outcome:
     """Parse, reconcile, and map an invalid spec to a condition (no handler I/O)."""
     ref = ObjectRef.from_meta(kind.kind, meta)
-    current = parse_status(kind, status)
+    current, dropped = parse_status(kind, status)
     try:
         parsed = kind.spec.model_validate(spec)
     except ValidationError as exc:
@@ -47,16 +49,51 @@ def reconcile(kind: Kind, reconciler: Reconciler, meta: dict, spec: dict, status
                                          "observed_generation": ref.generation})
         return Outcome(new, [Event("Warning", INVALID_SPEC, message)])
     outcome = reconciler(ref, parsed, current, ports, attempt=retry)
+    if dropped:
+        message = (f"status fields that failed validation were reset: {', '.join(dropped)}; "
+                   "everything else was kept")
+        conditions = merge_conditions(outcome.status.conditions,
+                                      [Observation("StatusValid", "False", INVALID_STATUS, message)],
+                                      ref.generation, now())
+        outcome.status = outcome.status.model_copy(update={"conditions": conditions})
     outcome.events = outcome.events + transition_events(kind.kind, current, outcome.status)
     return outcome
 
 
-def parse_status(kind: Kind, status: dict | None) -> BaseModel:
-    """The typed status; a status written by an incompatible version starts afresh."""
-    try:
-        return kind.status.model_validate(status or {})
-    except ValidationError:
-        return kind.status()
+def parse_status(kind: Kind, status: dict | None) -> tuple[BaseModel, list[str]]:
+    """The typed status, and the fields left out because they failed validation
+    (a hand edit, a status written by another version): each bad field or list
+    item goes, the rest is kept (a retrain in its canary survives a bad
+    readyReplicas)."""
+    data = copy.deepcopy(status or {})
+    dropped: list[str] = []
+    for _ in range(64):
+        try:
+            return kind.status.model_validate(data), dropped
+        except ValidationError as exc:
+            removed = [path for err in exc.errors() if (path := _remove(data, err["loc"]))]
+        if not removed:
+            break
+        dropped += [p for p in removed if p not in dropped]
+    return kind.status(), dropped + ["(the rest)"]
+
+
+def _remove(data: dict, loc: tuple) -> str | None:
+    """Delete what loc points at, or the nearest thing above it that exists (a
+    missing required field takes its parent); a list item goes whole (a
+    condition without its status means nothing). Its path, or None."""
+    index = next((i for i, key in enumerate(loc) if isinstance(key, int)), None)
+    deepest = len(loc) if index is None else index + 1
+    for depth in range(deepest, 0, -1):
+        parent = data
+        try:
+            for key in loc[:depth - 1]:
+                parent = parent[key]
+            del parent[loc[depth - 1]]
+        except (KeyError, IndexError, TypeError):
+            continue
+        return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc[:depth]).lstrip(".")
+    return None
 
 
 def status_changes(old: dict | None, new: dict) -> dict:
@@ -84,8 +121,13 @@ def post_outcome(outcome: Outcome, body: kopf.Body) -> None:
 
 
 def _unfinished(status: dict, **_: Any) -> bool:
-    """Finished runs have nothing left to converge; the timer leaves them alone."""
-    return (status or {}).get("phase") not in ("Succeeded", "Failed")
+    """Finished runs have nothing left to converge and the timer leaves them
+    alone, unless a condition is still undecided (a promotion that met a
+    registry outage is Promoted=Unknown until a reconcile gets through)."""
+    status = status or {}
+    if status.get("phase") == "Succeeded":
+        return any(c.get("status") == "Unknown" for c in status.get("conditions", []))
+    return status.get("phase") != "Failed"
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -116,10 +158,12 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
             memo.ports = build_ports(config)
         if config.webhook_port and getattr(memo, "webhooks", None) is None:
-            memo.webhooks = await _serve_webhooks(config, memo.ports)
+            memo.webhooks, memo.mlflow_webhook = await _serve_webhooks(config, memo.ports)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_webhooks(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "mlflow_webhook", None) is not None:
+            memo.mlflow_webhook.cancel()
         if getattr(memo, "webhooks", None) is not None:
             await memo.webhooks.cleanup()
 
@@ -160,25 +204,25 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
 async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202 - aiohttp AppRunner
     """Alertmanager's and MLflow's webhooks and /metrics, in kopf's event loop."""
-    import asyncio
-
     from prometheus_client import CollectorRegistry
 
     from kubeloop.monitoring.metrics import DriftCollector
     from kubeloop.operator.kube import Kube
-    from kubeloop.operator.webhooks import WebhookConfig, Webhooks, ensure_mlflow_webhook, serve
+    from kubeloop.operator.webhooks import SecretFile, WebhookConfig, Webhooks, keep_mlflow_webhook, serve
 
-    token = config.webhook_token_file.read_text().strip() if config.webhook_token_file else ""
-    if not token:
-        raise kopf.PermanentError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE (a bearer token)")
+    token, mlflow_secret = SecretFile(config.webhook_token_file), SecretFile(config.mlflow_webhook_secret_file)
+    if not token.value():
+        raise kopf.PermanentError(f"KUBELOOP_WEBHOOK_TOKEN_FILE ({config.webhook_token_file}) holds no token")
     metrics = CollectorRegistry()
     metrics.register(DriftCollector(config.state_dir / "monitoring"))
-    webhooks = Webhooks(ports.objects or Kube.from_environment(), WebhookConfig(token, tuple(config.namespaces)),
-                        metrics)
+    webhooks = Webhooks(ports.objects or Kube.from_environment(),
+                        WebhookConfig(token.value, mlflow_secret.value, tuple(config.namespaces)), metrics)
     runner = await serve(webhooks, config.webhook_address, config.webhook_port)
+    keeper = None
     if config.mlflow_webhook_url and config.tracking_uri:
-        await asyncio.to_thread(ensure_mlflow_webhook, config.tracking_uri, config.mlflow_webhook_url, token)
-    return runner
+        keeper = asyncio.create_task(keep_mlflow_webhook(config.tracking_uri, config.mlflow_webhook_url,
+                                                         mlflow_secret.value))
+    return runner, keeper
 
 
 def _read(objects: Objects, kind: Kind, meta: dict) -> dict | None:

@@ -8,8 +8,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+class ConfigurationError(Exception):
+    """The operator's configuration is incomplete or wrong; the message names
+    the setting and what to set it to."""
+
+
 def _list(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _number(env: dict[str, str], name: str, default: str, kind: type = int) -> int | float:
+    raw = env.get(name, default)
+    try:
+        return kind(raw)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigurationError(f"{name}={raw!r} is not {what}; set it to {what} (default {default}) "
+                                 "or unset it") from None
+
+
+def _path(env: dict[str, str], name: str) -> Path | None:
+    return Path(env[name]) if env.get(name) else None
 
 
 @dataclass(frozen=True)
@@ -30,7 +49,7 @@ class OperatorConfig:
     kfp_namespace: str | None = None
     """The KFP profile namespace of a multi-user Kubeflow installation."""
     feast_repo: Path | None = None
-    state_dir: Path = Path("/tmp/kubeloop")
+    state_dir: Path = field(default_factory=lambda: default_work_dir())
     """Where the local backends keep runs, model repositories and logs."""
     resync_seconds: float = 15.0
     """How often every object is reconciled again, whatever happened."""
@@ -50,7 +69,9 @@ class OperatorConfig:
     webhook_address: str = "127.0.0.1"
     """Address the webhooks listen on (0.0.0.0 in a Pod)."""
     webhook_token_file: Path | None = None
-    """Bearer token of Alertmanager's calls, and the MLflow webhooks' signing secret."""
+    """The bearer token of Alertmanager's calls (read again when the file changes)."""
+    mlflow_webhook_secret_file: Path | None = None
+    """The MLflow webhooks' signing secret, a secret of its own (read again when the file changes)."""
     mlflow_webhook_url: str | None = None
     """This operator's /hooks/mlflow as MLflow reaches it; set, the operator registers the webhook."""
     prometheus_targets: Path | None = None
@@ -60,10 +81,12 @@ class OperatorConfig:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
+        """The configuration from the environment; ConfigurationError names a
+        variable that is set to something unusable."""
         env = dict(os.environ if env is None else env)
         get = env.get
         defaults = cls()
-        return cls(
+        config = cls(
             namespaces=_list(get("KUBELOOP_NAMESPACES", "")),
             pipeline_backends=_list(get("KUBELOOP_PIPELINE_BACKENDS", "local,noop")),
             default_pipeline_backend=get("KUBELOOP_PIPELINE_BACKEND", defaults.default_pipeline_backend),
@@ -74,9 +97,9 @@ class OperatorConfig:
             kfp_endpoint=get("KUBELOOP_KFP_ENDPOINT"),
             kfp_ui=get("KUBELOOP_KFP_UI"),
             kfp_namespace=get("KUBELOOP_KFP_NAMESPACE"),
-            feast_repo=Path(get("KUBELOOP_FEAST_REPO")) if get("KUBELOOP_FEAST_REPO") else None,
-            state_dir=Path(get("KUBELOOP_WORK_DIR", str(defaults.state_dir))),
-            resync_seconds=float(get("KUBELOOP_RESYNC_SECONDS", defaults.resync_seconds)),
+            feast_repo=_path(env, "KUBELOOP_FEAST_REPO"),
+            state_dir=_path(env, "KUBELOOP_WORK_DIR") or default_work_dir(env),
+            resync_seconds=_number(env, "KUBELOOP_RESYNC_SECONDS", str(defaults.resync_seconds), float),
             triton_image=get("KUBELOOP_TRITON_IMAGE", defaults.triton_image),
             components_image=get("KUBELOOP_COMPONENTS_IMAGE", defaults.components_image),
             cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
@@ -84,10 +107,35 @@ class OperatorConfig:
             gateway=get("KUBELOOP_GATEWAY"),
             gateway_domain=get("KUBELOOP_GATEWAY_DOMAIN", defaults.gateway_domain),
             tensorrt=get("KUBELOOP_TENSORRT", "false").lower() == "true",
-            webhook_port=int(get("KUBELOOP_WEBHOOK_PORT", "0")),
+            webhook_port=_number(env, "KUBELOOP_WEBHOOK_PORT", "0"),
             webhook_address=get("KUBELOOP_WEBHOOK_ADDRESS", defaults.webhook_address),
             mlflow_webhook_url=get("KUBELOOP_MLFLOW_WEBHOOK_URL"),
-            prometheus_targets=Path(get("KUBELOOP_PROMETHEUS_TARGETS")) if get("KUBELOOP_PROMETHEUS_TARGETS") else None,
-            webhook_token_file=Path(get("KUBELOOP_WEBHOOK_TOKEN_FILE")) if get("KUBELOOP_WEBHOOK_TOKEN_FILE") else None,
-            request_log_dir=Path(get("KUBELOOP_REQUEST_LOG_DIR")) if get("KUBELOOP_REQUEST_LOG_DIR") else None,
+            prometheus_targets=_path(env, "KUBELOOP_PROMETHEUS_TARGETS"),
+            webhook_token_file=_path(env, "KUBELOOP_WEBHOOK_TOKEN_FILE"),
+            mlflow_webhook_secret_file=_path(env, "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"),
+            request_log_dir=_path(env, "KUBELOOP_REQUEST_LOG_DIR"),
         )
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Settings that only make sense together."""
+        if not 0 <= self.webhook_port <= 65535:
+            raise ConfigurationError(f"KUBELOOP_WEBHOOK_PORT={self.webhook_port} is not a port (0-65535)")
+        if self.webhook_port and not self.webhook_token_file:
+            raise ConfigurationError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE: a file with the "
+                                     "bearer token Alertmanager sends")
+        if self.mlflow_webhook_url and not self.mlflow_webhook_secret_file:
+            raise ConfigurationError("KUBELOOP_MLFLOW_WEBHOOK_URL needs KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE: a file "
+                                     "with the MLflow webhooks' signing secret (not Alertmanager's token)")
+
+
+def default_work_dir(env: dict[str, str] | None = None) -> Path:
+    """Under the local platform's state directory (KUBELOOP_STATE_DIR, as
+    `kubeloop dev env` prints it), else the user's own state folder: never a
+    folder every platform and operator on the machine shares."""
+    env = os.environ if env is None else env
+    if env.get("KUBELOOP_STATE_DIR"):
+        return Path(env["KUBELOOP_STATE_DIR"]) / "operator"
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "kubeloop" / "dev" / "operator"  # kubeloop.dev.platform's default state dir

@@ -8,16 +8,12 @@ from kubeloop.operator.builders.serving import ServingImages
 from kubeloop.operator.fleet import observe_fleet
 from kubeloop.operator.kube import Kube
 from kubeloop.operator.ports import Ports
-from kubeloop.operator.settings import OperatorConfig
+from kubeloop.operator.settings import ConfigurationError, OperatorConfig
 from kubeloop.pipelines.backends.base import PipelineBackend
 from kubeloop.pipelines.backends.noop import NoopBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
 from kubeloop.serving.kubernetes import KubernetesServing
-
-
-class ConfigurationError(Exception):
-    """The operator's configuration is incomplete; the message says what to set."""
 
 
 def build_registry(config: OperatorConfig) -> ModelRegistry:

@@ -11,6 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from kubeloop.dev.processes import single_process_metrics
 from kubeloop.pipelines.backends.local import write_state
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -67,8 +68,12 @@ def main(run_dir: Path) -> int:
     sys.stdout = ProgressTee(sys.stdout, run_dir)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "root"),
                raise_on_error=True)
+    pipeline = pipeline_function(request["pipeline"])
+    # The steps start in prometheus-client's single-process mode, whatever the
+    # imports above set (each step that imports feast then owns its own folder).
+    single_process_metrics()
     try:
-        task = pipeline_function(request["pipeline"])(**request["arguments"])
+        task = pipeline(**request["arguments"])
     except Exception as exc:  # the pipeline, or kfp's runner, failed
         sys.stdout.flush()
         message = ANSI.sub("", str(exc))

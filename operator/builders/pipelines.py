@@ -15,8 +15,10 @@ def spec_hash(spec: TrainingJobSpec | OptimizedModelSpec) -> str:
 
 
 def run_name(ref: ObjectRef, digest: str) -> str:
-    """Deterministic, so a restarted operator finds the run it started before."""
-    return dns_name(ref.namespace, ref.name, digest[:10])
+    """Deterministic, so a restarted operator finds the run it started before;
+    tied to the object's uid and generation, so a re-created object, or a spec
+    reverted to an earlier one, never takes up (cancelled) runs of the past."""
+    return dns_name(ref.namespace, ref.name, f"g{ref.generation}", content_hash([ref.uid, digest], 10))
 
 
 def _labels(ref: ObjectRef) -> dict[str, str]:

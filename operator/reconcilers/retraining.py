@@ -46,11 +46,22 @@ class RetrainStep:
         return r.challenger if r and r.state == "Canary" else None
 
 
+class InvalidAlert(ValueError):
+    """The drift-alert annotation is not what the webhook writes (a hand edit)."""
+
+
 def pending_alert(ref: ObjectRef) -> str | None:
     raw = ref.annotations.get(DRIFT_ALERT)
     if not raw:
         return None
-    alert = json.loads(raw)
+    try:
+        alert = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidAlert(f"annotation {DRIFT_ALERT} is not JSON ({exc}); the webhook writes a JSON object "
+                           "with fingerprint and startsAt: fix or remove it") from None
+    if not isinstance(alert, dict):
+        raise InvalidAlert(f"annotation {DRIFT_ALERT} is a JSON {type(alert).__name__}, not the object with "
+                           "fingerprint and startsAt the webhook writes: fix or remove it")
     starts_at = alert.get("startsAt", "")
     try:
         starts_at = instant(starts_at)
@@ -63,7 +74,13 @@ def advance_retraining(ref: ObjectRef, spec: InferenceServiceSpec, status: Infer
                        ports: Ports) -> RetrainStep:
     now = ports.clock()
     step = RetrainStep(status.retraining, list(status.retrains), list(status.handled_alerts), status.last_retrain_at)
-    alert = pending_alert(ref)
+    try:
+        alert = pending_alert(ref)
+        if any(c.type == "DriftAlert" for c in status.conditions):  # it was invalid: say it is fixed
+            step.observations.append(Observation("DriftAlert", "True", "Valid", alert or ""))
+    except InvalidAlert as exc:
+        alert = None
+        step.observations.append(Observation("DriftAlert", "False", "InvalidAnnotation", str(exc)))
     if alert and alert not in step.handled_alerts:
         _consider(ref, spec, step, alert, now, ports)
     # As many steps as the world allows now (a finished TrainingJob whose

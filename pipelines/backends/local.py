@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from kubeloop.dev import processes
 from kubeloop.files import write_atomic
 from kubeloop.pipelines.backends.base import PipelineBackend, RunRequest, RunStatus
 
@@ -31,6 +31,13 @@ class LocalContext:
     feast_repo: str
     tracking_uri: str
     git_sha: str = "unknown"
+
+
+# Steps write to MLflow for minutes; an MLflow restart meanwhile must cost a
+# retry, not the run. The operator's own client gives up within seconds
+# (kubeloop.registry.mlflow.fail_fast) and its settings are not the steps'.
+STEP_MLFLOW_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "8", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+                       "MLFLOW_HTTP_REQUEST_TIMEOUT": "120"}
 
 
 def read_state(run_dir: Path) -> dict:
@@ -78,13 +85,11 @@ class LocalBackend(PipelineBackend):
             {"name": request.name, "pipeline": request.pipeline, "arguments": arguments,
              "labels": request.labels}, indent=2, default=str))
         write_state(run_dir, phase="Pending", progress="starting the worker")
-        with open(run_dir / "worker.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", self.worker, str(run_dir)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        write_state(run_dir, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
+        # In a session of its own, recorded where `kubeloop dev down` finds it, and
+        # with prometheus-client's mode decided by kubeloop, not by what the operator imported.
+        worker = processes.start("worker", [sys.executable, "-m", self.worker, str(run_dir)], run_dir,
+                                 env={"PYTHONUNBUFFERED": "1", **STEP_MLFLOW_RETRIES})
+        write_state(run_dir, pid=worker.pid, create_time=worker.create_time)
         return self.status(request.name)
 
     def status(self, run_id: str) -> RunStatus | None:

@@ -95,7 +95,12 @@ def test_router_and_webhook_metrics_pass_promtool_check_metrics():
     router.shadow_disagreements.labels("ml/fraud", "fraud", "3", "4").inc()
     router.traffic.labels("ml/fraud", "fraud", "3", "primary").set(0.8)
     operator = CollectorRegistry()
-    Webhooks(kube=None, config=WebhookConfig("t"), registry=operator).received.labels("mlflow", "accepted").inc()
+    router.shadow_skipped.labels("ml/fraud").inc()
+    router.log_dropped.labels("ml/fraud").inc()
+    router.log_errors.labels("ml/fraud").inc()
+    router.log_removed.labels("ml/fraud").inc()
+    config = WebhookConfig(lambda: "t", lambda: "s")
+    Webhooks(kube=None, config=config, registry=operator).received.labels("mlflow", "accepted").inc()
     for registry in (router.registry, operator):
         text = generate_latest(registry).decode()
         lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)

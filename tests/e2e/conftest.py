@@ -50,6 +50,24 @@ def start_operator(platform, kube, tmp_path):
             op.stop()
 
 
+@pytest.fixture
+def local_operator(platform, namespace, start_operator, tmp_path):
+    """The operator with every local backend and the platform's MLflow and Feast."""
+    env = platform.env()
+    work = tmp_path / "work"
+
+    def start(**extra: str):
+        op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
+                            KUBELOOP_FEAST_REPO=env["KUBELOOP_FEAST_REPO"], KUBELOOP_PIPELINE_BACKENDS="local",
+                            KUBELOOP_PIPELINE_BACKEND="local", KUBELOOP_SERVING_BACKENDS="local",
+                            KUBELOOP_SERVING_BACKEND="local", KUBELOOP_WORK_DIR=str(work), **extra)
+        op.wait_for_log("Initial authentication has finished", timeout=60)
+        op.work = work
+        return op
+
+    return start
+
+
 def _delete_inference_services(kube, namespaces: list[str]) -> None:
     for namespace in namespaces:
         for isvc in kube.list(API_VERSION, "InferenceService", namespace):

@@ -15,6 +15,17 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(autouse=True)
+def no_webhook_left_behind(platform):
+    """MLflow delivers to a registered webhook, retrying for most of a minute, even
+    after this test's operator is gone: later tests' alias moves would wait on it."""
+    yield
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    for hook in client.list_webhooks():
+        if hook.name == "kubeloop-operator":
+            client.delete_webhook(hook.webhook_id)
+
+
 @pytest.fixture
 def model(platform, namespace):
     client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
@@ -45,6 +56,7 @@ def test_the_webhook_moves_the_service_without_waiting_for_a_resync(platform, ku
                         KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_RESYNC_SECONDS="600",
                         KUBELOOP_WEBHOOK_PORT=env["KUBELOOP_WEBHOOK_PORT"],
                         KUBELOOP_WEBHOOK_TOKEN_FILE=env["KUBELOOP_WEBHOOK_TOKEN_FILE"],
+                        KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE=env["KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"],
                         KUBELOOP_MLFLOW_WEBHOOK_URL=env["KUBELOOP_MLFLOW_WEBHOOK_URL"])
     op.wait_for_log("Initial authentication has finished")
     kube.create(isvc(namespace, name))
@@ -76,3 +88,43 @@ def test_without_the_webhook_the_resync_finds_the_move(platform, kube, namespace
     wait_for(lambda: serving(kube, namespace) == "2", timeout=20, what="the resync following the alias")
     assert "signals.kubeloop.dev/registry-event" not in (
         kube.get(API_VERSION, "InferenceService", "follow", namespace)["metadata"].get("annotations") or {})
+
+
+def test_rotated_webhook_secrets_take_effect_without_a_restart(platform, kube, namespace, model, start_operator,
+                                                               tmp_path):
+    """Local platform: the operator re-reads Alertmanager's token and MLflow's signing
+    secret when their files change (as a Secret volume does on rotation), and registers
+    the MLflow webhook again with the new secret."""
+    import secrets
+
+    from tests.support.alerts import post_alert
+
+    client, name = model
+    env = platform.env()
+    token, signing = tmp_path / "token", tmp_path / "signing"
+    token.write_text("old-token")
+    signing.write_text("old-signing-secret")
+    port = env["KUBELOOP_WEBHOOK_PORT"]
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_RESYNC_SECONDS="600",
+                        KUBELOOP_WEBHOOK_PORT=port, KUBELOOP_WEBHOOK_TOKEN_FILE=str(token),
+                        KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE=str(signing),
+                        KUBELOOP_MLFLOW_WEBHOOK_URL=env["KUBELOOP_MLFLOW_WEBHOOK_URL"])
+    op.wait_for_log("MLflow webhook registered", timeout=60)
+    kube.create(isvc(namespace, name))
+    wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
+    alert = {"fingerprint": "rot", "startsAt": "2027-01-15T08:00:00Z",
+             "labels": {"alertname": "KubeloopDataDrift", "namespace": namespace, "inferenceservice": "follow"}}
+    url = f"http://127.0.0.1:{port}/hooks/alertmanager"
+    assert post_alert(url, "old-token", alert).status_code == 200
+
+    fresh = secrets.token_urlsafe(16)
+    token.write_text(fresh)
+    signing.write_text(secrets.token_urlsafe(16))
+    assert post_alert(url, "old-token", alert).status_code == 401
+    assert post_alert(url, fresh, alert).status_code == 200
+    # MLflow now signs with the new secret: an alias move still reaches the operator at once.
+    wait_for(lambda: op.log().count("MLflow webhook registered") >= 2, timeout=30, what="registered again")
+    client.set_registered_model_alias(name, "champion", "2")
+    # Resyncs are 600 s apart: only a delivery MLflow signed with the new secret moves it.
+    wait_for(lambda: serving(kube, namespace) == "2", timeout=20, interval=0.2, what="following the alias")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import psutil
 
+from kubeloop.dev import processes
+
 
 class OperatorProcess:
     """The operator in a subprocess, started and stopped (or killed) at will."""
@@ -34,7 +36,9 @@ class OperatorProcess:
         argv = [sys.executable, "-m", "kubeloop.cli", "operator"]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.env}
+        # As a Deployment starts it: nothing that an import in this test process
+        # (feast's prometheus-client folder) put in the environment.
+        env = processes.child_env({"KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1", **self.env})
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
@@ -42,6 +46,10 @@ class OperatorProcess:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def kill(self) -> None:
         """SIGKILL: the operator gets no chance to clean up, as in a node failure."""

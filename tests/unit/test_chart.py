@@ -71,6 +71,22 @@ def test_missing_required_values_are_named():
     assert typo.returncode != 0 and "watchNamespace" in typo.stderr
 
 
+def test_alertmanagers_token_and_mlflows_signing_secret_are_two_secrets():
+    """Cluster: each secret comes from its own Secret, mounted as a volume (not a
+    subPath), so kubelet updates the file when the Secret is rotated."""
+    spec = _pod_specs(render())[0]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    assert secrets == {"webhook-token": "kubeloop-webhook", "mlflow-webhook-secret": "kubeloop-mlflow-webhook"}
+    assert env["KUBELOOP_WEBHOOK_TOKEN_FILE"].startswith(mounts["webhook-token"]["mountPath"] + "/")
+    assert env["KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"].startswith(mounts["mlflow-webhook-secret"]["mountPath"] + "/")
+    assert not any("subPath" in m for m in mounts.values())
+    missing = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                   "--set", "webhooks.mlflowSecret.name=", check=False)
+    assert missing.returncode != 0 and "webhooks.mlflowSecret.name is required" in missing.stderr
+
+
 @pytest.mark.parametrize("name", RENDERINGS)
 def test_helm_template_matches_the_golden_file(name):
     extra = RENDERINGS[name]

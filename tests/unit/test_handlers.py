@@ -151,3 +151,37 @@ def test_an_object_being_deleted_is_not_reconciled_again(monkeypatch):
     fn(meta={**META, "uid": "y"}, spec={}, status={}, patch=kopf.Patch(), body=kopf.Body({}),
        memo=kopf.Memo(ports=Ports(registry=InMemoryRegistry(), objects=objects)))
     assert calls == [] and objects.patches == []
+
+
+def test_a_status_that_fails_validation_keeps_what_can_be_kept():
+    """Local and cluster: one bad field (a hand edit, an older operator) reset the whole
+    status, losing status.retraining in the middle of a retrain."""
+    from kubeloop.api.resources import INFERENCE_SERVICE
+    from kubeloop.operator.handlers import parse_status
+
+    retraining = {"state": "Canary", "alert": "abc@2027-01-15T08:00:00.000Z", "trainingJob": "fraud-retrain-1",
+                  "challenger": "3", "canarySince": "2027-01-15T09:00:00Z", "message": "canary"}
+    good = {"type": "Ready", "status": "True", "reason": "Ready", "lastTransitionTime": "2027-01-15T09:00:00Z"}
+    raw = {"phase": "Ready", "readyReplicas": "many", "retraining": retraining,
+           "conditions": [good, {"type": "Placed", "status": "Maybe", "reason": "X", "lastTransitionTime": "t"}],
+           "retrains": ["fraud-retrain-1"]}
+    status, dropped = parse_status(INFERENCE_SERVICE, raw)
+    assert status.retraining is not None and status.retraining.challenger == "3"
+    assert status.retrains == ["fraud-retrain-1"] and status.phase == "Ready"
+    assert [c.type for c in status.conditions] == ["Ready"]
+    assert sorted(dropped) == ["conditions[1]", "readyReplicas"]
+
+
+def test_a_finished_run_whose_promotion_waits_is_still_resynced():
+    """Local and cluster: the resync timer stopped at phase Succeeded, so a promotion that
+    met a registry outage (Promoted=Unknown) was never tried again."""
+    from kubeloop.operator.handlers import _unfinished
+
+    waiting = {"phase": "Succeeded", "conditions": [
+        {"type": "Ready", "status": "True"}, {"type": "Promoted", "status": "Unknown", "reason": "RegistryUnavailable"}]}
+    assert _unfinished(waiting)
+    done = {"phase": "Succeeded", "conditions": [{"type": "Ready", "status": "True"},
+                                                 {"type": "Promoted", "status": "True"}]}
+    assert not _unfinished(done)
+    assert not _unfinished({"phase": "Failed", "conditions": [{"type": "ModelRegistered", "status": "Unknown"}]})
+    assert _unfinished({"phase": "Running"}) and _unfinished({})

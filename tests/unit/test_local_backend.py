@@ -67,3 +67,51 @@ def test_the_failing_steps_exception_is_extracted():
     ])
     assert step_error(log, "training-data") == (
         "step training-data: ValueError: feature view 'nope' does not exist in project p; known views: a")
+
+
+def test_the_worker_and_its_steps_never_inherit_the_operators_prometheus_folder(backend, monkeypatch):
+    """Local: importing feast in the operator points PROMETHEUS_MULTIPROC_DIR at a folder
+    feast removes when the operator exits; a worker that inherited it failed its next
+    step after a graceful operator restart."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/feast_metrics_of_the_operator")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # the operator's fail_fast()
+    run = backend.submit(request(30))
+    try:
+        pid = wait_for(lambda: read_state(backend.run_dir(run.run_id)).get("pid"))
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert not [v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+        assert b"PYTHONUNBUFFERED=1" in environ
+        # Steps wait out an MLflow restart instead of failing the run in seconds.
+        assert b"MLFLOW_HTTP_REQUEST_MAX_RETRIES=8" in environ
+    finally:
+        backend.cancel(run.run_id)
+
+
+def test_the_steps_start_without_a_prometheus_folder_the_worker_imported(tmp_path, monkeypatch):
+    """Local: the worker's kfp steps are its children; they get prometheus-client's
+    single-process mode, not a folder set by something the worker imported."""
+    import json
+    import sys
+
+    from kubeloop.pipelines import worker
+
+    seen = tmp_path / "env.json"
+
+    def pipeline(**_):
+        import subprocess
+
+        subprocess.run([sys.executable, "-c", f"import json, os; open({str(seen)!r}, 'w').write("
+                        "json.dumps(sorted(k for k in os.environ if 'MULTIPROC' in k.upper())))"], check=True)
+
+        class Task:
+            output = {}
+        return Task()
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "set-by-an-import"))
+    monkeypatch.setattr(worker, "pipeline_function", lambda name: pipeline)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "request.json").write_text(json.dumps({"pipeline": "training", "arguments": {}}))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # main() tees stdout; put it back afterwards
+    assert worker.main(run_dir) == 0
+    assert json.loads(seen.read_text()) == []

@@ -19,3 +19,23 @@ def test_a_server_does_not_inherit_feasts_prometheus_folder(tmp_path, monkeypatc
     names = set(json.loads(out.read_text()))
     assert {"KUBELOOP_KEPT", "EXTRA"} <= names
     assert not names & set(processes.INHERITED_NOT)
+
+
+def test_down_stops_what_was_started_under_the_state_dir(tmp_path):
+    """Local: `kubeloop dev down` after `make demo` stopped the platform but left the
+    operator's tritonserver and router (sessions of their own) running."""
+    from kubeloop.dev.platform import Platform
+
+    state = tmp_path / "demo"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    triton = processes.start("tritonserver", sleeper, state / "operator" / "serving" / "ns-svc" / "logs")
+    router = processes.start("router", sleeper, state / "operator" / "serving" / "ns-svc" / "logs")
+    outside = processes.start("unrelated", sleeper, tmp_path / "elsewhere")
+    try:
+        assert triton.running() and router.running()
+        Platform(state).down()
+        assert not triton.running() and not router.running()
+        assert outside.running() and not state.exists()
+    finally:
+        for record in (triton, router, outside):
+            processes.stop(record)

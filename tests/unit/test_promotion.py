@@ -73,3 +73,82 @@ def test_a_repeated_promotion_or_rejection_is_recorded_once(registry):
     assert [(e.action, e.version, e.previous) for e in audit_trail(registry, "fraud")] == [
         ("promote", "2", "1"), ("reject", "3", "2")]
     assert rollback(registry, "fraud", "champion", by="op", reason="incident").version == "1"
+
+
+class Interleaving(InMemoryRegistry):
+    """Two promotions that read the registry before either writes (as two
+    operators, or an operator and a person, can)."""
+
+    def __init__(self):
+        super().__init__()
+        self.barrier = None
+
+    def get_model_tags(self, name):  # noqa: ANN001
+        tags = super().get_model_tags(name)
+        if self.barrier is not None:
+            self.barrier.wait()
+        return tags
+
+
+def test_two_promotions_at_once_both_stay_in_the_trail():
+    """Local and cluster (the registry port): a read-modify-write of one audit tag lost an entry."""
+    import threading
+
+    registry = Interleaving()
+    for i in (1, 2, 3):
+        registry.add_version("fraud", f"s3://{i}")
+    registry.barrier = threading.Barrier(2, timeout=10)
+    threads = [threading.Thread(target=promote, args=(registry, "fraud", v, alias), kwargs={"by": by, "reason": "r"})
+               for v, alias, by in (("2", "champion", "alice"), ("3", "challenger", "bob"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    registry.barrier = None
+    assert sorted((e.by, e.alias, e.version) for e in audit_trail(registry, "fraud")) == [
+        ("alice", "champion", "2"), ("bob", "challenger", "3")]
+
+
+class FailingSecondWrite(InMemoryRegistry):
+    """A registry that goes away after the first write of a promotion."""
+
+    def __init__(self):
+        super().__init__()
+        self.writes = None
+
+    def _write(self) -> None:
+        if self.writes is not None:
+            self.writes += 1
+            if self.writes == 2:
+                from kubeloop.registry.base import RegistryUnavailable
+
+                raise RegistryUnavailable("MLflow went away")
+
+    def set_alias(self, name, alias, version):  # noqa: ANN001
+        self._write()
+        super().set_alias(name, alias, version)
+
+    def set_model_tag(self, name, key, value):  # noqa: ANN001
+        self._write()
+        super().set_model_tag(name, key, value)
+
+    def set_version_tag(self, name, version, key, value):  # noqa: ANN001
+        self._write()
+        super().set_version_tag(name, version, key, value)
+
+
+def test_a_promotion_interrupted_between_its_writes_is_recorded_once():
+    """Local and cluster: the retry finishes the move without a second entry or a wrong 'previous'."""
+    from kubeloop.registry.base import RegistryUnavailable
+
+    registry = FailingSecondWrite()
+    registry.add_version("fraud", "s3://1")
+    registry.add_version("fraud", "s3://2")
+    registry.set_alias("fraud", "champion", "1")
+    registry.writes = 0
+    with pytest.raises(RegistryUnavailable):
+        promote(registry, "fraud", "2", "champion", by="op", reason="r")
+    entry = promote(registry, "fraud", "2", "champion", by="op", reason="r")
+    assert registry.get_alias("fraud", "champion").version == "2"
+    assert [(e.action, e.version, e.previous) for e in audit_trail(registry, "fraud")] == [("promote", "2", "1")]
+    assert entry.previous == "1"

@@ -76,6 +76,26 @@ def test_changed_spec_cancels_the_old_run_and_starts_a_new_one(ports, backend):
     assert out.events[0].reason == "Superseded"
 
 
+def test_a_re_created_job_trains_instead_of_finding_the_cancelled_run_of_its_predecessor(ports, backend):
+    """Local and cluster (the run name is the idempotency key of both backends)."""
+    first = reconcile_training_job(REF, SPEC, TrainingJobStatus(), ports).status
+    backend.cancel(first.run_id)  # the delete handler of the first incarnation
+    again = ObjectRef("TrainingJob", "ml", "fraud", "uid-2", generation=1)
+    out = reconcile_training_job(again, SPEC, TrainingJobStatus(), ports)
+    assert out.status.phase == "Running" and out.status.run_id != first.run_id
+    assert len(backend.requests) == 2
+
+
+def test_a_spec_reverted_to_an_earlier_one_trains_again(ports, backend):
+    """Local and cluster: A (generation 1) -> B (2, cancels A's run) -> A again (3)."""
+    first = reconcile_training_job(REF, SPEC, TrainingJobStatus(), ports).status
+    changed = SPEC.model_copy(update={"seed": 7})
+    second = reconcile_training_job(ObjectRef("TrainingJob", "ml", "fraud", "uid-1", 2), changed, first, ports).status
+    assert backend.cancelled == [first.run_id]
+    out = reconcile_training_job(ObjectRef("TrainingJob", "ml", "fraud", "uid-1", 3), SPEC, second, ports)
+    assert out.status.phase == "Running" and out.status.run_id not in (first.run_id, second.run_id)
+
+
 def test_lost_run_is_found_again_by_name_not_duplicated(ports, backend):
     first = reconcile_training_job(REF, SPEC, TrainingJobStatus(), ports).status
     # A restarted operator whose status write was lost sees no run id, yet

@@ -175,3 +175,15 @@ def test_a_canary_that_is_rolled_back_ends_the_retrain(world):
     status = status.model_copy(update={"rolled_back_version": "2"})
     status = step(ports, status)
     assert status.retraining.state == "RolledBack" and registry.get_alias("fraud", "champion").version == "1"
+
+
+@pytest.mark.parametrize("raw", ["{not json", "[1, 2]", '"text"'])
+def test_an_annotation_that_is_not_a_json_object_is_a_condition_not_a_failing_reconcile(world, raw):
+    """Local and cluster: a hand edit of the drift-alert annotation made every reconcile raise."""
+    registry, objects, serving, clock, ports = world
+    broken = ObjectRef("InferenceService", "ml", "fraud", "uid-1", 1, {"signals.kubeloop.dev/drift-alert": raw})
+    status = reconcile_inference_service(broken, SPEC, InferenceServiceStatus(), ports).status
+    cond = next(c for c in status.conditions if c.type == "DriftAlert")
+    assert cond.status == "False" and cond.reason == "InvalidAnnotation"
+    assert "signals.kubeloop.dev/drift-alert" in cond.message
+    assert status.phase == "Ready" and not [k for k in objects.objects if k[0] == "TrainingJob"]

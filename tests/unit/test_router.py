@@ -4,6 +4,7 @@ compares each task's answers."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import pytest
@@ -257,3 +258,127 @@ def test_the_local_backend_writes_the_signature_the_router_reads(task, tmp_path)
     config = RouterConfig.load(path)
     assert (config.task, config.output, config.classes) == (task, fields["output"], tuple(fields.get("classes", ())))
     assert config.threshold == (0.3 if task == "binary" else 0.5)
+def test_the_request_log_queue_is_bounded_and_counts_what_it_drops(tmp_path):
+    """Local: before, rows queued without limit while the disk refused them."""
+    from kubeloop.serving.router import RequestLog
+
+    log = RequestLog(capacity=3)
+    assert [log.add({"n": i}) for i in range(5)] == [True, True, True, False, False]
+    assert log.dropped == 2 and len(log.rows) == 3
+
+
+def test_a_failed_flush_keeps_the_rows_and_a_later_one_writes_them(tmp_path):
+    """Local: one OSError ended the flush task for good (and with it route reloads)."""
+    import pytest
+
+    from kubeloop.serving.router import RequestLog
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    log = RequestLog(capacity=4)
+    for i in range(3):
+        log.add({"n": i})
+    with pytest.raises(OSError):
+        log.flush(str(blocker / "requests"))
+    assert [r["n"] for r in log.rows] == [0, 1, 2]
+    for i in range(3, 6):
+        log.add({"n": i})
+    assert log.dropped == 2
+    blocker.unlink()
+    log.flush(str(blocker / "requests"))
+    written = [json.loads(line)["n"] for f in sorted((blocker / "requests").glob("*.jsonl"))
+               for line in f.read_text().splitlines()]
+    assert written == [0, 1, 2, 3] and log.rows == []
+
+
+def test_log_files_rotate_by_size_and_expire_by_age_and_total_size(tmp_path):
+    """Local: files were never rotated nor removed."""
+    import os
+
+    from kubeloop.serving.router import LogLimits, RequestLog, expire_logs
+
+    limits = LogLimits(file_bytes=200, total_bytes=1000, retention_seconds=3600)
+    log = RequestLog()
+    for i in range(40):
+        log.add({"n": i, "pad": "x" * 20})
+        log.flush(str(tmp_path), limits)
+    files = sorted(tmp_path.glob("requests-*.jsonl"), key=lambda p: p.stat().st_mtime)
+    assert len(files) > 3 and all(f.stat().st_size < 200 + 60 for f in files)
+    now = files[-1].stat().st_mtime
+    os.utime(files[0], (now - 7200, now - 7200))
+    removed = expire_logs(tmp_path, limits, now=now)
+    left = list(tmp_path.glob("requests-*.jsonl"))
+    assert removed >= 1 and not files[0].exists()
+    assert sum(f.stat().st_size for f in left) <= 1000 and files[-1].exists()
+
+
+def test_the_drift_job_reads_only_the_files_of_its_window(tmp_path):
+    """Local: the drift job rescanned every file ever written."""
+    import os
+
+    from kubeloop.monitoring.drift import request_records
+
+    old, new = tmp_path / "requests-20270101-00.jsonl", tmp_path / "requests-20270102-00.jsonl"
+    old.write_text('{"ts": 1, "n": "old"}\n')
+    new.write_text('{"ts": 2000, "n": "new"}\n')
+    os.utime(old, (1000, 1000))
+    os.utime(new, (3000, 3000))
+    assert [r["n"] for r in request_records(tmp_path, since=1500)] == ["new"]
+    assert [r["n"] for r in request_records(tmp_path)] == ["old", "new"]
+
+
+def _triton(answer_shadow: bool):
+    """A KServe v2 stand-in: version 1 answers at once, version 2 only when released."""
+    import asyncio
+
+    from aiohttp import web
+
+    release = asyncio.Event()
+
+    async def infer(request: web.Request) -> web.Response:
+        if request.match_info["version"] == "2" and not answer_shadow:
+            await release.wait()
+        return web.json_response({"outputs": [{"name": "p", "shape": [1, 1], "datatype": "FP32", "data": [0.9]}]})
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    return app, release
+
+
+def _router_config(tmp_path, triton_url: str, shadow: bool = False) -> "Path":  # noqa: F821
+    config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": triton_url,
+              "routes": [{"role": "primary", "version": "1", "percent": 100}],
+              "shadow": {"role": "shadow", "version": "2", "percent": 100} if shadow else None,
+              "log_dir": str(tmp_path / "requests")}
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_body_that_is_not_a_json_object_gets_400_and_mirrors_are_capped(tmp_path, monkeypatch):
+    """Local: a JSON list crashed the handler (500); shadow mirrors had no bound."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from kubeloop.serving import router as module
+
+    monkeypatch.setattr(module, "MAX_MIRRORS", 2)
+
+    async def go():
+        triton_app, release = _triton(answer_shadow=False)
+        async with TestServer(triton_app) as triton:
+            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), shadow=True)
+            app = module.build_app(path)
+            async with TestClient(TestServer(app)) as client:
+                bad = await client.post("/v2/models/fraud/infer", data=b"[1, 2]")
+                answers = [await client.post("/v2/models/fraud/infer", json={
+                    "id": f"r{i}", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
+                    for i in range(5)]
+                metrics = await (await client.get("/metrics")).text()
+                release.set()
+                return bad.status, [a.status for a in answers], metrics
+
+    status, statuses, metrics = asyncio.run(go())
+    assert status == 400 and statuses == [200] * 5
+    assert 'kubeloop_shadow_skipped_total{service="ml/fraud"} 3.0' in metrics

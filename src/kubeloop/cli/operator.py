@@ -25,15 +25,23 @@ def run(
     import kopf
 
     from kubeloop.operator.handlers import build_registry
-    from kubeloop.operator.settings import OperatorConfig
+    from kubeloop.operator.settings import ConfigurationError, OperatorConfig
+    from kubeloop.operator.wiring import build_ports
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = OperatorConfig.from_env()
+    memo = kopf.Memo()
+    try:
+        config = OperatorConfig.from_env()
+        memo.ports = build_ports(config)
+    except ConfigurationError as exc:
+        # One line naming the setting, not a traceback.
+        typer.echo(f"kubeloop operator: configuration error: {exc}", err=True)
+        raise typer.Exit(2) from None
     namespaces = list(namespace or config.namespaces)
     kopf.run(
         registry=build_registry(config),
-        memo=kopf.Memo(),
+        memo=memo,
         standalone=True,
         namespaces=namespaces,
         clusterwide=not namespaces,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
@@ -181,6 +182,11 @@ class Platform:
         claim = host.Claim.read()
         if claim and Path(claim.state_dir) == self.dir:
             host.clean(self.dir, claim)
+        # What the operator started under its work folder here (Triton servers,
+        # routers, pipeline workers) runs in sessions of its own: stop it too
+        # (after the node's mounts are gone, so the walk stays in this folder).
+        if self.dir.exists():
+            processes.stop_all_under(self.dir)
         # Never delete through a mount (a container's bind mount could reach anywhere).
         left = host.mounts(self.dir)
         if left:
@@ -248,6 +254,26 @@ class Platform:
         state.processes.append(record)
         self._save(state)
         return record
+
+    def restart_process(self, name: str, stopped: Callable[[], None] = lambda: None) -> processes.ProcessRecord:
+        """Stop one of the platform's processes and start it again as it was
+        (same command line, environment and folder), for outage drills;
+        stopped() runs while it is down."""
+        state = self.state()
+        record = next((p for p in state.processes if p.name == name), None) if state else None
+        if record is None or not record.running():
+            raise PlatformError(f"{name} is not running")
+        proc = psutil.Process(record.pid)
+        argv, env, cwd = proc.cmdline(), proc.environ(), proc.cwd()
+        processes.stop(record)
+        try:
+            stopped()
+        finally:
+            fresh = processes.start(name, argv, self.logs, env=env, cwd=Path(cwd))
+            state = self.state()
+            state.processes = [fresh if p.name == name else p for p in state.processes]
+            self._save(state)
+        return fresh
 
     def stop_process(self, name: str) -> None:
         state = self.state()
@@ -429,9 +455,11 @@ class Platform:
         root = self.dir / "monitoring"
         targets = root / "targets"
         targets.mkdir(parents=True, exist_ok=True)
-        token = pki.dir / "webhook-token"
-        token.write_text(secrets.token_urlsafe(32))
-        token.chmod(0o600)
+        # One secret per purpose: Alertmanager's bearer token, MLflow's signing secret.
+        token, signing = pki.dir / "webhook-token", pki.dir / "mlflow-webhook-secret"
+        for path in (token, signing):
+            path.write_text(secrets.token_urlsafe(32))
+            path.chmod(0o600)
         operator = f"127.0.0.1:{ports['operator']}"
         (targets / "operator.json").write_text(json.dumps([{"targets": [operator], "labels": {"job": "kubeloop-operator"}}]))
         prometheus_config = build_prometheus_config(RULES, targets, ports["alertmanager"])
@@ -453,6 +481,9 @@ class Platform:
             "ALERTMANAGER_URL": f"http://127.0.0.1:{ports['alertmanager']}",
             "KUBELOOP_WEBHOOK_PORT": str(ports["operator"]),
             "KUBELOOP_WEBHOOK_TOKEN_FILE": str(token),
+            "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE": str(signing),
+            # The operator's work folder belongs to this platform, never to a folder all share.
+            "KUBELOOP_WORK_DIR": str(self.dir / "operator"),
             "KUBELOOP_PROMETHEUS_TARGETS": str(targets),
             "KUBELOOP_MLFLOW_WEBHOOK_URL": f"http://{operator}/hooks/mlflow",
         })

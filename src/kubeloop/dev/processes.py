@@ -2,12 +2,14 @@
 
 Each process runs in a session of its own (so it outlives the command that
 started it and a terminal's Ctrl-C), logs to a file, and is recorded with its
-pid and start time: a pid the kernel has since reused for something else is
-never signalled.
+pid and start time beside its log (NAME.process.json): a pid the kernel has
+since reused for something else is never signalled, and whoever removes a
+folder can first stop every process started under it (`stop_all_under`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -40,17 +42,27 @@ class ProcessRecord:
         return asdict(self)
 
 
-# Importing feast points these at a temporary folder of its own, which it
-# deletes when the importing process exits. A server started from such a
-# process would keep its prometheus-client values there and fail on the first
-# new label set once the folder is gone (servers outlive operator restarts).
+# prometheus-client's mode, decided here for every process kubeloop starts
+# (servers, pipeline workers and, through the workers, their steps): single
+# process, with values in memory. Importing feast points these variables at a
+# temporary folder of its own, which it deletes when the importing process
+# exits normally; a child that inherited them fails on its next metric once
+# that process (an operator stopped for a rolling update) is gone.
 INHERITED_NOT = ("PROMETHEUS_MULTIPROC_DIR", "PROMETHEUS_MULTIPROCESS_DIR", "prometheus_multiproc_dir")
+RECORD_SUFFIX = ".process.json"
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment for a background server, plus extra."""
+    """This process's environment for a background process, plus extra."""
     inherited = {k: v for k, v in os.environ.items() if k not in INHERITED_NOT}
     return {**inherited, **(extra or {})}
+
+
+def single_process_metrics() -> None:
+    """Put this process (and what it starts from now on) in prometheus-client's
+    single-process mode, whatever an import set before."""
+    for name in INHERITED_NOT:
+        os.environ.pop(name, None)
 
 
 def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None,
@@ -63,7 +75,25 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=child_env(env), cwd=cwd, start_new_session=True,
         )
-    return ProcessRecord(name, proc.pid, psutil.Process(proc.pid).create_time(), str(log_path))
+    record = ProcessRecord(name, proc.pid, psutil.Process(proc.pid).create_time(), str(log_path))
+    (log_dir / f"{name}{RECORD_SUFFIX}").write_text(json.dumps(record.to_dict()))
+    return record
+
+
+def stop_all_under(root: Path) -> list[ProcessRecord]:
+    """Stop every process `start` recorded under root (at any depth), such as
+    the Triton servers, routers and pipeline workers an operator started in
+    its work folder; returns the ones that were still running."""
+    stopped = []
+    for path in sorted(Path(root).rglob(f"*{RECORD_SUFFIX}")):
+        try:
+            record = ProcessRecord(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if record.running():
+            stop(record)
+            stopped.append(record)
+    return stopped
 
 
 def stop(record: ProcessRecord, timeout: float = 10.0) -> None:

@@ -3,23 +3,24 @@ recorded in the registry so they can be audited.
 
 Every move of an alias is written twice: on the version (what it was
 promoted to, when, by whom, why, and the gate results) and in the registered
-model's audit trail (kubeloop.audit, newest last), which is also what
-`rollback` reads to find the version an alias pointed at before.
+model's audit trail, which is also what `rollback` reads to find the version
+an alias pointed at before. The trail is append-only: each entry is a model
+tag of its own (kubeloop.audit.<time>-<random>), never a read-modify-write of
+a shared list, so two promotions at once cannot lose each other's entry.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-
+import time
+import uuid
 from dataclasses import asdict, dataclass, field
 
 from kubeloop.api.promotion import PromotionGates, alias_for
 from kubeloop.api.tasks import LOWER_IS_BETTER, improvement
 from kubeloop.registry.base import ModelRegistry, ModelVersion
-from kubeloop.registry.tags import AUDIT as AUDIT_TAG, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
-
-AUDIT_LIMIT = 40
+from kubeloop.registry.tags import AUDIT as AUDIT_TAG, AUDIT_PREFIX, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,25 @@ class AuditEntry:
 
 
 def audit_trail(registry: ModelRegistry, name: str) -> list[AuditEntry]:
-    raw = registry.get_model_tags(name).get(AUDIT_TAG)
-    return [AuditEntry(**entry) for entry in json.loads(raw)] if raw else []
+    """Every entry, oldest first: those of the list tag earlier versions wrote,
+    then one per tag (their keys sort by the time they were written)."""
+    tags = registry.get_model_tags(name)
+    entries = json.loads(tags[AUDIT_TAG]) if AUDIT_TAG in tags else []
+    entries += [json.loads(tags[key]) for key in sorted(tags) if key.startswith(AUDIT_PREFIX)]
+    return [AuditEntry(**entry) for entry in entries]
 
 
 def _record(registry: ModelRegistry, name: str, entry: AuditEntry) -> None:
-    trail = [asdict(e) for e in audit_trail(registry, name)] + [asdict(entry)]
-    registry.set_model_tag(name, AUDIT_TAG, json.dumps(trail[-AUDIT_LIMIT:], separators=(",", ":")))
-    registry.set_version_tag(name, entry.version, f"kubeloop.{entry.action}.{entry.alias}",
-                             json.dumps(asdict(entry), separators=(",", ":")))
+    registry.set_model_tag(name, f"{AUDIT_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}", _json(entry))
+    _tag_version(registry, name, entry)
+
+
+def _tag_version(registry: ModelRegistry, name: str, entry: AuditEntry) -> None:
+    registry.set_version_tag(name, entry.version, f"kubeloop.{entry.action}.{entry.alias}", _json(entry))
+
+
+def _json(entry: AuditEntry) -> str:
+    return json.dumps(asdict(entry), separators=(",", ":"))
 
 
 def _now() -> str:
@@ -118,26 +129,34 @@ def promote(registry: ModelRegistry, name: str, version: str, to: str, by: str, 
     previous = registry.get_alias(name, alias)
     if registry.get_version(name, version) is None:
         raise KeyError(f"{name} has no version {version}")
-    if previous is not None and previous.version == str(version):
-        # A retried reconcile or a repeated command: the move is recorded once.
-        recorded = next((e for e in reversed(audit_trail(registry, name))
-                         if e.alias == alias and e.version == str(version) and e.action in ("promote", "rollback")),
-                        None)
-        if recorded is not None:
-            return recorded
-    registry.set_alias(name, alias, version)
+    last = next((e for e in reversed(audit_trail(registry, name))
+                 if e.alias == alias and e.action in ("promote", "rollback")), None)
+    if last is not None and last.version == str(version):
+        if previous is not None and previous.version == str(version):
+            return last  # a retried reconcile or a repeated command: recorded once
+        if last.action == "promote" and last.by == by:
+            # Recorded, then interrupted (registry down, operator killed) before the move.
+            _tag_version(registry, name, last)
+            registry.set_alias(name, alias, version)
+            return last
+    # Recorded first, then moved: an interruption between the two leaves an
+    # entry the retry completes (above), never a move nobody recorded.
     entry = AuditEntry(_now(), "promote", alias, str(version), previous.version if previous else None, by, reason,
                        verdict.summary() if verdict else "")
     _record(registry, name, entry)
+    registry.set_alias(name, alias, version)
     return entry
 
 
 def reject(registry: ModelRegistry, name: str, version: str, alias: str, by: str, reason: str,
            verdict: Verdict | None = None) -> AuditEntry:
     """Record that a version was not promoted to the alias, and why (once)."""
-    recorded = registry.get_version(name, version).tags.get(f"kubeloop.reject.{alias_for(alias)}")
+    recorded = next((e for e in audit_trail(registry, name)
+                     if e.action == "reject" and e.alias == alias_for(alias) and e.version == str(version)), None)
     if recorded:
-        return AuditEntry(**json.loads(recorded))
+        if f"kubeloop.reject.{recorded.alias}" not in registry.get_version(name, version).tags:
+            _tag_version(registry, name, recorded)  # the entry was written, the version's tag not yet
+        return recorded
     current = registry.get_alias(name, alias_for(alias))
     entry = AuditEntry(_now(), "reject", alias_for(alias), str(version), current.version if current else None, by,
                        reason, verdict.summary() if verdict else "")
@@ -153,9 +172,9 @@ def rollback(registry: ModelRegistry, name: str, alias: str, by: str, reason: st
                  if e.alias == alias and e.action == "promote" and current and e.version == current.version), None)
     if current is None or last is None or last.previous is None:
         raise LookupError(f"the audit trail of {name} has no earlier version for {alias}")
-    registry.set_alias(name, alias, last.previous)
     entry = AuditEntry(_now(), "rollback", alias, last.previous, current.version, by, reason)
     _record(registry, name, entry)
+    registry.set_alias(name, alias, last.previous)
     return entry
 
 

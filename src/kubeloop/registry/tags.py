@@ -17,6 +17,11 @@ METRIC_PREFIX = "metric."
 """metric.<name>: the version's hold-out metrics (what metric gates read)."""
 CHAMPION_PREFIX = "gate.champion."
 """gate.champion.<name>: the champion's metrics on this version's hold-out."""
+AUDIT_PREFIX = "kubeloop.audit."
+"""On the registered model: one tag per promotion, rejection or rollback
+(kubeloop.audit.<ns since the epoch>-<random>, JSON), so the trail is
+append-only. AUDIT below is the single list tag of earlier versions, still
+read for the entries it holds."""
 MEETS_SLO = "kubeloop.meets_slo"
 """true or false: whether the optimised version met its latency SLO."""
 AUDIT = "kubeloop.audit"

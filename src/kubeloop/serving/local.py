@@ -6,12 +6,17 @@ processes, what Triton has loaded), so a restarted operator adopts the
 processes it started before instead of starting them twice. Versions move
 through Triton's repository API: the config's version policy is rewritten and
 the model reloaded, which loads new versions before unloading old ones.
+
+`ensure` never waits for a process to come up: it starts it, reports it as
+starting and returns (the reconciler comes back soon), so a kopf worker is
+never held, with the object's lock, for as long as Triton takes to start.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import sys
 import time
@@ -29,6 +34,8 @@ from kubeloop.serving.repository import fetch_version, prune_versions, write_con
 from kubeloop.serving.runtime import TritonRuntime
 
 READY_TIMEOUT = 60.0
+"""How long a started process may take to answer before it counts as failed."""
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,9 +100,15 @@ class LocalServing(ServingBackend):
         config_text = (folder / "configs" / f"{primary}.pbtxt").read_text()
         fingerprint = hashlib.sha256((config_text + json.dumps(sorted(set(wanted.values())))).encode()).hexdigest()
         triton = f"http://127.0.0.1:{state.ports['http']}"
-        self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
+        router_port = state.ports["router"]
+        url = f"http://127.0.0.1:{router_port}"
+        starting = self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
             repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
             ready=f"{triton}/v2/health/live")
+        if starting:
+            state.loaded = ""  # a new server has nothing loaded
+            state.write(state_path)
+            return ServingState(url=url, ready={role: False for role in wanted}, message=starting)
         if state.loaded != fingerprint:
             self._load(repository, folder, name, primary, sorted(set(wanted.values())), triton)
             state.loaded = fingerprint
@@ -107,18 +120,18 @@ class LocalServing(ServingBackend):
             raise ServingUnavailable(f"Triton cannot load {model} version {primary}: {failed[primary]}")
         rolled_back = tuple(role for role, v in wanted.items() if role != "primary" and v in failed)
         ready = {role: self._version_ready(triton, name, v) for role, v in wanted.items() if role not in rolled_back}
-        if not ready.get("primary"):
-            ready["primary"] = self._wait_ready(triton, name, primary)
         self._write_routes(folder, request, name, triton, [r for r in wanted if r not in rolled_back])
-        router_port = state.ports["router"]
-        self._ensure_process(state, state_path, "router", [
+        starting = self._ensure_process(state, state_path, "router", [
             sys.executable, "-m", "kubeloop.serving.router", "--config", str(folder / "router.json"),
-            "--port", str(router_port)], folder, {}, ready=f"http://127.0.0.1:{router_port}/v2/health/live")
+            "--port", str(router_port)], folder, {}, ready=f"{url}/v2/health/live")
         self._register_targets(request.ref, state)
+        if starting:
+            return ServingState(url=url, ready={role: False for role in ready}, message=starting)
         message = "; ".join(f"{role} version {wanted[role]} failed to load and was rolled back: {failed[wanted[role]]}"
                             for role in rolled_back)
-        return ServingState(url=f"http://127.0.0.1:{router_port}", ready=ready,
-                            ready_replicas=1 if ready.get("primary") else 0, message=message,
+        if not ready.get("primary"):
+            message = message or f"Triton is loading {model} version {primary}"
+        return ServingState(url=url, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
                             rolled_back=rolled_back)
 
     def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
@@ -166,19 +179,27 @@ class LocalServing(ServingBackend):
                 (configs / f"{version}.pbtxt").write_text(text_format.MessageToString(config))
 
     def _ensure_process(self, state: InstanceState, state_path: Path, name: str, argv: list[str], folder: Path,
-                        env: dict[str, str], ready: str) -> None:
+                        env: dict[str, str], ready: str) -> str:
+        """Start the process unless it runs; "" when it answers at `ready`, else
+        what it is doing (it is never waited for here)."""
         record = state.record(name)
+        restarted = ""
         if record is None or not record.running():
+            if record is not None:
+                restarted = f"{name} (pid {record.pid}) was not running: restarted it. "
+                log.warning("%s of %s", restarted.strip(), folder.name)
             record = processes.start(name, argv, folder / "logs", env=env, cwd=folder)
             state.processes[name] = record.to_dict()
             state.write(state_path)
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not _ok(ready):
-            if not record.running():
-                raise ServingUnavailable(f"{name} exited:\n{processes.log_tail(record.log)}")
-            if time.monotonic() > deadline:
-                raise ServingUnavailable(f"{name} not ready after {READY_TIMEOUT:.0f} s")
-            time.sleep(0.2)
+        if _ok(ready):
+            return ""
+        if not record.running():
+            raise ServingUnavailable(f"{name} exited:\n{processes.log_tail(record.log)}")
+        age = time.time() - record.create_time
+        if age > READY_TIMEOUT:
+            raise ServingUnavailable(f"{name} (pid {record.pid}) not ready {age:.0f} s after it started:\n"
+                                     f"{processes.log_tail(record.log)}")
+        return f"{restarted}{name} is starting (pid {record.pid})"
 
     def _load(self, repository: Path, folder: Path, name: str, primary: str, versions: list[str], triton: str) -> None:
         from google.protobuf import text_format
@@ -204,14 +225,6 @@ class LocalServing(ServingBackend):
 
     def _version_ready(self, triton: str, name: str, version: str) -> bool:
         return _ok(f"{triton}/v2/models/{name}/versions/{version}/ready")
-
-    def _wait_ready(self, triton: str, name: str, version: str) -> bool:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self._version_ready(triton, name, version):
-                return True
-            time.sleep(0.2)
-        return False
 
     def _write_routes(self, folder: Path, request: ServingRequest, name: str, triton: str, roles: list[str]) -> None:
         by_role = {v.role: v for v in request.versions}

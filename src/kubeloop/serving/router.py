@@ -8,10 +8,16 @@ tritonserver (KServe v2 protocol).
   its answer is logged and compared with the primary's, never returned.
 - Request logging for drift monitoring (sampled JSON lines): each record
   holds the input rows under "features" and the answers under "outputs",
-  one entry per row (a float, or the list of class probabilities).
+  one entry per row (a float, or the list of class probabilities). Bounded:
+  a queue of LOG_QUEUE rows between flushes (what does not fit is dropped and
+  counted), files rotated by hour and size and removed after their retention
+  or beyond a total size; a failed write (disk full, unwritable) is counted
+  and retried, never fatal.
+- Shadow mirroring is bounded too: at most MAX_MIRRORS in flight, the rest
+  skipped and counted.
 - Prometheus metrics on /metrics: request latency, requests per version and
   outcome, the predictions (per task, see Metrics), shadow comparisons and
-  disagreements.
+  disagreements, and what the request log and the shadow dropped.
 
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
@@ -41,6 +47,24 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 log = logging.getLogger("kubeloop.router")
+LOG_QUEUE = 10_000
+"""Request-log rows held between flushes (every 0.5 s) or while the disk refuses them."""
+MAX_MIRRORS = 64
+"""Shadow requests in flight at once."""
+
+
+@dataclass(frozen=True)
+class LogLimits:
+    """How much request log a router keeps on disk."""
+
+    file_bytes: int = 64 * 2**20
+    """A file is rotated once it is this large."""
+    total_bytes: int = 1024 * 2**20
+    """The oldest files go once the folder holds more."""
+    retention_seconds: float = 7 * 86400
+    """Files not written to for this long go (drift windows are shorter)."""
+    queue_rows: int = LOG_QUEUE
+    """Rows held between flushes, or while the disk refuses them."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +92,7 @@ class RouterConfig:
     """Multiclass: the class labels, in output order."""
     tolerance: float = 0.05
     """Regression: the relative difference above which a shadow disagrees."""
+    log_limits: LogLimits = LogLimits()
 
     @classmethod
     def load(cls, path: Path) -> "RouterConfig":
@@ -78,7 +103,8 @@ class RouterConfig:
                    shadow=Route(**shadow) if shadow else None, threshold=data.get("threshold", 0.5),
                    log_dir=data.get("log_dir"), sample_rate=data.get("sample_rate", 1.0),
                    task=data.get("task", "binary"), output=data.get("output", "probability"),
-                   classes=tuple(data.get("classes", ())), tolerance=data.get("tolerance", 0.05))
+                   classes=tuple(data.get("classes", ())), tolerance=data.get("tolerance", 0.05),
+                   log_limits=LogLimits(**data.get("log_limits", {})))
 
     def label(self, index: int) -> str:
         """Multiclass: the class label of an output position."""
@@ -141,28 +167,87 @@ class Metrics:
         self.shadow_disagreements = Counter("kubeloop_shadow_disagreements_total",
                                             "Compared requests where the shadow's decision differs.", pair,
                                             registry=self.registry)
+        self.shadow_skipped = Counter("kubeloop_shadow_skipped_total",
+                                      f"Requests not mirrored because {MAX_MIRRORS} mirrors were in flight.",
+                                      ["service"], registry=self.registry)
+        self.log_dropped = Counter("kubeloop_request_log_dropped_total",
+                                   f"Request-log rows dropped because {LOG_QUEUE} were waiting for the disk.",
+                                   ["service"], registry=self.registry)
+        self.log_errors = Counter("kubeloop_request_log_write_errors_total",
+                                  "Request-log flushes that failed (the rows wait for the next one).",
+                                  ["service"], registry=self.registry)
+        self.log_removed = Counter("kubeloop_request_log_files_removed_total",
+                                   "Request-log files removed by retention or the size limit.", ["service"],
+                                   registry=self.registry)
 
 
 class RequestLog:
-    """Sampled request rows as JSON lines, one file per hour, written in the background."""
+    """Sampled request rows as JSON lines, written in the background: a bounded
+    queue, files per hour rotated by size, old ones expired."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = LOG_QUEUE) -> None:
         self.rows: list[dict] = []
+        self.capacity = capacity
+        self.dropped = 0
+        """Rows dropped because the queue was full (since the last look)."""
 
-    def add(self, row: dict) -> None:
+    def add(self, row: dict) -> bool:
+        """Queue a row; False (and counted) when the queue is full."""
+        if len(self.rows) >= self.capacity:
+            self.dropped += 1
+            return False
         self.rows.append(row)
+        return True
 
-    def flush(self, directory: str | None) -> None:
+    def flush(self, directory: str | None, limits: LogLimits = LogLimits()) -> None:
+        """Write the queued rows; on OSError they stay queued (up to capacity)
+        for the next flush, and the error propagates for the caller to count."""
         if not self.rows or not directory:
             self.rows.clear()
             return
         rows, self.rows = self.rows, []
-        folder = Path(directory)
+        try:
+            path = self._current(Path(directory), limits)
+            with open(path, "a") as out:
+                out.write("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
+        except OSError:
+            self.rows = rows + self.rows
+            self.dropped += max(0, len(self.rows) - self.capacity)
+            del self.rows[self.capacity:]
+            raise
+
+    @staticmethod
+    def _current(folder: Path, limits: LogLimits) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / time.strftime("requests-%Y%m%d-%H.jsonl", time.gmtime())
-        with open(path, "a") as out:
-            for row in rows:
-                out.write(json.dumps(row, separators=(",", ":")) + "\n")
+        stem = time.strftime("requests-%Y%m%d-%H", time.gmtime())
+        part = 0
+        while True:
+            path = folder / (f"{stem}.jsonl" if part == 0 else f"{stem}.{part}.jsonl")
+            if not path.exists() or path.stat().st_size < limits.file_bytes:
+                return path
+            part += 1
+
+
+def expire_logs(folder: Path, limits: LogLimits, now: float | None = None) -> int:
+    """Remove request-log files past their retention, then the oldest until
+    the folder fits total_bytes; returns how many went."""
+    now = time.time() if now is None else now
+    files = []
+    for path in Path(folder).glob("requests-*.jsonl"):
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        files.append((info.st_mtime, info.st_size, path))
+    files.sort()
+    total, removed = sum(size for _, size, _ in files), 0
+    for mtime, size, path in files[:-1]:  # never the file being written
+        if now - mtime <= limits.retention_seconds and total <= limits.total_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+        removed += 1
+    return removed
 
 
 class Router:
@@ -172,9 +257,11 @@ class Router:
         self.mtime = config_path.stat().st_mtime
         self.metrics = Metrics()
         self._show_routes()
-        self.log = RequestLog()
+        self.log = RequestLog(self.config.log_limits.queue_rows)
         self.session: aiohttp.ClientSession | None = None
         self.background: set[asyncio.Task] = set()
+        self.mirrors: set[asyncio.Task] = set()
+        self._expired_at = 0.0
 
     # -- plumbing ------------------------------------------------------------
 
@@ -184,19 +271,44 @@ class Router:
         self._spawn(self._watch())
 
     async def stop(self, app: web.Application) -> None:
-        self.log.flush(self.config.log_dir)
+        self.flush_log()
         await self.session.close()
 
-    def _spawn(self, coro) -> None:  # noqa: ANN001
+    def _spawn(self, coro, tasks: set[asyncio.Task] | None = None) -> None:  # noqa: ANN001
+        tasks = self.background if tasks is None else tasks
         task = asyncio.create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            self.reload_routes()
-            self.log.flush(self.config.log_dir)
+            try:
+                self.reload_routes()
+                self.flush_log()
+            except Exception:  # one bad round must not end route reloads and flushes for good
+                log.exception("the router's housekeeping failed; trying again")
+
+    def flush_log(self) -> None:
+        """Write what is queued, count what was dropped, expire old files (each minute)."""
+        c = self.config
+        try:
+            self.log.flush(c.log_dir, c.log_limits)
+        except OSError as exc:
+            self.metrics.log_errors.labels(c.service).inc()
+            log.warning("cannot write the request log (%d rows wait): %s", len(self.log.rows), exc)
+        if self.log.dropped:
+            self.metrics.log_dropped.labels(c.service).inc(self.log.dropped)
+            self.log.dropped = 0
+        if c.log_dir and time.monotonic() - self._expired_at > 60:
+            self._expired_at = time.monotonic()
+            try:
+                removed = expire_logs(Path(c.log_dir), c.log_limits)
+            except OSError as exc:
+                log.warning("cannot expire request logs: %s", exc)
+                return
+            if removed:
+                self.metrics.log_removed.labels(c.service).inc(removed)
 
     def reload_routes(self) -> None:
         """Take up the routes file if it changed; a broken one keeps the routes in use."""
@@ -204,6 +316,7 @@ class Router:
             mtime = self.config_path.stat().st_mtime
             if mtime != self.mtime:
                 self.config, self.mtime = RouterConfig.load(self.config_path), mtime
+                self.log.capacity = self.config.log_limits.queue_rows
                 self._show_routes()
                 log.info("routes: %s", self.config.routes)
         except (OSError, ValueError, KeyError) as exc:
@@ -242,6 +355,9 @@ class Router:
             payload = json.loads(body)
         except ValueError:
             return web.json_response({"error": "the body is not JSON"}, status=400)
+        if not isinstance(payload, dict):
+            return web.json_response({"error": "the body must be a JSON object (KServe v2 inference request), "
+                                               f"not a {type(payload).__name__}"}, status=400)
         key = request.headers.get("X-Request-Key") or payload.get("id") or uuid.uuid4().hex
         route = pick(c.routes, key)
         try:
@@ -261,7 +377,10 @@ class Router:
             self.log.add({"ts": time.time(), "key": key, "role": route.role, "version": route.version,
                           "features": _features(payload), "outputs": outputs})
         if c.shadow and bucket(key, "shadow") < c.shadow.percent:
-            self._spawn(self._mirror(body, key, route.version, outputs))
+            if len(self.mirrors) < MAX_MIRRORS:
+                self._spawn(self._mirror(body, key, route.version, outputs), self.mirrors)
+            else:
+                self.metrics.shadow_skipped.labels(c.service).inc()
         return web.Response(body=answer, status=status, content_type="application/json",
                             headers={"X-Model-Version": route.version, "X-Model-Role": route.role})
 

@@ -70,7 +70,7 @@ def operator_env(platform_env: dict[str, str], feast_repo: Path, work_dir: Path,
     pipelines and Triton, the MLflow registry, and the webhooks Alertmanager
     and MLflow call."""
     keys = ("MLFLOW_TRACKING_URI", "KUBELOOP_WEBHOOK_PORT", "KUBELOOP_WEBHOOK_TOKEN_FILE",
-            "KUBELOOP_MLFLOW_WEBHOOK_URL", "KUBELOOP_PROMETHEUS_TARGETS")
+            "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE", "KUBELOOP_MLFLOW_WEBHOOK_URL", "KUBELOOP_PROMETHEUS_TARGETS")
     return {
         **{k: platform_env[k] for k in keys},
         "KUBELOOP_REGISTRY": "mlflow",

@@ -1,0 +1,44 @@
+"""The operator's configuration from its environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kubeloop.operator.settings import ConfigurationError, OperatorConfig
+
+
+def test_an_empty_or_wrong_number_names_the_variable():
+    """Local and cluster: the chart and `kubeloop dev env` both set these."""
+    with pytest.raises(ConfigurationError, match="KUBELOOP_WEBHOOK_PORT=''"):
+        OperatorConfig.from_env({"KUBELOOP_WEBHOOK_PORT": ""})
+    with pytest.raises(ConfigurationError, match="KUBELOOP_RESYNC_SECONDS='soon'"):
+        OperatorConfig.from_env({"KUBELOOP_RESYNC_SECONDS": "soon"})
+    with pytest.raises(ConfigurationError, match="KUBELOOP_WEBHOOK_TOKEN_FILE"):
+        OperatorConfig.from_env({"KUBELOOP_WEBHOOK_PORT": "8080"})
+    with pytest.raises(ConfigurationError, match="KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"):
+        OperatorConfig.from_env({"KUBELOOP_MLFLOW_WEBHOOK_URL": "http://127.0.0.1:1/hooks/mlflow"})
+
+
+def test_the_operator_says_so_in_one_line_without_a_traceback(tmp_path):
+    """Local: `kubeloop operator` with KUBELOOP_WEBHOOK_PORT= exits 2 with one line."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBELOOP_WEBHOOK_PORT": ""}
+    result = subprocess.run([sys.executable, "-m", "kubeloop.cli", "operator"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "KUBELOOP_WEBHOOK_PORT" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_default_work_dir_belongs_to_the_platform_not_to_everyone(tmp_path):
+    """Local: two platforms on one machine never share runs through /tmp/kubeloop."""
+    config = OperatorConfig.from_env({"KUBELOOP_STATE_DIR": str(tmp_path / "platform")})
+    assert config.state_dir == tmp_path / "platform" / "operator"
+    other = OperatorConfig.from_env({"XDG_STATE_HOME": str(tmp_path / "xdg")})
+    assert other.state_dir == tmp_path / "xdg" / "kubeloop" / "dev" / "operator"
+    assert OperatorConfig.from_env({"KUBELOOP_WORK_DIR": "/var/lib/kubeloop"}).state_dir == Path("/var/lib/kubeloop")
+    assert not str(OperatorConfig.from_env({}).state_dir).startswith("/tmp/kubeloop")
