@@ -143,3 +143,21 @@ def test_multiclass_classes_keep_a_stable_order():
     assert label_classes("multiclass", pd.Series(["none", "bearing", "none", "overheat"]), "f") == \
         ["bearing", "none", "overheat"]
     assert label_classes("multiclass", pd.Series([10, 2, 1, 2]), "f") == ["1", "2", "10"]
+
+
+def test_a_saved_model_holding_a_pickled_object_is_refused(tmp_path):
+    """No pickle from artifact stores: state.pt is loaded with weights_only=True,
+    so a file that would run code on unpickling is rejected, not executed."""
+    import pickle
+
+    import torch
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this would have run",))
+
+    folder = tmp_path / "forged"
+    folder.mkdir()
+    torch.save({"architecture": Payload(), "state_dict": {}}, folder / "state.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        load_model(folder)
