@@ -32,7 +32,8 @@ def service(namespace: str, name: str) -> dict:
                      "monitoring": {"schedule": "1h", "window": "1h"},
                      "retraining": {"cooldown": "1h", "template": {
                          "modelName": "flood", "backend": "noop",
-                         "features": {"featureViews": ["card_activity"]}}}}}
+                         "features": {"featureViews": ["card_activity"],
+                                      "labels": {"source": "transactions", "column": "is_fraud"}}}}}}
 
 
 def alert(namespace: str, name: str) -> dict:
