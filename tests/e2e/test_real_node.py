@@ -316,7 +316,7 @@ def test_the_chart_runs_the_operator_on_the_real_node(real):
     service = real.kube.get("v1", "Service", "kl-kubeloop", system)
     url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}/hooks/alertmanager"
     real.platform.import_image(base_image())
-    client = pod("hooks", apps, base_image().ref, ["python3", "-c", WEBHOOK_CLIENT, url], restartPolicy="Never")
+    client = pod("hooks", apps, base_image().ref, ["python3", "-c", WEBHOOK_CLIENT, url, apps], restartPolicy="Never")
     real.kube.create(client)
     done = wait_for(lambda: (p := real.kube.get("v1", "Pod", "hooks", apps)) and
                     p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=60, what="the webhook client")
@@ -332,11 +332,13 @@ def test_the_chart_runs_the_operator_on_the_real_node(real):
     assert restarted["metadata"]["uid"] == started["metadata"]["uid"]  # the same Pod, its container restarted
 
 
-# Posts one alert with the right token and one with a wrong one: 200, then 401.
+# Posts one alert with the right token and one with a wrong one: the first
+# reaches the operator's API request (404: no such InferenceService in the
+# watched namespace), the second stops at the token (401).
 WEBHOOK_CLIENT = """
 import json, sys, urllib.error, urllib.request
 alert = {"version": "4", "status": "firing", "receiver": "kubeloop-operator", "alerts": [{"status": "firing",
-         "labels": {"alertname": "KubeloopDataDrift", "namespace": "none", "inferenceservice": "none"},
+         "labels": {"alertname": "KubeloopDataDrift", "namespace": sys.argv[2], "inferenceservice": "none"},
          "annotations": {}, "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "realnode00000001"}]}
 def post(token):
     request = urllib.request.Request(sys.argv[1], json.dumps(alert).encode(), method="POST",
@@ -347,7 +349,7 @@ def post(token):
         return error.code
 codes = (post("s3cret-token"), post("wrong"))
 print(codes)
-assert codes == (200, 401), codes
+assert codes == (404, 401), codes
 """
 
 
