@@ -187,8 +187,9 @@ class Platform:
         # (after the node's mounts are gone, so the walk stays in this folder).
         if self.dir.exists():
             processes.stop_all_under(self.dir)
-        # Never delete through a mount (a container's bind mount could reach anywhere).
-        left = host.mounts(self.dir)
+        # Never delete through a mount (a container's bind mount could reach anywhere);
+        # another platform's network namespaces are not in the way.
+        left = [m for m in host.mounts(self.dir) if m == self.dir or self.dir in m.parents]
         if left:
             raise PlatformError(f"{self.dir} still has mounts ({', '.join(map(str, left[:3]))}); not removing it")
         shutil.rmtree(self.dir, ignore_errors=True)
