@@ -102,10 +102,9 @@ def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInf
     # Feast takes seconds to import; only this step needs it.
     from kubeloop.featurestore.store import LabelRows, StoreLocation, training_data
 
-    labels = spec.features.labels
     data = training_data(
         StoreLocation.from_json(store), spec.features.feature_views,
-        LabelRows(labels.column, labels.source, labels.path, labels.timestamp_column),
+        LabelRows.of(spec.features.labels),
         _parse_time(spec.features.window.start), _parse_time(spec.features.window.end),
     )
     frame = data.frame

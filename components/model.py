@@ -71,10 +71,6 @@ class Architecture:
     path: str | None = None
     """A folder the factory's package is imported from."""
 
-    @property
-    def builtin(self) -> bool:
-        return self.factory == BUILTIN
-
 
 class FactoryError(ValueError):
     """The user's factory could not build a fitting module; the message says why."""

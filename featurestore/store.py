@@ -169,6 +169,10 @@ class LabelRows:
     path: str | None = None
     timestamp_column: str | None = None
 
+    @classmethod
+    def of(cls, labels) -> "LabelRows":  # noqa: ANN001 - kubeloop.api.training.LabelSource
+        return cls(labels.column, labels.source, labels.path, labels.timestamp_column)
+
 
 def join_columns(store, views: list) -> tuple[list[str], list[str]]:  # noqa: ANN001 - feast objects
     """The entity join keys and request-time columns the views need, read off

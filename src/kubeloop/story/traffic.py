@@ -22,9 +22,7 @@ def feature_rows(repo: Path, spec: TrainingJobSpec, columns: list[str], start: d
     folder, or a StoreLocation)."""
     from kubeloop.featurestore.store import LabelRows, training_data
 
-    labels = spec.features.labels
-    data = training_data(repo, spec.features.feature_views,
-                         LabelRows(labels.column, labels.source, labels.path, labels.timestamp_column), start, end)
+    data = training_data(repo, spec.features.feature_views, LabelRows.of(spec.features.labels), start, end)
     frame = data.frame[columns]
     if len(frame) > limit:
         frame = frame.sample(limit, random_state=seed)
