@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 
 from kubeloop.dev import processes
@@ -39,3 +40,14 @@ def test_down_stops_what_was_started_under_the_state_dir(tmp_path):
     finally:
         for record in (triton, router, outside):
             processes.stop(record)
+
+
+def test_listening_ports_come_from_below_the_ephemeral_range_and_never_twice():
+    """Backend: none (host sockets). An ephemeral port can be taken by any
+    outgoing connection before the server binds it."""
+    ephemeral_start = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = [processes.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(10000 <= port < min(ephemeral_start, 30000) for port in ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))

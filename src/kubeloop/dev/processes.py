@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -138,11 +139,41 @@ def reap(pid: int) -> None:
         pass
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LISTEN_FLOOR = 10000
+_NODE_PORTS_START = 30000  # Kubernetes' default NodePort range starts here
+_handed_out: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now, for a server to bind.
+
+    Chosen below the kernel's ephemeral range: a port the kernel hands out
+    itself (bind to 0) can be taken by any outgoing connection in the seconds
+    before the server binds it, which failed a CI run (mlflow: address already
+    in use), and below Kubernetes' NodePort range. Ports handed out by this process are never handed out twice.
+    """
+    ceiling = min(_ephemeral_start(), _NODE_PORTS_START)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(_LISTEN_FLOOR, ceiling)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port between {_LISTEN_FLOOR} and {ceiling} after 200 tries")
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:
