@@ -109,17 +109,19 @@ def test_two_promotions_at_once_both_stay_in_the_trail():
         ("alice", "champion", "2"), ("bob", "challenger", "3")]
 
 
-class FailingSecondWrite(InMemoryRegistry):
-    """A registry that goes away after the first write of a promotion."""
+class FailingWrite(InMemoryRegistry):
+    """A registry that goes away at the fail_at-th write of a promotion or
+    rollback (counted once `writes` is set)."""
 
-    def __init__(self):
+    def __init__(self, fail_at: int = 2):
         super().__init__()
         self.writes = None
+        self.fail_at = fail_at
 
     def _write(self) -> None:
         if self.writes is not None:
             self.writes += 1
-            if self.writes == 2:
+            if self.writes == self.fail_at:
                 from kubeloop.registry.base import RegistryUnavailable
 
                 raise RegistryUnavailable("MLflow went away")
@@ -141,7 +143,7 @@ def test_a_promotion_interrupted_between_its_writes_is_recorded_once():
     """Local and cluster: the retry finishes the move without a second entry or a wrong 'previous'."""
     from kubeloop.registry.base import RegistryUnavailable
 
-    registry = FailingSecondWrite()
+    registry = FailingWrite()
     registry.add_version("fraud", "s3://1")
     registry.add_version("fraud", "s3://2")
     registry.set_alias("fraud", "champion", "1")
@@ -152,3 +154,26 @@ def test_a_promotion_interrupted_between_its_writes_is_recorded_once():
     assert registry.get_alias("fraud", "champion").version == "2"
     assert [(e.action, e.version, e.previous) for e in audit_trail(registry, "fraud")] == [("promote", "2", "1")]
     assert entry.previous == "1"
+
+
+@pytest.mark.parametrize("fail_at", [2, 3], ids=["before-the-version-tag", "before-the-move"])
+def test_a_rollback_interrupted_between_its_writes_is_recorded_once(fail_at):
+    """Local and cluster (the registry port): the retry recorded a second
+    rollback; now it finishes the recorded one."""
+    from kubeloop.registry.base import RegistryUnavailable
+
+    registry = FailingWrite(fail_at)
+    registry.add_version("fraud", "s3://1")
+    registry.add_version("fraud", "s3://2")
+    registry.set_alias("fraud", "champion", "1")
+    promote(registry, "fraud", "2", "champion", by="op", reason="r")
+    registry.writes = 0
+    with pytest.raises(RegistryUnavailable):
+        rollback(registry, "fraud", "champion", by="bob", reason="incident")
+    assert registry.get_alias("fraud", "champion").version == "2", "interrupted before the move"
+    entry = rollback(registry, "fraud", "champion", by="bob", reason="incident")
+    assert registry.get_alias("fraud", "champion").version == "1"
+    assert [(e.action, e.version, e.previous) for e in audit_trail(registry, "fraud")] == [
+        ("promote", "2", "1"), ("rollback", "1", "2")]
+    assert (entry.action, entry.version) == ("rollback", "1")
+    assert "kubeloop.rollback.champion" in registry.get_version("fraud", "1").tags

@@ -168,8 +168,15 @@ def rollback(registry: ModelRegistry, name: str, alias: str, by: str, reason: st
     """Point the alias back at the version it pointed at before its last promotion."""
     alias = alias_for(alias)
     current = registry.get_alias(name, alias)
-    last = next((e for e in reversed(audit_trail(registry, name))
-                 if e.alias == alias and e.action == "promote" and current and e.version == current.version), None)
+    moves = [e for e in audit_trail(registry, name) if e.alias == alias and e.action in ("promote", "rollback")]
+    if current and moves and moves[-1].action == "rollback" and moves[-1].previous == current.version:
+        # Recorded, then interrupted before the move (as promote, above): finish
+        # that rollback rather than record a second one.
+        _tag_version(registry, name, moves[-1])
+        registry.set_alias(name, alias, moves[-1].version)
+        return moves[-1]
+    last = next((e for e in reversed(moves) if e.action == "promote" and current and e.version == current.version),
+                None)
     if current is None or last is None or last.previous is None:
         raise LookupError(f"the audit trail of {name} has no earlier version for {alias}")
     entry = AuditEntry(_now(), "rollback", alias, last.previous, current.version, by, reason)
