@@ -7,9 +7,10 @@ processes it started before instead of starting them twice. Versions move
 through Triton's repository API: the config's version policy is rewritten and
 the model reloaded, which loads new versions before unloading old ones.
 
-`ensure` never waits for a process to come up: it starts it, reports it as
-starting and returns (the reconciler comes back soon), so a kopf worker is
-never held, with the object's lock, for as long as Triton takes to start.
+`ensure` never waits for a process to come up or a model to load: it
+starts the process or the load, reports it as starting or loading and returns
+(the reconciler comes back soon), so a kopf worker is never held, with the
+object's lock, for as long as Triton takes to start or to load a model.
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ from kubeloop.api.signature import ModelSignature
 from kubeloop.dev import processes
 from kubeloop.files import write_atomic, write_if_changed
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.serving.loads import Loads
 from kubeloop.serving.repository import fetch_version, prune_versions, write_config
 from kubeloop.serving.runtime import TritonRuntime
 
 READY_TIMEOUT = 60.0
 """How long a started process may take to answer before it counts as failed."""
+LOAD_TIMEOUT = 600.0
+"""How long a load may take before it is asked for again (it runs beside the reconcile)."""
 log = logging.getLogger(__name__)
 
 
@@ -75,6 +79,7 @@ class LocalServing(ServingBackend):
         self.log_dir = log_dir
         self.targets = targets
         """A Prometheus file_sd folder: each router and tritonserver registers its metrics there."""
+        self._loads = Loads()
 
     @property
     def runtime(self) -> TritonRuntime:
@@ -110,7 +115,11 @@ class LocalServing(ServingBackend):
             state.write(state_path)
             return ServingState(url=url, ready={role: False for role in wanted}, message=starting)
         if state.loaded != fingerprint:
-            self._load(repository, folder, name, primary, sorted(set(wanted.values())), triton)
+            loading = self._ensure_loaded(state, folder, name, primary, sorted(set(wanted.values())), triton,
+                                          fingerprint)
+            if loading:
+                return ServingState(url=url, ready={role: False for role in wanted},
+                                    message=f"Triton is loading {model} version {primary}")
             state.loaded = fingerprint
             state.write(state_path)
         index = self._index(triton)
@@ -158,6 +167,7 @@ class LocalServing(ServingBackend):
         if self.targets:
             (self.targets / f"serving-{ref.namespace}-{ref.name}.json").unlink(missing_ok=True)
         folder = self.folder(ref)
+        self._loads.forget(folder.name)
         state = InstanceState.read(folder / "state.json")
         if state:
             for name in ("router", "tritonserver"):
@@ -201,19 +211,29 @@ class LocalServing(ServingBackend):
                                      f"{processes.log_tail(record.log)}")
         return f"{restarted}{name} is starting (pid {record.pid})"
 
-    def _load(self, repository: Path, folder: Path, name: str, primary: str, versions: list[str], triton: str) -> None:
+    def _ensure_loaded(self, state: InstanceState, folder: Path, name: str, primary: str, versions: list[str],
+                       triton: str, fingerprint: str) -> bool:
+        """Start loading what the fingerprint names unless that load runs; True
+        while it runs, False once it finished (raising what it failed with)."""
+        key = folder.name
+        token = f"{state.processes['tritonserver']['pid']}:{fingerprint}"
+        load = self._loads.get(key)
+        if load is None or (load.token != token and load.done()):
+            # Only between loads: a running one reads the repository this rewrites.
+            self._write_repository(folder / "repository", folder, name, primary, versions)
+            load = self._loads.start(key, token, lambda: _load(triton, name))
+        if load.token != token or not load.done():
+            return True
+        self._loads.collect(key, load)
+        return False
+
+    def _write_repository(self, repository: Path, folder: Path, name: str, primary: str, versions: list[str]) -> None:
         from google.protobuf import text_format
         from tritonclient.grpc import model_config_pb2 as mc
 
         config = text_format.Parse((folder / "configs" / f"{primary}.pbtxt").read_text(), mc.ModelConfig())
         write_config(repository, config, versions)
         prune_versions(repository, name, versions)
-        try:
-            response = requests.post(f"{triton}/v2/repository/models/{name}/load", timeout=READY_TIMEOUT)
-        except requests.RequestException as exc:
-            raise ServingUnavailable(f"Triton's repository API: {exc}") from exc
-        if response.status_code >= 500:
-            raise ServingUnavailable(f"Triton could not load {name}: {response.text}")
 
     def _index(self, triton: str) -> dict[str, dict]:
         """Version -> {state, reason} from Triton's repository index."""
@@ -252,6 +272,16 @@ def signature_fields(signature: ModelSignature) -> dict:
     count and compare its answers."""
     return {"task": signature.task, "output": signature.output_name, "classes": list(signature.classes),
             "threshold": signature.threshold if signature.threshold is not None else 0.5}
+
+
+def _load(triton: str, name: str) -> None:
+    """Ask Triton to (re)load the model; it answers once the load is over."""
+    try:
+        response = requests.post(f"{triton}/v2/repository/models/{name}/load", timeout=LOAD_TIMEOUT)
+    except requests.RequestException as exc:
+        raise ServingUnavailable(f"Triton's repository API: {exc}") from exc
+    if response.status_code >= 500:
+        raise ServingUnavailable(f"Triton could not load {name}: {response.text}")
 
 
 def _ok(url: str) -> bool:
