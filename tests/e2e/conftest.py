@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +38,8 @@ def start_operator(platform, kube, tmp_path):
         defaults = {"KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKENDS": "noop",
                     "KUBELOOP_PIPELINE_BACKEND": "noop",
                     "KUBELOOP_RESYNC_SECONDS": "2", "KUBELOOP_WORK_DIR": str(tmp_path / "work")}
-        op = OperatorProcess(platform.kubeconfig, tmp_path / "operator", {**defaults, **env}, namespaces)
+        logs = tmp_path / ("operator" if not started else f"operator-{len(started)}")
+        op = OperatorProcess(platform.kubeconfig, logs, {**defaults, **env}, namespaces)
         started.append(op.start())
         return op
 
@@ -52,12 +54,13 @@ def start_operator(platform, kube, tmp_path):
 
 @pytest.fixture
 def local_operator(platform, namespace, start_operator, tmp_path):
-    """The operator with every local backend and the platform's MLflow and Feast."""
+    """The operator with every local backend and the platform's MLflow and
+    Feast, watching the test's namespace (or another, with a work folder of
+    its own)."""
     env = platform.env()
-    work = tmp_path / "work"
 
-    def start(**extra: str):
-        op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
+    def start(watch: str = namespace, work: Path = tmp_path / "work", **extra: str):
+        op = start_operator([watch], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
                             KUBELOOP_FEAST_REPO=env["KUBELOOP_FEAST_REPO"], KUBELOOP_PIPELINE_BACKENDS="local",
                             KUBELOOP_PIPELINE_BACKEND="local", KUBELOOP_SERVING_BACKENDS="local",
                             KUBELOOP_SERVING_BACKEND="local", KUBELOOP_WORK_DIR=str(work), **extra)
