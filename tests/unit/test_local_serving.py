@@ -15,8 +15,9 @@ from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.dev import processes
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.registry.base import ModelVersion
-from kubeloop.serving.base import ServedVersion, ServingRequest, ServingUnavailable
+from kubeloop.serving.base import ServedVersion, ServingRequest, ServingUnavailable, triton_name
 from kubeloop.serving.local import InstanceState, LocalServing
+from kubeloop.serving.repository import prune_versions
 
 REF = ObjectRef("InferenceService", "ml", "fraud", "uid-1", 1)
 
@@ -47,6 +48,7 @@ def serving(tmp_path):
     configs = backend.folder(REF) / "configs"
     configs.mkdir(parents=True)
     (configs / "1.pbtxt").write_text('name: "fraud"\n')  # as fetched before: no registry needed
+    (backend.folder(REF) / "repository" / triton_name("fraud") / "1").mkdir(parents=True)
     yield backend
     processes.stop_all_under(tmp_path / "work")
 
@@ -81,3 +83,30 @@ def test_a_killed_server_is_restarted_and_the_outage_said(serving):
     assert second.pid != first.pid and second.running()
     assert f"pid {first.pid}) was not running: restarted it" in state.message
     assert json.loads(path.read_text())["loaded"] == ""
+
+
+def test_a_pruned_version_served_again_is_fetched_again(tmp_path, monkeypatch):
+    """Local: pruning removed version 1's folder but kept its config, and the
+    fetch looked only at the config, so an alias moved back to version 1 served
+    nothing."""
+    fetched: list[str] = []
+
+    def fetch(tracking_uri, model, version, repository, backend):  # noqa: ANN001 - the registry's stand-in
+        fetched.append(version)
+        (repository / triton_name(model) / version).mkdir(parents=True, exist_ok=True)
+        from tritonclient.grpc import model_config_pb2 as mc
+
+        return mc.ModelConfig(name=triton_name(model))
+
+    monkeypatch.setattr("kubeloop.serving.local.fetch_version", fetch)
+    backend = LocalServing(tmp_path / "work", "http://127.0.0.1:1", runtime=SlowRuntime(tmp_path / "go"))
+    folder = backend.folder(REF)
+    folder.mkdir(parents=True)
+    repository = folder / "repository"
+    backend._fetch(repository, "fraud", folder, {"1", "2"})
+    backend._fetch(repository, "fraud", folder, {"1", "2"})
+    assert fetched == ["1", "2"]
+    prune_versions(repository, triton_name("fraud"), ["2"])
+    backend._fetch(repository, "fraud", folder, {"1", "2"})
+    assert fetched == ["1", "2", "1"]
+    assert (repository / triton_name("fraud") / "1").is_dir()

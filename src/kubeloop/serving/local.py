@@ -182,7 +182,10 @@ class LocalServing(ServingBackend):
         configs = folder / "configs"
         configs.mkdir(exist_ok=True)
         for version in sorted(versions):
-            if not (configs / f"{version}.pbtxt").exists():
+            # Pruning removes a version's folder but keeps its config: a version
+            # served again (an alias moved back) is fetched again.
+            fetched = (repository / triton_name(model) / version).is_dir()
+            if not (fetched and (configs / f"{version}.pbtxt").exists()):
                 from google.protobuf import text_format
 
                 config = fetch_version(self.tracking_uri, model, version, repository, backend="python")
