@@ -29,7 +29,9 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.signature import ModelSignature
 from kubeloop.dev import processes
 from kubeloop.files import write_atomic, write_if_changed
+from kubeloop.registry.tags import FEATURE_STORE
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.serving.features import FeatureSpec
 from kubeloop.serving.repository import fetch_version, prune_versions, write_config
 from kubeloop.serving.runtime import TritonRuntime
 
@@ -242,6 +244,7 @@ class LocalServing(ServingBackend):
             "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
             "log_dir": log_dir, "sample_rate": logging.sample_rate,
             **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
+            "features": feature_specs(request.versions), "missing": request.spec.features.missing,
         }
         path = folder / "router.json"
         write_if_changed(path, json.dumps(config, indent=2))
@@ -252,6 +255,18 @@ def signature_fields(signature: ModelSignature) -> dict:
     count and compare its answers."""
     return {"task": signature.task, "output": signature.output_name, "classes": list(signature.classes),
             "threshold": signature.threshold if signature.threshold is not None else 0.5}
+
+
+def feature_specs(versions) -> dict[str, dict]:  # noqa: ANN001 - ServedVersions
+    """Version -> what its entity requests read from the online store, for
+    the versions whose signature names feature views and whose feature store
+    was recorded."""
+    specs = {}
+    for served in versions:
+        spec = FeatureSpec.of(ModelSignature.from_tags(served.model.tags), served.model.tags.get(FEATURE_STORE, ""))
+        if spec is not None:
+            specs[served.model.version] = spec.to_dict()
+    return specs
 
 
 def _ok(url: str) -> bool:
