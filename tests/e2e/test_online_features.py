@@ -11,6 +11,7 @@ offline store, MLflow)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -84,7 +85,7 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
                  "metadata": {"name": "fraud", "namespace": namespace},
                  "spec": {"model": {"name": model, "alias": "champion"}, "features": {"missing": "default"}}})
     url = wait_for(lambda: (s := kube.get(API_VERSION, "InferenceService", "fraud", namespace).get("status", {}))
-                   .get("phase") == "Ready" and s["url"], timeout=120, interval=0.5, what="the service Ready")
+                   .get("phase") == "Ready" and s["url"], timeout=300, interval=0.5, what="the service Ready")
 
     # 32 recent transactions as the payment system sends them, now; the
     # offline store's point-in-time vectors for the same entities now.
@@ -143,9 +144,10 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
     live = kube.get(API_VERSION, "InferenceService", "fraud", namespace)
     live["spec"]["features"] = {"missing": "reject"}
     kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}}, field_manager="test")
-    rejected = wait_for(lambda: (r := infer(url, model, entity_request(stranger))).status_code == 422 and r,
+    # (A Response is falsy when its status is 4xx: wait for its text.)
+    rejected = wait_for(lambda: (r := infer(url, model, entity_request(stranger))).status_code == 422 and r.text,
                         timeout=30, interval=0.5, what="the reject policy in force")
-    assert f"card_id={UNKNOWN_CARD} is not in the online store" in rejected.json()["error"]
+    assert f"card_id={UNKNOWN_CARD} is not in the online store" in json.loads(rejected)["error"]
     assert missing_count(url, "card_activity", "reject") >= 1
     assert infer(url, model, entity_request(sent)).status_code == 200
 

@@ -133,6 +133,10 @@ class LocalServing(ServingBackend):
                             for role in rolled_back)
         if not ready.get("primary"):
             message = message or f"Triton is loading {model} version {primary}"
+        elif not _ok(f"{url}/v2/health/ready"):
+            # The router answers entity requests only once its feature stores are open.
+            ready["primary"] = False
+            message = message or "the router is opening the feature store"
         return ServingState(url=url, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
                             rolled_back=rolled_back)
 

@@ -285,7 +285,8 @@ class Router:
         self.background: set[asyncio.Task] = set()
         self.mirrors: set[asyncio.Task] = set()
         self._expired_at = 0.0
-        self.online: dict[FeatureSpec, OnlineStore] = {}
+        self.online: dict[FeatureSpec, asyncio.Task] = {}
+        """Feature stores being opened or open, by spec (opening imports Feast: seconds)."""
 
     # -- plumbing ------------------------------------------------------------
 
@@ -293,21 +294,33 @@ class Router:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                              connector=aiohttp.TCPConnector(limit=256))
         self._spawn(self._watch())
-        self._spawn(self._open_stores())
+        self._open_stores()
 
-    async def _open_stores(self) -> None:
-        """Open the versions' feature stores before requests need them (Feast
-        takes seconds to import); one that fails is retried on first use."""
+    def _open_stores(self) -> None:
+        """Start opening the versions' feature stores in a thread, before
+        requests need them: Feast takes seconds to import, and the event loop
+        keeps serving meanwhile."""
         for spec in set(self.config.features.values()):
-            try:
-                await asyncio.to_thread(self.online_store, spec)
-            except Exception as exc:  # the store may come later; requests will say why
-                log.warning("cannot open the feature store of %s yet: %s", spec.views, exc)
+            self._opening(spec)
 
-    def online_store(self, spec: FeatureSpec) -> OnlineStore:
-        if spec not in self.online:
-            self.online[spec] = OnlineStore(spec)
-        return self.online[spec]
+    def _opening(self, spec: FeatureSpec) -> asyncio.Task:
+        """The task opening the spec's store; one that failed is tried again."""
+        task = self.online.get(spec)
+        if task is None or (task.done() and task.exception() is not None):
+            task = self.online[spec] = asyncio.create_task(asyncio.to_thread(OnlineStore, spec))
+        return task
+
+    async def online_store(self, spec: FeatureSpec) -> OnlineStore:
+        try:
+            return await asyncio.shield(self._opening(spec))
+        except Exception as exc:  # Feast's errors have no common base; the next request tries again
+            log.warning("cannot open the feature store of %s: %s", ", ".join(spec.views), exc)
+            raise RequestError(503, f"the feature store of {', '.join(spec.views)} cannot be opened: {exc}") from exc
+
+    def stores_open(self) -> bool:
+        """Whether every version's feature store is open (ready for entity requests)."""
+        return all(spec in self.online and self.online[spec].done() and self.online[spec].exception() is None
+                   for spec in self.config.features.values())
 
     async def stop(self, app: web.Application) -> None:
         self.flush_log()
@@ -324,7 +337,7 @@ class Router:
             await asyncio.sleep(0.5)
             try:
                 if self.reload_routes():
-                    self._spawn(self._open_stores())
+                    self._open_stores()
                 self.flush_log()
             except Exception:  # one bad round must not end route reloads and flushes for good
                 log.exception("the router's housekeeping failed; trying again")
@@ -405,7 +418,7 @@ class Router:
         route = pick(c.routes, key)
         labels = (c.service, c.model, route.version, route.role)
         try:
-            body, columns, vectors = self.model_request(route.version, payload, body)
+            body, columns, vectors = await self.model_request(route.version, payload, body)
         except RequestError as exc:
             self.metrics.requests.labels(*labels, str(exc.status)).inc()
             return web.json_response({"error": str(exc)}, status=exc.status)
@@ -435,8 +448,8 @@ class Router:
         return web.Response(body=answer, status=status, content_type="application/json",
                             headers={"X-Model-Version": route.version, "X-Model-Role": route.role})
 
-    def model_request(self, version: str, payload: dict, body: bytes,
-                      count: bool = True) -> tuple[bytes, dict | None, list | None]:
+    async def model_request(self, version: str, payload: dict, body: bytes,
+                            count: bool = True) -> tuple[bytes, dict | None, list | None]:
         """The request Triton takes for a version: the body as sent, or, for
         an entity request to a version with feature views, the vectors assembled from the online store (then
         also the columns sent and the vectors, for the request log). count:
@@ -448,9 +461,10 @@ class Router:
             # A version without feature views takes its tensor only; Triton judges it.
             return body, None, None
         columns = parse_rows(payload, spec)
+        store = await self.online_store(spec)
         started = time.perf_counter()
         try:
-            assembled = self.online_store(spec).assemble(columns, time.time(), c.missing)
+            assembled = store.assemble(columns, time.time(), c.missing)
         except RequestError as exc:
             if count:
                 self._count_problems(exc.problems)
@@ -475,7 +489,7 @@ class Router:
         shadow = c.shadow
         started = time.perf_counter()
         try:
-            body = self.model_request(shadow.version, payload, body, count=False)[0]
+            body = (await self.model_request(shadow.version, payload, body, count=False))[0]
         except RequestError as exc:
             self.metrics.requests.labels(c.service, c.model, shadow.version, "shadow", str(exc.status)).inc()
             return
@@ -500,7 +514,10 @@ class Router:
                           "outputs": outputs})
 
     async def ready(self, request: web.Request) -> web.Response:
+        """Ready when the primary version is, and every version's feature store is open."""
         c = self.config
+        if not self.stores_open():
+            return web.Response(status=503, text="opening the feature stores")
         primary = next(r for r in c.routes if r.role == "primary")
         try:
             async with self.session.get(f"{c.triton_url}/v2/models/{c.triton_model}/versions/{primary.version}/ready") as r:
