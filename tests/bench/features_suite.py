@@ -41,7 +41,7 @@ def _timed(call, batches: list[dict]) -> list[float]:  # noqa: ANN001
 
 
 def run(context, console: Console, quick: bool = False) -> dict:
-    iterations = 300 if quick else 3000
+    iterations = 200 if quick else 1000
     with tempfile.TemporaryDirectory() as tmp:
         repo = create_repository(Path(tmp) / "repo", Scenario(start=default_start(21), days=21, seed=5))
         materialize(repo)
