@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kubeloop.api.signature import MISSING_VALUE
 from kubeloop.featurestore.generate import Scenario, default_start, write
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
     than a view's ttl; the count of those rows is returned, never hidden.
     """
     store = open_store(location)
-    views = [_view(store, name) for name in feature_views]
+    views = [feature_view(store, name) for name in feature_views]
     keys, request = join_columns(store, views)
     rows, ts, what = _label_frame(store, labels)
     missing = [c for c in (labels.column, ts, *keys, *request) if c not in rows.columns]
@@ -242,24 +243,35 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
                          f"{end or 'now'}; widen the window")
     entity_df = rows[list(dict.fromkeys([*keys, *request, labels.column, ts]))].rename(
         columns={ts: "event_timestamp"})
-    refs, fingerprints = [], {}
-    for view in views:
-        fingerprints[view.name] = hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
-        refs += [f"{view.name}:{f.name}" for f in view.features]
-    frame = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
+    fingerprints = {view.name: hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
+                    for view in views}
+    frame, numeric = point_in_time(store, views, entity_df)
     dropped = len(entity_df) - len(frame)
     if dropped:
         log.warning("the offline store dropped %d of %d entity rows (feature rows older than a view's ttl)",
                     dropped, len(entity_df))
-    columns = [r.split(":", 1)[1] for r in refs]
-    numeric = [c for c in columns if pd.api.types.is_numeric_dtype(frame[c])]
     frame = frame.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
-    frame[numeric] = frame[numeric].astype("float64").fillna(0.0)
     return TrainingData(frame=frame, feature_columns=numeric, label=labels.column, entity_rows=len(entity_df),
                         dropped_by_ttl=dropped, feature_views=fingerprints, entities=keys, request_columns=request)
 
 
-def _view(store, name: str):  # noqa: ANN001, ANN202 - feast objects
+def point_in_time(store, views: list, entity_df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:  # noqa: ANN001
+    """The views' features for the entity rows (their keys, request columns
+    and event_timestamp; other columns pass through), point-in-time, with
+    the numeric feature columns as the model sees them: float, a missing
+    value being 0 (the training default). Rows whose features are older than
+    a view's ttl are missing from the answer (Feast's file offline store)."""
+    refs = [f"{view.name}:{f.name}" for view in views for f in view.features]
+    frame = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
+    columns = [r.split(":", 1)[1] for r in refs]
+    numeric = [c for c in columns if pd.api.types.is_numeric_dtype(frame[c])]
+    frame[numeric] = frame[numeric].astype("float64").fillna(MISSING_VALUE)
+    return frame, numeric
+
+
+def feature_view(store, name: str):  # noqa: ANN001, ANN202 - feast objects
+    """A feature view or on-demand feature view of the store, by name; an
+    unknown name is a ValueError listing the known ones."""
     from feast.errors import FeatureViewNotFoundException
 
     try:

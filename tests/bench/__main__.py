@@ -21,10 +21,10 @@ from pathlib import Path
 from rich.console import Console
 
 from kubeloop.dev.platform import Platform
-from tests.bench import drift_suite, operator_suite, optimization_suite, serving_suite, training_suite
+from tests.bench import drift_suite, features_suite, operator_suite, optimization_suite, serving_suite, training_suite
 
 SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optimization": optimization_suite.run,
-          "serving": serving_suite.run, "drift": drift_suite.run}
+          "serving": serving_suite.run, "drift": drift_suite.run, "features": features_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 

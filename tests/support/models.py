@@ -50,3 +50,24 @@ def register_broken(tracking_uri: str, name: str) -> str:
         path.write_bytes(b"not an onnx model")
         mlflow.log_artifact(str(path), "exported")
     return version
+
+
+def register_fraud_model(tracking_uri: str, name: str, repo: Path, work: Path, epochs: int = 2) -> str:
+    """Train the example TrainingJob's fraud detector on a Feast repository's
+    point-in-time data (as the pipeline's steps do, without the pipeline) and
+    register it with its signature and feature store; returns the version."""
+    import yaml
+
+    from kubeloop.components.data import build_dataset, load_split
+    from kubeloop.featurestore.store import StoreLocation
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "trainingjob.yaml").read_text())
+    spec = TrainingJobSpec.model_validate({**example["spec"], "modelName": name})
+    work.mkdir(parents=True, exist_ok=True)
+    info = build_dataset(spec, StoreLocation(path=str(repo)).to_json(), work / "dataset.parquet")
+    frame, y = load_split(work / "dataset.parquet", info, "train")
+    x = frame[info.feature_columns].to_numpy(np.float32)
+    model = train(x, y, None, None, TrainSettings(epochs=epochs, batch_size=512, seed=0)).model
+    run = f"test-{name}-fraud"
+    run_id = start_run(tracking_uri, spec, run, "tests/models", "h", "test")
+    return register(tracking_uri, run_id, model, spec, info, {"auc": 0.8}, run, "tests/models", "test")["version"]

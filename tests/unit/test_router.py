@@ -382,3 +382,44 @@ def test_a_body_that_is_not_a_json_object_gets_400_and_mirrors_are_capped(tmp_pa
     status, statuses, metrics = asyncio.run(go())
     assert status == 400 and statuses == [200] * 5
     assert 'kubeloop_shadow_skipped_total{service="ml/fraud"} 3.0' in metrics
+
+
+def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not_ready(tmp_path, monkeypatch):
+    """Local: an entity request to a version whose feature store cannot be
+    opened gets 503 saying so (tried again on the next request), /ready says
+    not ready, a malformed entity request still gets its 400, and a raw
+    tensor request still reaches Triton."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from kubeloop.dev import processes
+    from kubeloop.serving import router as module
+    from kubeloop.serving.features import FeatureSpec
+
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
+    spec = FeatureSpec(store=json.dumps({"path": str(tmp_path / "no-such-repository")}), views=("card_activity",),
+                       entities=("card_id",), request_columns=(), columns=("avg_amount_7d",))
+    entity = {"inputs": [{"name": "card_id", "shape": [1], "datatype": "INT64", "data": [7]}]}
+
+    async def go():
+        triton_app, _ = _triton(answer_shadow=True)
+        async with TestServer(triton_app) as triton:
+            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"))
+            path.write_text(json.dumps({**json.loads(path.read_text()), "features": {"1": spec.to_dict()}}))
+            async with TestClient(TestServer(module.build_app(path))) as client:
+                first = await client.post("/v2/models/fraud/infer", json=entity)
+                again = await client.post("/v2/models/fraud/infer", json=entity)
+                malformed = await client.post("/v2/models/fraud/infer", json={"inputs": [
+                    {"name": "merchant_id", "shape": [1], "datatype": "INT64", "data": [7]}]})
+                raw = await client.post("/v2/models/fraud/infer", json={
+                    "inputs": [{"name": "features", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]})
+                ready = await client.get("/v2/health/ready")
+                return ((first.status, (await first.json())["error"]), again.status,
+                        (malformed.status, (await malformed.json())["error"]), raw.status, ready.status)
+
+    first, again, malformed, raw, ready = asyncio.run(go())
+    assert first[0] == 503 and "card_activity cannot be opened" in first[1] and again == 503
+    assert malformed[0] == 400 and "lacks the input card_id" in malformed[1]
+    assert raw == 200 and ready == 503

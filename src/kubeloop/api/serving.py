@@ -181,6 +181,19 @@ class Retraining(KubeModel):
     """Aliases and gates for the retrained version."""
 
 
+class OnlineFeatures(KubeModel):
+    """Requests that carry entity keys and request-time columns instead of
+    the feature vector: the serving path reads the rest from the online store
+    of the version's feature store (the views of its signature). Local
+    backend; the Kubernetes backend takes the feature vector only, for now."""
+
+    missing: Literal["default", "reject"] = "default"
+    """What a row gets when the online store does not know its entity, or
+    holds a value older than its feature view's ttl: default puts the
+    training default (0, as the training data's missing values) in its
+    place; reject answers 422 naming the entity and the views."""
+
+
 class InferenceServiceSpec(KubeModel):
     """A model to serve."""
 
@@ -219,6 +232,8 @@ class InferenceServiceSpec(KubeModel):
     """Drift monitoring; omitted means none."""
     retraining: Retraining | None = None
     """Retrain on drift; needs monitoring."""
+    features: OnlineFeatures = Field(default_factory=OnlineFeatures)
+    """Entity requests: how missing or stale online features are handled."""
 
 
 class Placement(KubeModel):

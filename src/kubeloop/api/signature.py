@@ -24,6 +24,9 @@ from kubeloop.api.tasks import Task
 INPUT = "features"
 OUTPUTS = {"binary": "probability", "multiclass": "probabilities", "regression": "value"}
 TAG = "kubeloop.signature"
+MISSING_VALUE = 0.0
+"""What a feature with no value becomes, in the training data (the offline
+store's gaps) and at serving (a missing or stale online value, by default)."""
 
 
 class ModelSignature(BaseModel):

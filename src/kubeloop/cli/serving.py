@@ -25,3 +25,36 @@ def fetch(
 
     config = fetch_for_kubernetes(model_uri, repository, tracking_uri, backend)
     Console(stderr=True).print(f"wrote {config.parent}")
+
+
+@app.command()
+def skew(
+    log: Annotated[Path, typer.Argument(help="The InferenceService's request-log folder.")],
+    model: Annotated[str, typer.Option(help="The registered model it serves.")],
+    tracking_uri: Annotated[str, typer.Option(envvar="MLFLOW_TRACKING_URI", help="The MLflow server.")],
+    sample: Annotated[int, typer.Option(help="Served rows to compare, at most.")] = 200,
+    tolerance: Annotated[float, typer.Option(help="Relative difference above which a value differs.")] = 1e-5,
+) -> None:
+    """Compare a sample of the vectors served for entity requests with the
+    offline store's point-in-time values for the same entities and times;
+    exits 1 when any differ (training-serving skew) or none could be compared."""
+    from mlflow import MlflowClient
+
+    from kubeloop.monitoring.drift import request_records
+    from kubeloop.serving.skew import check_skew
+
+    client = MlflowClient(tracking_uri)
+    reports = check_skew(request_records(log), lambda v: client.get_model_version(model, v).tags, sample, tolerance)
+    console = Console()
+    for report in reports:
+        console.print(f"version {report.version}: {report.compared} rows compared, {report.mismatched} differ "
+                      f"(largest difference {report.max_difference:.3g}), {report.not_in_offline} past a view's "
+                      "ttl in the offline store")
+        for column, count in sorted(report.by_column.items()):
+            console.print(f"  {column}: {count} rows differ")
+        for example in report.examples:
+            console.print(f"  e.g. {example}")
+    if not reports:
+        console.print(f"no entity-request rows in {log}")
+    if not reports or not all(r.matches for r in reports):
+        raise typer.Exit(1)

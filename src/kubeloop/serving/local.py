@@ -30,8 +30,10 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.signature import ModelSignature
 from kubeloop.dev import processes
 from kubeloop.files import write_atomic, write_if_changed
+from kubeloop.registry.tags import FEATURE_STORE
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
 from kubeloop.serving.loads import Loads
+from kubeloop.serving.features import FeatureSpec
 from kubeloop.serving.repository import fetch_version, prune_versions, write_config
 from kubeloop.serving.runtime import TritonRuntime
 
@@ -140,6 +142,10 @@ class LocalServing(ServingBackend):
                             for role in rolled_back)
         if not ready.get("primary"):
             message = message or f"Triton is loading {model} version {primary}"
+        elif not _ok(f"{url}/v2/health/ready"):
+            # The router answers entity requests only once its feature stores are open.
+            ready["primary"] = False
+            message = message or "the router is opening the feature store"
         return ServingState(url=url, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
                             rolled_back=rolled_back)
 
@@ -265,6 +271,7 @@ class LocalServing(ServingBackend):
             "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
             "log_dir": log_dir, "sample_rate": logging.sample_rate,
             **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
+            "features": feature_specs(request.versions), "missing": request.spec.features.missing,
         }
         path = folder / "router.json"
         write_if_changed(path, json.dumps(config, indent=2))
@@ -285,6 +292,18 @@ def _load(triton: str, name: str) -> None:
         raise ServingUnavailable(f"Triton's repository API: {exc}") from exc
     if response.status_code >= 500:
         raise ServingUnavailable(f"Triton could not load {name}: {response.text}")
+
+
+def feature_specs(versions) -> dict[str, dict]:  # noqa: ANN001 - ServedVersions
+    """Version -> what its entity requests read from the online store, for
+    the versions whose signature names feature views and whose feature store
+    was recorded."""
+    specs = {}
+    for served in versions:
+        spec = FeatureSpec.of(ModelSignature.from_tags(served.model.tags), served.model.tags.get(FEATURE_STORE, ""))
+        if spec is not None:
+            specs[served.model.version] = spec.to_dict()
+    return specs
 
 
 def _ok(url: str) -> bool:

@@ -15,6 +15,12 @@ tritonserver (KServe v2 protocol).
   and retried, never fatal.
 - Shadow mirroring is bounded too: at most MAX_MIRRORS in flight, the rest
   skipped and counted.
+- Entity requests: a request whose inputs are the entity keys and
+  request-time columns of the version's signature (instead of the tensor
+  "features") gets its vector from the version's Feast online store
+  (kubeloop.serving.features); missing or stale values follow the
+  service's policy and are counted by view. Such rows are logged with the
+  columns the caller sent ("request") beside the assembled vector.
 - Prometheus metrics on /metrics: request latency, requests per version and
   outcome, the predictions (per task, see Metrics), shadow comparisons and
   disagreements, and what the request log and the shadow dropped.
@@ -45,6 +51,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, is_entity_request, parse_rows,
+                                       tensor_request)
 
 log = logging.getLogger("kubeloop.router")
 LOG_QUEUE = 10_000
@@ -93,6 +102,10 @@ class RouterConfig:
     tolerance: float = 0.05
     """Regression: the relative difference above which a shadow disagrees."""
     log_limits: LogLimits = LogLimits()
+    features: dict[str, FeatureSpec] = field(default_factory=dict)
+    """Version -> what its entity requests read from the online store."""
+    missing: str = "default"
+    """Entity requests: the policy for missing or stale online values."""
 
     @classmethod
     def load(cls, path: Path) -> "RouterConfig":
@@ -104,7 +117,9 @@ class RouterConfig:
                    log_dir=data.get("log_dir"), sample_rate=data.get("sample_rate", 1.0),
                    task=data.get("task", "binary"), output=data.get("output", "probability"),
                    classes=tuple(data.get("classes", ())), tolerance=data.get("tolerance", 0.05),
-                   log_limits=LogLimits(**data.get("log_limits", {})))
+                   log_limits=LogLimits(**data.get("log_limits", {})),
+                   features={v: FeatureSpec.from_dict(f) for v, f in data.get("features", {}).items()},
+                   missing=data.get("missing", "default"))
 
     def label(self, index: int) -> str:
         """Multiclass: the class label of an output position."""
@@ -176,6 +191,14 @@ class Metrics:
         self.log_errors = Counter("kubeloop_request_log_write_errors_total",
                                   "Request-log flushes that failed (the rows wait for the next one).",
                                   ["service"], registry=self.registry)
+        self.features_missing = Counter("kubeloop_online_features_missing_total",
+                                        "Entity-request rows whose feature view value the online store lacked "
+                                        "(reason missing) or held past the view's ttl (stale), by the policy "
+                                        "applied.", ["service", "view", "reason", "policy"], registry=self.registry)
+        self.retrieval = Histogram("kubeloop_online_feature_retrieval_seconds",
+                                   "Time to read an entity request's features from the online store and "
+                                   "assemble its vectors.", ["service"], registry=self.registry,
+                                   buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
         self.log_removed = Counter("kubeloop_request_log_files_removed_total",
                                    "Request-log files removed by retention or the size limit.", ["service"],
                                    registry=self.registry)
@@ -262,6 +285,8 @@ class Router:
         self.background: set[asyncio.Task] = set()
         self.mirrors: set[asyncio.Task] = set()
         self._expired_at = 0.0
+        self.online: dict[FeatureSpec, asyncio.Task] = {}
+        """Feature stores being opened or open, by spec (opening imports Feast: seconds)."""
 
     # -- plumbing ------------------------------------------------------------
 
@@ -269,6 +294,33 @@ class Router:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                              connector=aiohttp.TCPConnector(limit=256))
         self._spawn(self._watch())
+        self._open_stores()
+
+    def _open_stores(self) -> None:
+        """Start opening the versions' feature stores in a thread, before
+        requests need them: Feast takes seconds to import, and the event loop
+        keeps serving meanwhile."""
+        for spec in set(self.config.features.values()):
+            self._opening(spec)
+
+    def _opening(self, spec: FeatureSpec) -> asyncio.Task:
+        """The task opening the spec's store; one that failed is tried again."""
+        task = self.online.get(spec)
+        if task is None or (task.done() and task.exception() is not None):
+            task = self.online[spec] = asyncio.create_task(asyncio.to_thread(OnlineStore, spec))
+        return task
+
+    async def online_store(self, spec: FeatureSpec) -> OnlineStore:
+        try:
+            return await asyncio.shield(self._opening(spec))
+        except Exception as exc:  # Feast's errors have no common base; the next request tries again
+            log.warning("cannot open the feature store of %s: %s", ", ".join(spec.views), exc)
+            raise RequestError(503, f"the feature store of {', '.join(spec.views)} cannot be opened: {exc}") from exc
+
+    def stores_open(self) -> bool:
+        """Whether every version's feature store is open (ready for entity requests)."""
+        return all(spec in self.online and self.online[spec].done() and self.online[spec].exception() is None
+                   for spec in self.config.features.values())
 
     async def stop(self, app: web.Application) -> None:
         self.flush_log()
@@ -284,7 +336,8 @@ class Router:
         while True:
             await asyncio.sleep(0.5)
             try:
-                self.reload_routes()
+                if self.reload_routes():
+                    self._open_stores()
                 self.flush_log()
             except Exception:  # one bad round must not end route reloads and flushes for good
                 log.exception("the router's housekeeping failed; trying again")
@@ -310,8 +363,9 @@ class Router:
             if removed:
                 self.metrics.log_removed.labels(c.service).inc(removed)
 
-    def reload_routes(self) -> None:
-        """Take up the routes file if it changed; a broken one keeps the routes in use."""
+    def reload_routes(self) -> bool:
+        """Take up the routes file if it changed (True when it did); a broken
+        one keeps the routes in use."""
         try:
             mtime = self.config_path.stat().st_mtime
             if mtime != self.mtime:
@@ -319,8 +373,10 @@ class Router:
                 self.log.capacity = self.config.log_limits.queue_rows
                 self._show_routes()
                 log.info("routes: %s", self.config.routes)
+                return True
         except (OSError, ValueError, KeyError) as exc:
             log.warning("keeping the previous routes: %s", exc)
+        return False
 
     def _show_routes(self) -> None:
         c = self.config
@@ -360,6 +416,12 @@ class Router:
                                                f"not a {type(payload).__name__}"}, status=400)
         key = request.headers.get("X-Request-Key") or payload.get("id") or uuid.uuid4().hex
         route = pick(c.routes, key)
+        labels = (c.service, c.model, route.version, route.role)
+        try:
+            body, columns, vectors = await self.model_request(route.version, payload, body)
+        except RequestError as exc:
+            self.metrics.requests.labels(*labels, str(exc.status)).inc()
+            return web.json_response({"error": str(exc)}, status=exc.status)
         try:
             async with self.session.post(self._infer_url(route.version), data=body,
                                          headers={"Content-Type": "application/json"}) as upstream:
@@ -367,28 +429,70 @@ class Router:
         except aiohttp.ClientError as exc:
             status, answer = 503, json.dumps({"error": f"model server unavailable: {exc}"}).encode()
         elapsed = time.perf_counter() - started
-        labels = (c.service, c.model, route.version, route.role)
         self.metrics.latency.labels(*labels).observe(elapsed)
         self.metrics.requests.labels(*labels, str(status)).inc()
         outputs = parse_outputs(answer, c) if status == 200 else None
         if outputs:
             self._observe(route.version, outputs)
         if c.log_dir and outputs and random.random() < c.sample_rate:
-            self.log.add({"ts": time.time(), "key": key, "role": route.role, "version": route.version,
-                          "features": _features(payload), "outputs": outputs})
+            record = {"ts": time.time(), "key": key, "role": route.role, "version": route.version,
+                      "features": vectors if vectors is not None else _features(payload), "outputs": outputs}
+            if columns is not None:
+                record["request"] = columns
+            self.log.add(record)
         if c.shadow and bucket(key, "shadow") < c.shadow.percent:
             if len(self.mirrors) < MAX_MIRRORS:
-                self._spawn(self._mirror(body, key, route.version, outputs), self.mirrors)
+                self._spawn(self._mirror(payload, body, key, route.version, outputs), self.mirrors)
             else:
                 self.metrics.shadow_skipped.labels(c.service).inc()
         return web.Response(body=answer, status=status, content_type="application/json",
                             headers={"X-Model-Version": route.version, "X-Model-Role": route.role})
 
-    async def _mirror(self, body: bytes, key: str, primary_version: str, primary: list | None) -> None:
+    async def model_request(self, version: str, payload: dict, body: bytes,
+                            count: bool = True) -> tuple[bytes, dict | None, list | None]:
+        """The request Triton takes for a version: the body as sent, or, for
+        an entity request to a version with feature views, the vectors assembled from the online store (then
+        also the columns sent and the vectors, for the request log). count:
+        whether its missing or stale values count in the metrics (a shadow's
+        second reading of the same rows does not)."""
+        c = self.config
+        spec = c.features.get(version)
+        if spec is None or not is_entity_request(payload):
+            # A version without feature views takes its tensor only; Triton judges it.
+            return body, None, None
+        columns = parse_rows(payload, spec)
+        store = await self.online_store(spec)
+        started = time.perf_counter()
+        try:
+            assembled = store.assemble(columns, time.time(), c.missing)
+        except RequestError as exc:
+            if count:
+                self._count_problems(exc.problems)
+            raise
+        except Exception as exc:  # Feast's errors have no common base; the caller may retry
+            log.warning("online feature retrieval failed: %s", exc)
+            raise RequestError(503, f"the online feature store cannot be read: {exc}") from exc
+        self.metrics.retrieval.labels(c.service).observe(time.perf_counter() - started)
+        if count:
+            self._count_problems(assembled.problems)
+        return tensor_request(assembled.vectors, request_id=payload.get("id")), columns, assembled.vectors
+
+    def _count_problems(self, problems: list) -> None:
+        c = self.config
+        for problem in problems:
+            self.metrics.features_missing.labels(c.service, problem.view, problem.reason, c.missing).inc()
+
+    async def _mirror(self, payload: dict, body: bytes, key: str, primary_version: str,
+                      primary: list | None) -> None:
         """Send the request to the shadow; log and compare, never answer."""
         c = self.config
         shadow = c.shadow
         started = time.perf_counter()
+        try:
+            body = (await self.model_request(shadow.version, payload, body, count=False))[0]
+        except RequestError as exc:
+            self.metrics.requests.labels(c.service, c.model, shadow.version, "shadow", str(exc.status)).inc()
+            return
         try:
             async with self.session.post(self._infer_url(shadow.version), data=body,
                                          headers={"Content-Type": "application/json"}) as upstream:
@@ -410,7 +514,10 @@ class Router:
                           "outputs": outputs})
 
     async def ready(self, request: web.Request) -> web.Response:
+        """Ready when the primary version is, and every version's feature store is open."""
         c = self.config
+        if not self.stores_open():
+            return web.Response(status=503, text="opening the feature stores")
         primary = next(r for r in c.routes if r.role == "primary")
         try:
             async with self.session.get(f"{c.triton_url}/v2/models/{c.triton_model}/versions/{primary.version}/ready") as r:

@@ -1,0 +1,275 @@
+"""Online features for entity requests: a caller sends the entity keys and
+request-time columns a model's signature names, the serving path reads the
+rest from the Feast online store and hands Triton the vector in the order
+the model was trained on.
+
+Pure parts (parsing a KServe v2 request, assembling vectors, applying the
+missing/stale policy) are separate from the one class that talks to Feast
+(OnlineStore), so the same code runs in the local router and, on a cluster,
+in a transformer in front of Triton.
+
+The training default: the training data fills a feature the offline store
+has no value for with MISSING_VALUE (kubeloop.api.signature), and a missing
+or stale value served with policy "default" becomes the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from kubeloop.api.signature import MISSING_VALUE as TRAINING_DEFAULT
+
+Policy = Literal["default", "reject"]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What a served version needs from the online store: its feature store
+    (StoreLocation JSON), the views, entities and request columns of its
+    signature, and its input columns in training order."""
+
+    store: str
+    views: tuple[str, ...]
+    entities: tuple[str, ...]
+    request_columns: tuple[str, ...]
+    columns: tuple[str, ...]
+
+    @classmethod
+    def of(cls, signature, store: str) -> "FeatureSpec | None":  # noqa: ANN001 - ModelSignature
+        """The spec of a version, or None when it cannot take entity requests
+        (no feature views in its signature, or no recorded feature store)."""
+        if not signature.feature_views or not store:
+            return None
+        return cls(store=store, views=tuple(signature.feature_views), entities=tuple(signature.entities),
+                   request_columns=tuple(signature.request_columns), columns=tuple(signature.feature_columns))
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The columns a caller sends."""
+        return (*self.entities, *self.request_columns)
+
+    def to_dict(self) -> dict:
+        return {"store": self.store, "views": list(self.views), "entities": list(self.entities),
+                "request_columns": list(self.request_columns), "columns": list(self.columns)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FeatureSpec":
+        return cls(store=data["store"], views=tuple(data["views"]), entities=tuple(data["entities"]),
+                   request_columns=tuple(data["request_columns"]), columns=tuple(data["columns"]))
+
+
+class RequestError(ValueError):
+    """A request the serving path refuses, with the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str, problems: Sequence["Problem"] = ()):
+        super().__init__(message)
+        self.status = status
+        self.problems = list(problems)
+        """The missing or stale values behind a refusal."""
+
+
+@dataclass(frozen=True)
+class ViewInfo:
+    """A feature view as the policy sees it: its features, the join keys
+    that find its rows (none for on-demand views, which are computed) and its
+    ttl (0: values never go stale)."""
+
+    name: str
+    features: tuple[str, ...]
+    join_keys: tuple[str, ...] = ()
+    ttl_seconds: float = 0.0
+
+
+@dataclass
+class Retrieved:
+    """What the online store answered for n rows."""
+
+    values: dict[str, list]
+    """Feature name -> one value per row (None where there is none)."""
+    found: dict[str, list[bool]] = field(default_factory=dict)
+    """Stored view -> per row, whether the store had its entity."""
+    timestamps: dict[str, list[float | None]] = field(default_factory=dict)
+    """Stored view -> per row, the event time of its value (epoch seconds)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A view's value a row could not have: unknown entity, or past its ttl."""
+
+    view: str
+    row: int
+    reason: Literal["missing", "stale"]
+    entity: str
+    """The entity, as join key=value pairs."""
+    age_seconds: float | None = None
+
+    def describe(self, ttl_seconds: float = 0.0) -> str:
+        if self.reason == "missing":
+            return f"{self.entity} is not in the online store (feature view {self.view})"
+        return (f"{self.entity}: feature view {self.view} holds a value {self.age_seconds / 3600:.1f} h old, "
+                f"past its ttl of {ttl_seconds / 3600:.1f} h")
+
+
+@dataclass
+class Assembled:
+    """The model's input rows, and the values that were missing or stale."""
+
+    vectors: list[list[float]]
+    problems: list[Problem]
+
+
+def is_entity_request(payload: dict, input_name: str = "features") -> bool:
+    """Whether a v2 request carries columns rather than the model's input tensor."""
+    inputs = payload.get("inputs")
+    return isinstance(inputs, list) and bool(inputs) and all(
+        isinstance(t, dict) and t.get("name") != input_name for t in inputs)
+
+
+def parse_rows(payload: dict, spec: FeatureSpec) -> dict[str, list]:
+    """Column -> one value per row, from the v2 input tensors named by the
+    spec's entities and request columns (shape [n] or [n, 1]). Unknown or
+    missing columns, and columns of different lengths, are refused (400)."""
+    tensors = {t.get("name"): t for t in payload["inputs"]}
+    missing = [c for c in spec.inputs if c not in tensors]
+    if missing:
+        raise RequestError(400, f"the request lacks the input {', '.join(missing)}: an entity request carries "
+                                f"{', '.join(spec.inputs)} (one tensor each, shape [rows])")
+    unknown = sorted(str(n) for n in tensors if n not in spec.inputs)
+    if unknown:
+        raise RequestError(400, f"unknown input {', '.join(unknown)}: this model takes {', '.join(spec.inputs)}, "
+                                "or the whole vector as the tensor 'features'")
+    rows = {name: _column(tensors[name]) for name in spec.inputs}
+    lengths = {name: len(values) for name, values in rows.items()}
+    if len(set(lengths.values())) != 1 or not next(iter(lengths.values())):
+        raise RequestError(400, "every input needs the same number of rows (at least one): got "
+                                + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+    return rows
+
+
+def _column(tensor: dict) -> list:
+    data = tensor.get("data")
+    shape = tensor.get("shape")
+    if not isinstance(data, list):
+        raise RequestError(400, f"input {tensor.get('name')}: data must be a list")
+    flat = [v for row in data for v in row] if data and isinstance(data[0], list) else data
+    if not isinstance(shape, list) or not shape or math.prod(shape) != len(flat) or any(s != 1 for s in shape[1:]):
+        raise RequestError(400, f"input {tensor.get('name')}: shape {shape} does not fit {len(flat)} values "
+                                "(an entity request's inputs are columns: shape [rows] or [rows, 1])")
+    return flat
+
+
+def find_problems(views: Sequence[ViewInfo], rows: dict[str, list], retrieved: Retrieved,
+                  now: float) -> list[Problem]:
+    """Every (stored view, row) whose entity the store lacks or whose value is
+    older than the view's ttl at `now` (epoch seconds)."""
+    problems = []
+    n = len(next(iter(rows.values())))
+    for view in views:
+        found = retrieved.found.get(view.name)
+        if found is None:
+            continue
+        times = retrieved.timestamps.get(view.name, [None] * n)
+        for i in range(n):
+            entity = ", ".join(f"{k}={rows[k][i]}" for k in view.join_keys if k in rows)
+            if not found[i]:
+                problems.append(Problem(view.name, i, "missing", entity))
+            elif view.ttl_seconds and times[i] is not None and now - times[i] > view.ttl_seconds:
+                problems.append(Problem(view.name, i, "stale", entity, now - times[i]))
+    return problems
+
+
+def assemble(spec: FeatureSpec, views: Sequence[ViewInfo], rows: dict[str, list], retrieved: Retrieved,
+             now: float, policy: Policy) -> Assembled:
+    """The model's input rows in training order. Missing or stale values
+    follow the policy: default puts the training default in their place,
+    reject refuses the request (422) naming the entities and views."""
+    problems = find_problems(views, rows, retrieved, now)
+    if problems and policy == "reject":
+        ttl = {v.name: v.ttl_seconds for v in views}
+        shown = "; ".join(p.describe(ttl[p.view]) for p in problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise RequestError(422, f"{shown}{more}; spec.features.missing is reject", problems)
+    owner = {f: v.name for v in views for f in v.features}
+    blanked = {(p.view, p.row) for p in problems}
+    n = len(next(iter(rows.values())))
+    vectors = [[TRAINING_DEFAULT] * len(spec.columns) for _ in range(n)]
+    for j, column in enumerate(spec.columns):
+        values = retrieved.values.get(column)
+        if values is None:
+            raise RequestError(500, f"the online store answered no feature {column} (the model's input {j}): "
+                                    f"are the feature views {', '.join(spec.views)} the ones it was trained on?")
+        view = owner.get(column)
+        for i, value in enumerate(values):
+            vectors[i][j] = TRAINING_DEFAULT if (view, i) in blanked else _number(value)
+    return Assembled(vectors, problems)
+
+
+def _number(value) -> float:  # noqa: ANN001 - a feature value as Feast returns it
+    if value is None:
+        return TRAINING_DEFAULT
+    number = float(value)
+    return TRAINING_DEFAULT if math.isnan(number) else number
+
+
+def tensor_request(vectors: list[list[float]], input_name: str = "features", request_id: str | None = None) -> bytes:
+    """The v2 request Triton takes: the vectors as one FP32 tensor."""
+    body = {"inputs": [{"name": input_name, "shape": [len(vectors), len(vectors[0]) if vectors else 0],
+                        "datatype": "FP32", "data": vectors}]}
+    if request_id:
+        body["id"] = request_id
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class OnlineStore:
+    """Reads a FeatureSpec's views from its Feast online store (the I/O half
+    of this module). Opening it imports Feast and reads the registry: do it
+    once per spec, before requests arrive."""
+
+    def __init__(self, spec: FeatureSpec):
+        from feast.on_demand_feature_view import OnDemandFeatureView
+
+        from kubeloop.featurestore.store import StoreLocation, feature_view, open_store
+
+        self.spec = spec
+        self.store = open_store(StoreLocation.from_json(spec.store))
+        self.views: list[ViewInfo] = []
+        self.refs: list[str] = []
+        for name in spec.views:
+            definition = feature_view(self.store, name)
+            features = tuple(f.name for f in definition.features)
+            self.refs += [f"{name}:{f}" for f in features]
+            if isinstance(definition, OnDemandFeatureView):
+                self.views.append(ViewInfo(name, features))
+            else:
+                ttl = definition.ttl.total_seconds() if definition.ttl else 0.0
+                self.views.append(ViewInfo(name, features, tuple(definition.join_keys), ttl))
+        self._stored = [v for v in self.views if v.join_keys]
+
+    def read(self, rows: dict[str, list]) -> Retrieved:
+        """The online values of the spec's views for the rows (entity keys and
+        request columns), with which entities were found and when their
+        values were computed."""
+        from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
+
+        response = self.store.get_online_features(features=self.refs, entity_rows=rows).proto
+        names = list(response.metadata.feature_names.val)
+        position = {name: k for k, name in enumerate(names)}
+        values = {name: [_value(v) for v in response.results[k].values] for name, k in position.items()}
+        retrieved = Retrieved(values)
+        for view in self._stored:
+            result = response.results[position[view.features[0]]]
+            retrieved.found[view.name] = [s != FieldStatus.NOT_FOUND for s in result.statuses]
+            retrieved.timestamps[view.name] = [t.seconds + t.nanos / 1e9 if t.seconds else None
+                                               for t in result.event_timestamps]
+        return retrieved
+
+    def assemble(self, rows: dict[str, list], now: float, policy: Policy) -> Assembled:
+        return assemble(self.spec, self.views, rows, self.read(rows), now, policy)
+
+
+def _value(proto):  # noqa: ANN001, ANN202 - a feast Value proto
+    kind = proto.WhichOneof("val")
+    return None if kind is None or kind == "null_val" else getattr(proto, kind)

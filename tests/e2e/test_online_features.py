@@ -1,0 +1,157 @@
+"""Entity requests on the local backend: the fraud InferenceService answers a
+request that carries only the raw transaction (card, merchant, amount, hour,
+channel) by reading the rest from the materialised Feast online store, with
+the probability the raw-vector request built from the offline store for the
+same entities at the same time gets; an unknown card follows the stated
+policy (training default or 422), counted by view; the skew check finds the
+logged vectors equal to the offline store's.
+
+Backend: local (real tritonserver, router, Feast sqlite online store and file
+offline store, MLflow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import requests
+from mlflow import MlflowClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubeloop.api.constants import API_VERSION
+from kubeloop.api.signature import ModelSignature
+from kubeloop.featurestore.generate import Scenario, default_start
+from kubeloop.featurestore.store import create_repository, feature_view, open_store, point_in_time
+from kubeloop.monitoring.drift import request_records
+from tests.support.models import register_fraud_model
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+SENT = ["card_id", "merchant_id", "amount", "hour", "channel"]
+UNKNOWN_CARD = 10**9
+
+
+def entity_request(frame: pd.DataFrame) -> dict:
+    types = {"amount": "FP64", "channel": "BYTES"}
+    return {"inputs": [{"name": c, "shape": [len(frame)], "datatype": types.get(c, "INT64"),
+                        "data": frame[c].tolist()} for c in SENT]}
+
+
+def raw_request(vectors: np.ndarray) -> dict:
+    return {"inputs": [{"name": "features", "shape": list(vectors.shape), "datatype": "FP32",
+                        "data": vectors.tolist()}]}
+
+
+def infer(url: str, model: str, body: dict) -> requests.Response:
+    return requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def missing_count(url: str, view: str, policy: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "kubeloop_online_features_missing"
+               for s in f.samples if s.name.endswith("_total") and s.labels["view"] == view
+               and s.labels["reason"] == "missing" and s.labels["policy"] == policy)
+
+
+@pytest.fixture
+def fraud(platform, namespace, tmp_path):
+    """A feature repository whose data ends today, materialised with the
+    `kubeloop features materialize` command, and the example's fraud model
+    trained on it and registered as champion."""
+    uri = platform.env()["MLFLOW_TRACKING_URI"]
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5))
+    subprocess.run([sys.executable, "-m", "kubeloop.cli", "features", "materialize", "--repo", str(repo)],
+                   check=True, timeout=300)
+    model = f"{namespace}-fraud"
+    version = register_fraud_model(uri, model, repo, tmp_path / "train")
+    MlflowClient(uri).set_registered_model_alias(model, "champion", version)
+    return repo, model, version
+
+
+def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_the_policy(
+        platform, kube, namespace, start_operator, fraud, tmp_path):
+    repo, model, version = fraud
+    uri = platform.env()["MLFLOW_TRACKING_URI"]
+    log_dir = tmp_path / "requests"
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=uri,
+                        KUBELOOP_SERVING_BACKENDS="local", KUBELOOP_SERVING_BACKEND="local",
+                        KUBELOOP_REQUEST_LOG_DIR=str(log_dir))
+    op.wait_for_log("Initial authentication has finished")
+    kube.create({"apiVersion": API_VERSION, "kind": "InferenceService",
+                 "metadata": {"name": "fraud", "namespace": namespace},
+                 "spec": {"model": {"name": model, "alias": "champion"}, "features": {"missing": "default"}}})
+    url = wait_for(lambda: (s := kube.get(API_VERSION, "InferenceService", "fraud", namespace).get("status", {}))
+                   .get("phase") == "Ready" and s["url"], timeout=300, interval=0.5, what="the service Ready")
+
+    # 32 recent transactions as the payment system sends them, now; the
+    # offline store's point-in-time vectors for the same entities now.
+    transactions = pd.read_parquet(repo / "data" / "transactions.parquet")
+    sent = transactions.sort_values("event_timestamp").tail(500).sample(32, random_state=3)[SENT]
+    sent = sent.reset_index(drop=True)
+    signature = ModelSignature.from_tags(MlflowClient(uri).get_model_version(model, version).tags)
+    assert sorted(signature.entities + signature.request_columns) == sorted(SENT)
+    store = open_store(repo)
+    entity_df = sent.assign(event_timestamp=pd.Timestamp.now(tz="UTC"), row=range(len(sent)))
+    offline, _ = point_in_time(store, [feature_view(store, v) for v in signature.feature_views], entity_df)
+    # Cards quiet for longer than card_activity's ttl have no offline row (Feast drops them): compare the rest.
+    offline = offline.sort_values("row")
+    assert len(offline) >= 16, f"only {len(offline)} of 32 transactions have fresh features"
+    sent = sent.iloc[offline["row"].to_numpy()].reset_index(drop=True)
+    vectors = offline[signature.feature_columns].to_numpy(np.float32)
+
+    by_entities = infer(url, model, entity_request(sent))
+    by_vector = infer(url, model, raw_request(vectors))
+    assert by_entities.status_code == 200, by_entities.text
+    assert by_vector.status_code == 200, by_vector.text
+    served = np.array(by_entities.json()["outputs"][0]["data"], dtype=np.float64).ravel()
+    expected = np.array(by_vector.json()["outputs"][0]["data"], dtype=np.float64).ravel()
+    assert len(served) == len(sent) and len(set(np.round(served, 6))) > 1
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    one = infer(url, model, entity_request(sent.iloc[:1]))
+    assert one.json()["outputs"][0]["data"][0] == pytest.approx(expected[0], rel=1e-5, abs=1e-6)
+
+    # A request without a request-time column is refused, naming it.
+    incomplete = entity_request(sent.iloc[:1])
+    incomplete["inputs"] = [t for t in incomplete["inputs"] if t["name"] != "hour"]
+    refused = infer(url, model, incomplete)
+    assert refused.status_code == 400 and "hour" in refused.json()["error"]
+
+    # The request log holds the assembled vectors; the skew check finds them
+    # equal to the offline store's point-in-time values.
+    wait_for(lambda: sum(len(r["features"]) for r in request_records(_log_folder(log_dir)) if r.get("request"))
+             == len(sent) + 1, timeout=15, what="the entity requests in the request log")
+    logged = [r for r in request_records(_log_folder(log_dir)) if r.get("request")]
+    assert logged[0]["request"]["card_id"][:3] == sent["card_id"].tolist()[:3]
+    assert np.allclose(np.array(logged[0]["features"], dtype=np.float32), vectors, rtol=1e-6)
+    skew = subprocess.run([sys.executable, "-m", "kubeloop.cli", "serving", "skew", str(_log_folder(log_dir)),
+                           "--model", model, "--tracking-uri", uri], capture_output=True, text=True, timeout=300)
+    assert skew.returncode == 0, skew.stdout + skew.stderr
+    assert f"{len(sent) + 1} rows compared, 0 differ" in skew.stdout
+
+    # An unknown card, policy default: answered with the training default in
+    # place of its card views' features, and counted by view.
+    stranger = sent.iloc[:1].assign(card_id=UNKNOWN_CARD)
+    answered = infer(url, model, entity_request(stranger))
+    assert answered.status_code == 200, answered.text
+    assert missing_count(url, "card_activity", "default") == 1 and missing_count(url, "card_profile", "default") == 1
+    assert missing_count(url, "merchant_risk", "default") == 0
+
+    # Policy reject: 422 naming the card; known cards are still answered.
+    live = kube.get(API_VERSION, "InferenceService", "fraud", namespace)
+    live["spec"]["features"] = {"missing": "reject"}
+    kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}}, field_manager="test")
+    # (A Response is falsy when its status is 4xx: wait for its text.)
+    rejected = wait_for(lambda: (r := infer(url, model, entity_request(stranger))).status_code == 422 and r.text,
+                        timeout=30, interval=0.5, what="the reject policy in force")
+    assert f"card_id={UNKNOWN_CARD} is not in the online store" in json.loads(rejected)["error"]
+    assert missing_count(url, "card_activity", "reject") >= 1
+    assert infer(url, model, entity_request(sent)).status_code == 200
+
+
+def _log_folder(root):
+    folders = {f.parent for f in root.rglob("*.jsonl")}
+    return next(iter(folders)) if folders else root
