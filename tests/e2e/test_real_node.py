@@ -395,7 +395,11 @@ def test_the_operator_serves_a_registered_version_from_kubeloops_images_on_the_r
     assert deployment["status"]["availableReplicas"] == 1
     pods = served.pods()
     assert [p["spec"]["nodeName"] for p in pods] == [NODE_NAME]
-    assert pods[0]["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    puller = pods[0]["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    assert puller["reason"] == "Completed"
+    ready = next(c for c in pods[0]["status"]["conditions"] if c["type"] == "Ready")
+    print(f"serving Pod create -> Ready: {_seconds(pods[0]['metadata']['creationTimestamp'], ready['lastTransitionTime'])}"
+          f" s, of which the model puller ran {_seconds(puller['startedAt'], puller['finishedAt'])} s (1 s resolution)")
     assert served.status["modelVersion"] == served.version
 
     rows = [[round(float(v), 4) for v in row] for row in synthetic(rows=4, seed=7)[0]]
@@ -407,6 +411,12 @@ def test_the_operator_serves_a_registered_version_from_kubeloops_images_on_the_r
     assert cluster["outputs"][0]["shape"] == [4, 1]
     np.testing.assert_allclose(cluster["outputs"][0]["data"], local["outputs"][0]["data"], rtol=1e-5, atol=1e-6)
     assert len(set(cluster["outputs"][0]["data"])) == 4  # four different rows, four answers
+
+
+def _seconds(start: str, end: str) -> int:
+    from datetime import datetime
+
+    return int((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
 
 
 def deployed(status: dict) -> dict:
