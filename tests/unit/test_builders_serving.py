@@ -137,3 +137,31 @@ def test_container_troubles_say_why_replicas_are_missing(pods, expected):
     from kubeloop.operator.builders.serving import container_troubles
 
     assert container_troubles(pods) == expected
+
+
+def test_the_kubernetes_backend_says_why_replicas_are_missing_and_keeps_the_record_after_recovery():
+    """Cluster path (backend, objects in memory): a Pod whose Triton was
+    OOM-killed makes the missing replica an outage (failing) named in the
+    message; once the Deployment is available again the restart stays on record."""
+    from kubeloop.serving.base import ServedVersion, ServingRequest
+    from kubeloop.serving.kubernetes import KubernetesServing
+    from tests.unit.fakes import FakeObjects
+
+    objects = FakeObjects()
+    backend = KubernetesServing(objects, ServingImages())
+    request = ServingRequest(REF, spec(), (ServedVersion("primary", V1, 100),), CPU)
+    starting = backend.ensure(request)
+    assert (starting.primary_ready, starting.failing, starting.message) == (False, False,
+                                                                            "primary: 0/1 replicas available")
+    labels = objects.get("apps/v1", "Deployment", "fraud-predictor", "ml")["spec"]["template"]["metadata"]["labels"]
+    oom = {"name": "triton", "restartCount": 1, "state": {"running": {}},
+           "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "T1"}}}
+    objects.apply({"kind": "Pod", "metadata": {"name": "p", "namespace": "ml", "labels": labels},
+                   "status": {"containerStatuses": [oom]}})
+    outage = backend.ensure(request)
+    assert outage.failing and not outage.primary_ready
+    assert outage.message == "primary: 0/1 replicas available; primary: p/triton restarted 1x (last: OOMKilled at T1)"
+    objects.set_status("Deployment", "ml", "fraud-predictor", availableReplicas=1, updatedReplicas=1)
+    recovered = backend.ensure(request)
+    assert recovered.primary_ready and not recovered.failing
+    assert recovered.message == "primary: p/triton restarted 1x (last: OOMKilled at T1)"
