@@ -438,10 +438,12 @@ def test_an_oom_killed_triton_is_restarted_and_the_inference_service_reports_out
     victim = next(pid for pid in pids if psutil.Process(pid).cmdline()[0].endswith("/bin/tritonserver"))
     for pid in pids:  # the kernel kills the process with the highest score: tritonserver, not its python stub
         Path(f"/proc/{pid}/oom_score_adj").write_text("1000" if pid == victim else "0")
+    started = time.monotonic()
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(cgroup), str(victim)])
     try:
         outage = wait_for(lambda: (c := deployed(served.isvc_status())).get("reason") == "ContainersFailing" and c,
                           timeout=60, interval=0.2, what="the InferenceService reporting the outage")
+        outage_seen = time.monotonic()
         assert hog.wait(30) == 0
     finally:
         if hog.poll() is None:
@@ -449,6 +451,8 @@ def test_an_oom_killed_triton_is_restarted_and_the_inference_service_reports_out
     assert outage["status"] == "False" and "OOMKilled" in outage["message"], outage
     recovered = wait_for(lambda: (s := served.isvc_status()).get("phase") == "Ready" and s, timeout=120,
                          interval=0.5, what="the InferenceService Ready again")
+    print(f"OOM: reported {outage_seen - started:.1f} s after the hog started, Ready again after "
+          f"{time.monotonic() - started:.1f} s")
     assert deployed(recovered)["status"] == "True" and "restarted 1x (last: OOMKilled" in deployed(recovered)["message"]
     after = served.pods()[0]
     assert after["metadata"]["uid"] == before["metadata"]["uid"]  # the same Pod: its container was restarted
