@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+# The Triton backends a pulled repository can be laid out for (kubeloop.components.triton).
+TRITON_BACKENDS = ("onnxruntime", "python")
+
+
 class ConfigurationError(Exception):
     """The operator's configuration is incomplete or wrong; the message names
     the setting and what to set it to."""
@@ -54,6 +58,10 @@ class OperatorConfig:
     resync_seconds: float = 15.0
     """How often every object is reconciled again, whatever happened."""
     triton_image: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+    triton_backend: str = "onnxruntime"
+    """The Triton backend serving Pods load models with: onnxruntime (a stock
+    NVIDIA image) or python (an image with only the python backend, such as
+    the one `kubeloop dev images` builds from the nvidia-pytriton wheel)."""
     components_image: str = "ghcr.io/kubeloop/components:0.1.0"
     cluster_tracking_uri: str | None = None
     """The tracking URI as Pods in the cluster reach it (defaults to tracking_uri)."""
@@ -101,6 +109,7 @@ class OperatorConfig:
             state_dir=_path(env, "KUBELOOP_WORK_DIR") or default_work_dir(env),
             resync_seconds=_number(env, "KUBELOOP_RESYNC_SECONDS", str(defaults.resync_seconds), float),
             triton_image=get("KUBELOOP_TRITON_IMAGE", defaults.triton_image),
+            triton_backend=get("KUBELOOP_TRITON_BACKEND", defaults.triton_backend),
             components_image=get("KUBELOOP_COMPONENTS_IMAGE", defaults.components_image),
             cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
             registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
@@ -122,6 +131,10 @@ class OperatorConfig:
         """Settings that only make sense together."""
         if not 0 <= self.webhook_port <= 65535:
             raise ConfigurationError(f"KUBELOOP_WEBHOOK_PORT={self.webhook_port} is not a port (0-65535)")
+        if self.triton_backend not in TRITON_BACKENDS:
+            raise ConfigurationError(f"KUBELOOP_TRITON_BACKEND={self.triton_backend!r} is not a Triton backend kubeloop "
+                                     f"lays out; set it to {' or '.join(TRITON_BACKENDS)} (the backends your Triton "
+                                     "image has: python for kubeloop's own image)")
         if self.webhook_port and not self.webhook_token_file:
             raise ConfigurationError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE: a file with the "
                                      "bearer token Alertmanager sends")

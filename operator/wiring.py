@@ -68,7 +68,7 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
     for name in config.serving_backends:
         if name == "kubernetes":
             images = ServingImages(
-                triton=config.triton_image, puller=config.components_image,
+                triton=config.triton_image, triton_backend=config.triton_backend, puller=config.components_image,
                 tracking_uri=config.cluster_tracking_uri or config.tracking_uri or "",
                 registry_secret=config.registry_secret, gateway=config.gateway,
                 gateway_domain=config.gateway_domain,

@@ -38,6 +38,10 @@ class ServingImages:
     """Images and endpoints the serving Pods use (operator configuration)."""
 
     triton: str = "nvcr.io/nvidia/tritonserver:24.10-py3"
+    triton_backend: str = "onnxruntime"
+    """The Triton backend the pulled repository is laid out for: onnxruntime
+    (a stock NVIDIA image), or python (an image with only the python backend,
+    such as kubeloop's own, built from the nvidia-pytriton wheel)."""
     puller: str = "ghcr.io/kubeloop/components:0.1.0"
     tracking_uri: str = "http://mlflow.mlflow.svc:5000"
     registry_secret: str | None = None
@@ -124,7 +128,7 @@ def _puller(model: ModelVersion, images: ServingImages) -> dict:
         "name": "model-puller",
         "image": images.puller,
         "command": ["kubeloop", "serving", "fetch", f"models:/{model.name}/{model.version}",
-                    "--repository", MODEL_REPOSITORY, "--backend", "onnxruntime"],
+                    "--repository", MODEL_REPOSITORY, "--backend", images.triton_backend],
         "env": [{"name": "MLFLOW_TRACKING_URI", "value": images.tracking_uri}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": [{"name": "models", "mountPath": MODEL_REPOSITORY},
@@ -262,3 +266,35 @@ def rollout_failed(deployment: dict) -> str | None:
                 and condition.get("reason") == "ProgressDeadlineExceeded"):
             return condition.get("message") or "progress deadline exceeded"
     return None
+
+
+# Waiting reasons of a container that cannot run (as opposed to one starting).
+STUCK = ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "CreateContainerConfigError",
+         "CreateContainerError", "RunContainerError")
+
+
+def container_troubles(pods: list[dict]) -> list[str]:
+    """What went wrong inside a version's Pods, as the kubelet reports it:
+    containers that died and were restarted (with the last exit's reason,
+    OOMKilled for one the kernel killed at its memory limit) and containers
+    that cannot start. A Deployment only counts unavailable replicas; this
+    says why, during the outage and after the recovery."""
+    troubles = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        status = pod.get("status", {})
+        for container in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+            restarts = container.get("restartCount", 0)
+            last = container.get("lastState", {}).get("terminated") or {}
+            waiting = container.get("state", {}).get("waiting", {}).get("reason")
+            if not restarts and waiting not in STUCK:
+                continue
+            words = [f"{pod['metadata']['name']}/{container['name']}"]
+            if restarts:
+                words.append(f"restarted {restarts}x")
+            if last:
+                words.append(f"(last: {last.get('reason') or 'exit ' + str(last.get('exitCode'))}"
+                             f" at {last.get('finishedAt', '?')})")
+            if waiting in STUCK:
+                words.append(f"now {waiting}")
+            troubles.append(" ".join(words))
+    return troubles

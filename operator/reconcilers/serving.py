@@ -96,7 +96,8 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
 
     observations.append(Observation(
         "Deployed", "True" if served.primary_ready else "False",
-        "Available" if served.primary_ready else "RollingOut", served.message))
+        "Available" if served.primary_ready else "ContainersFailing" if served.failing else "RollingOut",
+        served.message))
     if "canary" in served.rolled_back:
         rolled_back = canary.version
     if rolled_back:

@@ -30,6 +30,10 @@ from kubeloop.dev.binaries import binary, repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform
+from kubeloop.serving.base import triton_name
+from tests.e2e.conftest import _delete_inference_services
+from tests.support.models import N_FEATURES, register_model, synthetic
+from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kubeloop"
@@ -258,6 +262,227 @@ def _post(requests, url: str, body: dict) -> dict | None:
     return response.json() if response.status_code == 200 else None
 
 
+def serving_operator(real: RealPlatform, namespace: str, log_dir: Path) -> OperatorProcess:
+    """The operator on the host with the kubernetes serving backend (Pods on
+    the real node, from kubeloop's own runtime and Triton images) and the
+    local one (tritonserver processes here), both on the platform's MLflow."""
+    pip = [sys.executable, "-m", "pip"]
+    runtime, triton = (python_image(PYTHON_IMAGES[name], pip) for name in ("runtime", "triton"))
+    for image in (runtime, triton, base_image()):
+        real.platform.import_image(image)
+    env = {"KUBELOOP_REGISTRY": "mlflow", "MLFLOW_TRACKING_URI": real.platform.env()["MLFLOW_TRACKING_URI"],
+           "KUBELOOP_PIPELINE_BACKENDS": "noop", "KUBELOOP_PIPELINE_BACKEND": "noop",
+           "KUBELOOP_SERVING_BACKENDS": "kubernetes,local", "KUBELOOP_SERVING_BACKEND": "kubernetes",
+           "KUBELOOP_TRITON_IMAGE": triton.ref, "KUBELOOP_TRITON_BACKEND": "python",
+           "KUBELOOP_COMPONENTS_IMAGE": runtime.ref, "KUBELOOP_RESYNC_SECONDS": "2",
+           "KUBELOOP_WORK_DIR": str(log_dir / "work")}
+    op = OperatorProcess(real.platform.kubeconfig, log_dir, env, [namespace]).start()
+    op.wait_for_log("Initial authentication has finished", timeout=60)
+    return op
+
+
+def inference_service(namespace: str, name: str, model: str, **spec) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "InferenceService", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"name": model, "alias": "champion"}, **spec}}
+
+
+def isvc_status(kube, namespace: str, name: str) -> dict:
+    return (kube.get(API_VERSION, "InferenceService", name, namespace) or {}).get("status") or {}
+
+
+def v2_body(rows: list[list[float]]) -> dict:
+    return {"inputs": [{"name": "features", "shape": [len(rows), len(rows[0])], "datatype": "FP32", "data": rows}]}
+
+
+def infer_from_a_pod(real: RealPlatform, namespace: str, url: str, body: dict) -> dict:
+    """POST body to url from a Pod on the real node (Service addresses are
+    reachable only from Pods); the answer comes back as its termination message."""
+    import json
+
+    name = f"client-{uuid.uuid4().hex[:6]}"
+    client = pod(name, namespace, base_image().ref, ["python3", "-c", INFER_CLIENT, url, json.dumps(body)],
+                 restartPolicy="Never")
+    real.kube.create(client)
+    done = wait_for(lambda: (p := real.kube.get("v1", "Pod", name, namespace)) and
+                    p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=60, what="the inference client")
+    terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert done["status"]["phase"] == "Succeeded", terminated
+    return json.loads(terminated["message"])
+
+
+# Retries while kube-proxy has not yet programmed the Service's rules.
+INFER_CLIENT = """
+import sys, time, urllib.request
+for attempt in range(20):
+    try:
+        request = urllib.request.Request(sys.argv[1], sys.argv[2].encode(), {"Content-Type": "application/json"})
+        answer = urllib.request.urlopen(request, timeout=10).read()
+        break
+    except OSError:
+        if attempt == 19:
+            raise
+        time.sleep(0.5)
+open("/dev/termination-log", "wb").write(answer)
+"""
+
+
+class Served:
+    """A registered fraud version served by the operator twice: on the real
+    node (kubernetes backend) and by the local backend."""
+
+    def __init__(self, real: RealPlatform, log_dir: Path):
+        from mlflow import MlflowClient
+
+        self.real = real
+        self.namespace = real.namespace()
+        uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+        model = f"{self.namespace}-fraud"
+        self.version = register_model(uri, model, seed=1)
+        MlflowClient(uri).set_registered_model_alias(model, "champion", self.version)
+        self.triton_model = triton_name(model)
+        self.operator = serving_operator(real, self.namespace, log_dir)
+        created = time.monotonic()
+        real.kube.create(inference_service(self.namespace, "fraud", model, resources={"cpu": "500m", "memory": "1Gi"}))
+        real.kube.create(inference_service(self.namespace, "fraud-local", model, backend="local"))
+        self.status = wait_for(lambda: (s := self.isvc_status()).get("phase") == "Ready" and s,
+                               timeout=300, interval=0.5, what="the InferenceService Ready on the cluster")
+        self.create_to_ready = time.monotonic() - created
+        print(f"InferenceService create -> Ready (Triton Deployment available): {self.create_to_ready:.1f} s")
+
+    def isvc_status(self, name: str = "fraud") -> dict:
+        return (self.real.kube.get(API_VERSION, "InferenceService", name, self.namespace) or {}).get("status") or {}
+
+    def pods(self) -> list[dict]:
+        return self.real.kube.list("v1", "Pod", self.namespace, "kubeloop.dev/inferenceservice=fraud")
+
+    def infer_on_the_cluster(self, rows: list[list[float]]) -> dict:
+        service = self.real.kube.get("v1", "Service", "fraud", self.namespace)
+        url = f"http://{service['spec']['clusterIP']}/v2/models/{self.triton_model}/infer"
+        return infer_from_a_pod(self.real, self.namespace, url, v2_body(rows))
+
+    def close(self) -> None:
+        """Delete the InferenceServices (the operator stops the local Triton)
+        and stop the operator; a no-op the second time."""
+        if not self.operator.running():
+            return
+        try:
+            _delete_inference_services(self.real.kube, [self.namespace])
+        finally:
+            self.operator.stop()
+
+
+@pytest.fixture(scope="module")
+def served(real, tmp_path_factory) -> Served:
+    instance = Served(real, tmp_path_factory.mktemp("served"))
+    try:
+        yield instance
+    finally:
+        instance.close()
+
+
+def test_the_operator_serves_a_registered_version_from_kubeloops_images_on_the_real_node(real, served):
+    """Cluster path, compared with the local path: the operator's kubernetes
+    serving backend turns an InferenceService into a Triton Deployment on the
+    real node; its init container (kubeloop's runtime image) fetches the
+    registered fraud version from MLflow and lays out a python-backend
+    repository, tritonserver (kubeloop's Triton image) loads it, and a v2
+    request through the Service answers with the probabilities the local
+    backend's tritonserver gives for the same rows."""
+    import numpy as np
+    import requests
+
+    deployment = real.kube.get("apps/v1", "Deployment", "fraud-predictor", served.namespace)
+    assert deployment["status"]["availableReplicas"] == 1
+    pods = served.pods()
+    assert [p["spec"]["nodeName"] for p in pods] == [NODE_NAME]
+    puller = pods[0]["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    assert puller["reason"] == "Completed"
+    ready = next(c for c in pods[0]["status"]["conditions"] if c["type"] == "Ready")
+    print(f"serving Pod create -> Ready: {_seconds(pods[0]['metadata']['creationTimestamp'], ready['lastTransitionTime'])}"
+          f" s, of which the model puller ran {_seconds(puller['startedAt'], puller['finishedAt'])} s (1 s resolution)")
+    assert served.status["modelVersion"] == served.version
+
+    rows = [[round(float(v), 4) for v in row] for row in synthetic(rows=4, seed=7)[0]]
+    cluster = served.infer_on_the_cluster(rows)
+    local_url = wait_for(lambda: (s := served.isvc_status("fraud-local")).get("phase") == "Ready" and s["url"],
+                         timeout=120, what="the local InferenceService Ready")
+    local = _post(requests, f"{local_url}/v2/models/{served.triton_model}/infer", v2_body(rows))
+    assert cluster["model_version"] == served.version and cluster["outputs"][0]["name"] == "probability"
+    assert cluster["outputs"][0]["shape"] == [4, 1]
+    np.testing.assert_allclose(cluster["outputs"][0]["data"], local["outputs"][0]["data"], rtol=1e-5, atol=1e-6)
+    assert len(set(cluster["outputs"][0]["data"])) == 4  # four different rows, four answers
+
+
+def _seconds(start: str, end: str) -> int:
+    from datetime import datetime
+
+    return int((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds())
+
+
+def deployed(status: dict) -> dict:
+    return next((c for c in status.get("conditions", []) if c["type"] == "Deployed"), {})
+
+
+def test_an_oom_killed_triton_is_restarted_and_the_inference_service_reports_outage_and_recovery(real, served):
+    """Cluster path: the kernel OOM-kills tritonserver at its container's
+    memory limit (a process on the host joins the container's memory cgroup
+    and allocates past the limit; tritonserver is made the kernel's choice of
+    victim); the kubelet restarts the container, the InferenceService's
+    Deployed condition goes False with reason ContainersFailing naming the OOM
+    kill, then True again with the restart on record, and the Service answers
+    again."""
+    before = served.pods()[0]
+    triton = next(c for c in before["status"]["containerStatuses"] if c["name"] == "triton")
+    cgroup = next(cg for cg in host.cgroups() if "memory" in cg.parts and cg.name == triton["containerID"].split("//")[1])
+    pids = host._cgroup_pids(cgroup)
+    victim = next(pid for pid in pids if psutil.Process(pid).cmdline()[0].endswith("/bin/tritonserver"))
+    for pid in pids:  # the kernel kills the process with the highest score: tritonserver, not its python stub
+        Path(f"/proc/{pid}/oom_score_adj").write_text("1000" if pid == victim else "0")
+    started = time.monotonic()
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(cgroup), str(victim)])
+    try:
+        outage = wait_for(lambda: (c := deployed(served.isvc_status())).get("reason") == "ContainersFailing" and c,
+                          timeout=60, interval=0.2, what="the InferenceService reporting the outage")
+        outage_seen = time.monotonic()
+        assert hog.wait(30) == 0
+    finally:
+        if hog.poll() is None:
+            hog.kill()
+    assert outage["status"] == "False" and "OOMKilled" in outage["message"], outage
+    recovered = wait_for(lambda: (s := served.isvc_status()).get("phase") == "Ready" and s, timeout=120,
+                         interval=0.5, what="the InferenceService Ready again")
+    print(f"OOM: reported {outage_seen - started:.1f} s after the hog started, Ready again after "
+          f"{time.monotonic() - started:.1f} s")
+    assert deployed(recovered)["status"] == "True" and "restarted 1x (last: OOMKilled" in deployed(recovered)["message"]
+    after = served.pods()[0]
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]  # the same Pod: its container was restarted
+    status = next(c for c in after["status"]["containerStatuses"] if c["name"] == "triton")
+    assert status["restartCount"] == 1 and status["lastState"]["terminated"]["reason"] == "OOMKilled"
+    answer = served.infer_on_the_cluster([[0.0] * N_FEATURES])
+    assert answer["outputs"][0]["shape"] == [1, 1]
+
+
+# Joins a container's memory cgroup and allocates (touching every page) until
+# the kernel has killed the victim, then leaves the cgroup so that the
+# container's cgroup can be removed.
+HOG = """
+import os, sys, time
+cgroup, victim = sys.argv[1], int(sys.argv[2])
+open(os.path.join(cgroup, "cgroup.procs"), "w").write(str(os.getpid()))
+held = []
+while os.path.exists(f"/proc/{victim}") and len(held) < 160:
+    chunk = bytearray(16 << 20)
+    chunk[::4096] = b"x" * len(range(0, len(chunk), 4096))
+    held.append(chunk)
+deadline = time.monotonic() + 30
+while os.path.exists(f"/proc/{victim}") and time.monotonic() < deadline:
+    time.sleep(0.02)
+root = cgroup.split("/kubepods")[0]
+open(os.path.join(root, "cgroup.procs"), "w").write(str(os.getpid()))
+sys.exit(0 if not os.path.exists(f"/proc/{victim}") else 1)
+"""
+
+
 def operator_process(pod_uid: str) -> psutil.Process:
     """The operator's Python process, found in its Pod's cgroup."""
     def probe():
@@ -384,12 +609,13 @@ def assert_host_clean(state_dirs: list[Path], pids: list[int], sysctls_before: d
         assert not Path(folder).exists(), list(Path(folder).rglob("*"))
 
 
-def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, tmp_path):
+def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, served, tmp_path):
     """Cluster path: a second real node is refused while one runs; a real
     node killed without teardown (every process
     SIGKILLed, its Pods' processes left running) is cleaned up by the next
     `dev up`, whose node then runs Pods; its `dev down` leaves no process,
     mount, cgroup, bridge, iptables chain, route or sysctl change behind."""
+    served.close()  # the crash below takes the API server the operator needs to stop its local Triton
     refused = Platform(tmp_path / "refused", real_node=True)
     with pytest.raises(NodeBusy, match=f"dev down --state-dir {real.platform.dir}"):
         refused.up()  # while the first node runs, a second is refused before it starts anything

@@ -74,9 +74,12 @@ class FakeObjects:
         return self.objects.get((kind, namespace, name))
 
     def list(self, api_version, kind, namespace=None, label_selector=None):  # noqa: ANN001
-        key, _, value = (label_selector or "").partition("=")
-        return [o for (k, ns, _), o in self.objects.items()
-                if k == kind and ns == namespace and (not key or o["metadata"].get("labels", {}).get(key) == value)]
+        wanted = dict(term.partition("=")[::2] for term in (label_selector or "").split(",") if term)
+        return [o for (k, ns, _), o in self.objects.items() if k == kind and ns == namespace
+                and all(o["metadata"].get("labels", {}).get(key) == value for key, value in wanted.items())]
+
+    def delete(self, api_version, kind, name, namespace=None):  # noqa: ANN001
+        self.objects.pop((kind, namespace, name), None)
 
     def set_status(self, kind: str, namespace: str, name: str, **status) -> None:
         self.objects[(kind, namespace, name)]["status"] = status

@@ -44,6 +44,15 @@ def test_pods_run_restricted_and_owned():
     assert "nodeSelector" not in pod and "tolerations" not in pod
 
 
+@pytest.mark.parametrize("backend", ["onnxruntime", "python"])
+def test_the_puller_lays_out_the_repository_for_the_configured_triton_backend(backend):
+    """Cluster path (builder): an image with only the python backend gets a
+    python-backend repository from the init container."""
+    children = build_children(REF, spec(), {"primary": (V1, 100)}, CPU, ServingImages(triton_backend=backend))
+    puller = children[0]["spec"]["template"]["spec"]["initContainers"][0]
+    assert puller["command"][-2:] == ["--backend", backend]
+
+
 def test_placement_becomes_limits_selector_tolerations_and_env():
     decision = plan(ServingGPU(sharing="mps"), 4096, fleet())
     children = build_children(REF, spec(), {"primary": (V1, 100)}, decision, ServingImages())
@@ -102,3 +111,57 @@ def test_a_stuck_rollout_is_detected():
     progressing = {"status": {"conditions": [{"type": "Progressing", "status": "True",
                                               "reason": "NewReplicaSetAvailable"}]}}
     assert rollout_failed(progressing) is None and rollout_failed({}) is None
+
+
+def _pod(name: str, *containers: dict, init: tuple[dict, ...] = ()) -> dict:
+    return {"metadata": {"name": name}, "status": {"containerStatuses": list(containers),
+                                                   "initContainerStatuses": list(init)}}
+
+
+@pytest.mark.parametrize("pods, expected", [
+    ([_pod("p", {"name": "triton", "restartCount": 0, "state": {"running": {}}})], []),
+    ([_pod("p", {"name": "triton", "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}})], []),
+    ([_pod("p", {"name": "triton", "restartCount": 1, "state": {"running": {}},
+                 "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "T1"}}})],
+     ["p/triton restarted 1x (last: OOMKilled at T1)"]),
+    ([_pod("p", {"name": "triton", "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                 "lastState": {"terminated": {"exitCode": 1, "finishedAt": "T2"}}})],
+     ["p/triton restarted 3x (last: exit 1 at T2) now CrashLoopBackOff"]),
+    ([_pod("q", init=({"name": "model-puller", "restartCount": 0,
+                       "state": {"waiting": {"reason": "ErrImageNeverPull"}}},))],
+     ["q/model-puller now ErrImageNeverPull"]),
+], ids=["running", "starting", "oom-killed-and-back", "crash-looping", "image-missing"])
+def test_container_troubles_say_why_replicas_are_missing(pods, expected):
+    """Cluster path (pure): what the kubelet reports about a version's Pods
+    becomes the Deployed condition's message."""
+    from kubeloop.operator.builders.serving import container_troubles
+
+    assert container_troubles(pods) == expected
+
+
+def test_the_kubernetes_backend_says_why_replicas_are_missing_and_keeps_the_record_after_recovery():
+    """Cluster path (backend, objects in memory): a Pod whose Triton was
+    OOM-killed makes the missing replica an outage (failing) named in the
+    message; once the Deployment is available again the restart stays on record."""
+    from kubeloop.serving.base import ServedVersion, ServingRequest
+    from kubeloop.serving.kubernetes import KubernetesServing
+    from tests.unit.fakes import FakeObjects
+
+    objects = FakeObjects()
+    backend = KubernetesServing(objects, ServingImages())
+    request = ServingRequest(REF, spec(), (ServedVersion("primary", V1, 100),), CPU)
+    starting = backend.ensure(request)
+    assert (starting.primary_ready, starting.failing, starting.message) == (False, False,
+                                                                            "primary: 0/1 replicas available")
+    labels = objects.get("apps/v1", "Deployment", "fraud-predictor", "ml")["spec"]["template"]["metadata"]["labels"]
+    oom = {"name": "triton", "restartCount": 1, "state": {"running": {}},
+           "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "T1"}}}
+    objects.apply({"kind": "Pod", "metadata": {"name": "p", "namespace": "ml", "labels": labels},
+                   "status": {"containerStatuses": [oom]}})
+    outage = backend.ensure(request)
+    assert outage.failing and not outage.primary_ready
+    assert outage.message == "primary: 0/1 replicas available; primary: p/triton restarted 1x (last: OOMKilled at T1)"
+    objects.set_status("Deployment", "ml", "fraud-predictor", availableReplicas=1, updatedReplicas=1)
+    recovered = backend.ensure(request)
+    assert recovered.primary_ready and not recovered.failing
+    assert recovered.message == "primary: p/triton restarted 1x (last: OOMKilled at T1)"

@@ -100,6 +100,26 @@ def test_rolling_out_is_pending_then_ready(ports, serving):
     assert transition_events("InferenceService", second.status, second.status) == []
 
 
+def test_an_outage_is_containers_failing_not_a_rollout_and_recovery_clears_it(ports, serving, monkeypatch):
+    """Cluster path (reconciler): the backend's word that replicas are missing
+    because containers died becomes Deployed=False reason ContainersFailing
+    with its message; back to Ready, the condition is True again."""
+    from kubeloop.serving.base import ServingState
+
+    ready = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports)
+    died = "primary: 0/1 replicas available; primary: p/triton restarted 1x (last: OOMKilled at T)"
+    monkeypatch.setattr(serving, "ensure", lambda request: ServingState(
+        url="http://x", ready={"primary": False}, message=died, failing=True))
+    outage = reconcile_inference_service(REF, spec(), ready.status, ports)
+    deployed = next(c for c in outage.status.conditions if c.type == "Deployed")
+    assert (deployed.status, deployed.reason, deployed.message) == ("False", "ContainersFailing", died)
+    assert outage.status.phase == "Pending" and outage.retry_after
+    monkeypatch.undo()
+    recovered = reconcile_inference_service(REF, spec(), outage.status, ports)
+    assert recovered.status.phase == "Ready"
+    assert next(c for c in recovered.status.conditions if c.type == "Deployed").status == "True"
+
+
 def test_registry_outage_retries(ports, registry, monkeypatch):
     def down(*_a, **_k):
         raise RegistryUnavailable("mlflow down")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeloop.operator.settings import ConfigurationError, OperatorConfig
+from kubeloop.operator.settings import TRITON_BACKENDS, ConfigurationError, OperatorConfig
 
 
 def test_an_empty_or_wrong_number_names_the_variable():
@@ -21,6 +21,20 @@ def test_an_empty_or_wrong_number_names_the_variable():
         OperatorConfig.from_env({"KUBELOOP_WEBHOOK_PORT": "8080"})
     with pytest.raises(ConfigurationError, match="KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"):
         OperatorConfig.from_env({"KUBELOOP_MLFLOW_WEBHOOK_URL": "http://127.0.0.1:1/hooks/mlflow"})
+
+
+def test_the_triton_backend_is_one_kubeloop_lays_out():
+    """Cluster path (settings): the chart's serving.tritonBackend reaches the
+    serving backend; a backend no repository is laid out for is refused by name."""
+    from kubeloop.components.triton import BACKENDS
+    from kubeloop.operator.wiring import build_serving_backends
+
+    assert set(TRITON_BACKENDS) == set(BACKENDS)
+    assert OperatorConfig.from_env({}).triton_backend == "onnxruntime"
+    config = OperatorConfig.from_env({"KUBELOOP_TRITON_BACKEND": "python"})
+    assert build_serving_backends(config, kube=None)["kubernetes"].images.triton_backend == "python"
+    with pytest.raises(ConfigurationError, match="KUBELOOP_TRITON_BACKEND='tensorrt'.*onnxruntime or python"):
+        OperatorConfig.from_env({"KUBELOOP_TRITON_BACKEND": "tensorrt"})
 
 
 def test_the_operator_says_so_in_one_line_without_a_traceback(tmp_path):

@@ -58,6 +58,9 @@ class ServingState:
     message: str = ""
     rolled_back: tuple[str, ...] = ()
     """Roles the backend took out of service because they failed readiness."""
+    failing: bool = False
+    """A role is short of replicas because its containers died (an OOM kill,
+    a crash) or cannot start: an outage, not a rollout in progress."""
 
     @property
     def primary_ready(self) -> bool:

@@ -3,10 +3,11 @@ the InferenceService so that Kubernetes garbage-collects them with it."""
 
 from __future__ import annotations
 
+from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.operator.builders.meta import owner_selector
 from kubeloop.operator.builders.serving import (
-    ServingImages, build_children, deployment_name, rollout_failed, service_name,
+    LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, rollout_failed, service_name,
 )
 from kubeloop.operator.kube import Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
@@ -34,7 +35,7 @@ class KubernetesServing(ServingBackend):
             for obj in desired:
                 self.kube.apply(obj)
             self._delete_unwanted(request.ref, desired)
-            ready, replicas, messages = self._observe(request.ref, desired)
+            ready, replicas, messages, failing = self._observe(request.ref, desired)
         except KubeError as exc:
             if exc.transient:
                 raise ServingUnavailable(str(exc)) from exc
@@ -44,7 +45,7 @@ class KubernetesServing(ServingBackend):
         url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
                else f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local")
         return ServingState(url=url, ready=ready, ready_replicas=replicas, message="; ".join(messages),
-                            rolled_back=("canary",) if rolled_back else ())
+                            rolled_back=("canary",) if rolled_back else (), failing=failing)
 
     def _failed_canary(self, request: ServingRequest) -> str | None:
         """A canary whose rollout passed its progress deadline: its Deployment
@@ -68,14 +69,17 @@ class KubernetesServing(ServingBackend):
                 if (kind, live["metadata"]["name"]) not in wanted:
                     self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
 
-    def _observe(self, ref: ObjectRef, desired: list[dict]) -> tuple[dict[str, bool], int, list[str]]:
+    def _observe(self, ref: ObjectRef, desired: list[dict]) -> tuple[dict[str, bool], int, list[str], bool]:
+        """Readiness per role, available replicas, what to say, and whether a
+        role is short of replicas because its containers die or cannot start."""
         ready: dict[str, bool] = {}
         total = 0
         messages = []
+        failing = False
         for obj in desired:
             if obj["kind"] != "Deployment":
                 continue
-            role = obj["metadata"]["labels"]["kubeloop.dev/role"]
+            role = obj["metadata"]["labels"][LABEL_ROLE]
             live = self.kube.get("apps/v1", "Deployment", obj["metadata"]["name"], ref.namespace) or {}
             want = obj["spec"]["replicas"]
             status = live.get("status", {})
@@ -84,6 +88,10 @@ class KubernetesServing(ServingBackend):
             updated = status.get("updatedReplicas", 0) if current else 0
             ready[role] = available >= want and updated >= want
             total += available
+            troubles = container_troubles(self.kube.list(
+                "v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))
+            failing = failing or (not ready[role] and bool(troubles))
             if not ready[role]:
                 messages.append(f"{role}: {available}/{want} replicas available")
-        return ready, total, messages
+            messages += [f"{role}: {trouble}" for trouble in troubles]
+        return ready, total, messages, failing
