@@ -423,3 +423,47 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
     assert first[0] == 503 and "card_activity cannot be opened" in first[1] and again == 503
     assert malformed[0] == 400 and "lacks the input card_id" in malformed[1]
     assert raw == 200 and ready == 503
+
+
+def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch):
+    """Local: Feast's read blocks; it ran on the router's event loop, so every
+    request waited for each entity request's retrieval."""
+    import asyncio
+    import threading
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from kubeloop.serving import router as module
+    from kubeloop.serving.features import Assembled, FeatureSpec
+
+    release = threading.Event()
+
+    class SlowStore:
+        def __init__(self, spec):  # noqa: ANN001 - FeatureSpec
+            pass
+
+        def assemble(self, rows, now, policy):  # noqa: ANN001, ANN202 - OnlineStore's signature
+            release.wait(timeout=30)
+            return Assembled(vectors=[[1.0]], problems=[])
+
+    monkeypatch.setattr(module, "OnlineStore", SlowStore)
+    spec = FeatureSpec(store="{}", views=("card_activity",), entities=("card_id",), request_columns=(),
+                       columns=("avg_amount_7d",))
+    entity = {"inputs": [{"name": "card_id", "shape": [1], "datatype": "INT64", "data": [7]}]}
+    raw = {"inputs": [{"name": "features", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+
+    async def go():
+        triton_app, _ = _triton(answer_shadow=True)
+        async with TestServer(triton_app) as triton:
+            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"))
+            path.write_text(json.dumps({**json.loads(path.read_text()), "features": {"1": spec.to_dict()}}))
+            async with TestClient(TestServer(module.build_app(path))) as client:
+                pending = asyncio.ensure_future(client.post("/v2/models/fraud/infer", json=entity))
+                await asyncio.sleep(0)
+                plain = await asyncio.wait_for(client.post("/v2/models/fraud/infer", json=raw), timeout=10)
+                waiting = not pending.done()
+                release.set()
+                return plain.status, waiting, (await pending).status
+
+    plain, waiting, entity_status = asyncio.run(go())
+    assert plain == 200 and waiting and entity_status == 200

@@ -45,6 +45,7 @@ import os
 import random
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,6 +288,9 @@ class Router:
         self._expired_at = 0.0
         self.online: dict[FeatureSpec, asyncio.Task] = {}
         """Feature stores being opened or open, by spec (opening imports Feast: seconds)."""
+        self.retrieving = ThreadPoolExecutor(max_workers=1, thread_name_prefix="online-features")
+        """Feast's reads block: they run off the event loop (raw tensors keep
+        flowing meanwhile), one at a time (one sqlite connection per store)."""
 
     # -- plumbing ------------------------------------------------------------
 
@@ -324,6 +328,7 @@ class Router:
 
     async def stop(self, app: web.Application) -> None:
         self.flush_log()
+        self.retrieving.shutdown(wait=False, cancel_futures=True)
         await self.session.close()
 
     def _spawn(self, coro, tasks: set[asyncio.Task] | None = None) -> None:  # noqa: ANN001
@@ -464,7 +469,8 @@ class Router:
         store = await self.online_store(spec)
         started = time.perf_counter()
         try:
-            assembled = store.assemble(columns, time.time(), c.missing)
+            assembled = await asyncio.get_running_loop().run_in_executor(
+                self.retrieving, store.assemble, columns, time.time(), c.missing)
         except RequestError as exc:
             if count:
                 self._count_problems(exc.problems)
