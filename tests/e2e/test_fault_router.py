@@ -2,14 +2,16 @@
 comes back (local backend: a real tritonserver started by the operator, and
 a real router process in front of it).
 
-Scale: the issue asks for ten minutes of traffic; on this two-core machine
-shared with others this test runs 60 seconds of traffic from 4 callers (some
-thousands of requests), with the log folder unwritable from the 20th to the
-40th second, and a request-log queue of 500 rows so the outage overflows it."""
+Scale: the issue asks for ten minutes of traffic; `make test` (CI's 90
+minutes on two cores) runs 60 seconds from 4 callers (some thousands of
+requests), with the log folder unwritable through the middle third, and a
+request-log queue of 500 rows so the outage overflows it.
+KUBELOOP_ROUTER_SOAK_SECONDS=600 runs the full ten minutes."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
@@ -25,7 +27,8 @@ from tests.support.faults import infer, inference_service, registered_model, sta
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-SECONDS, CALLERS, QUEUE = 60, 4, 500
+SECONDS = float(os.environ.get("KUBELOOP_ROUTER_SOAK_SECONDS", "60"))
+CALLERS, QUEUE = 4, 500
 
 
 def metric(url: str, name: str) -> float:
