@@ -148,7 +148,9 @@ class Interval(KubeModel):
 
 
 class Variant(KubeModel):
-    """One measured variant."""
+    """One measured variant. Latencies are per call at the SLO batch size,
+    timed interleaved with the other variants; on a CPU target by the calling
+    thread's CPU clock (one thread per runtime), on a GPU by the wall clock."""
 
     technique: str
     """The technique that built it (source is the unmodified model)."""
