@@ -85,8 +85,8 @@ def _affinity() -> set[int] | None:
 
 
 def measure_interleaved(predicts: dict[str, Predict], pool: np.ndarray, batch_size: int, *,
-                        device: torch.device | None = None, warmup: int = 30, rounds: int = 30,
-                        min_calls: int = 600, max_calls: int = 6000, seconds: float = 1.0) -> dict[str, Latency]:
+                        device: torch.device | None = None, warmup: int = 30, rounds: int = 20,
+                        min_calls: int = 400, max_calls: int = 3000, seconds: float = 0.4) -> dict[str, Latency]:
     """Time each predict on batch_size rows drawn in turn from pool, round
     by round: every round gives each variant one block of calls, starting
     with a different variant each round. A block's length is set from the
