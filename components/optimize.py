@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 # CUDA context, cuDNN/cuBLAS workspaces and a Triton instance's own state:
 # what a GPU process costs before the model's first byte.
 CONTEXT_MIB = 512
+# Timing budgets per variant (CPU seconds, calls, rounds) at the SLO's batch
+# size and at the others.
+SLO_BUDGET = {"seconds": 1.0, "rounds": 30, "min_calls": 1000, "max_calls": 6000}
+OTHER_BUDGET = {"seconds": 0.25, "rounds": 20, "min_calls": 400, "max_calls": 3000}
 
 
 def optimization_data_step(spec: dict, source_version: str, tracking_uri: str, feast_repo: str,
@@ -123,7 +127,12 @@ def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], score, 
     predicts = {t: v.predict for t, v in variants.items()}
     with measuring() as how:
         log.info("measuring %d variants interleaved: %s", len(predicts), how)
-        latency = {b: measure_interleaved(predicts, pool, b, device=ctx.device) for b in batch_sizes}
+        # The SLO's batch size picks the winner: its tail gets the most calls;
+        # the others only shape the batching plan.
+        slo_batch = ctx.spec.latency_slo.batch_size
+        latency = {b: measure_interleaved(predicts, pool, b, device=ctx.device,
+                                          **(SLO_BUDGET if b == slo_batch else OTHER_BUDGET))
+                   for b in batch_sizes}
     reference = variants["source"].predict(x_hold)
     rows = []
     for technique in ["source", *techniques]:
