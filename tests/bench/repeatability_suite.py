@@ -77,7 +77,7 @@ def _est(e) -> list[float]:  # noqa: ANN001 - Estimate
 
 def _table(runs: list[dict], slo) -> Table:  # noqa: ANN001 - LatencySLO
     table = Table(title=f"fraud OptimizedModel, {RUNS} runs: p50 / p99 ms at batch {slo.batch_size} "
-                        "[95% interval] (CPU, 1 thread per runtime, interleaved)")
+                        "[95% interval] (CPU: thread CPU clock, 1 thread per runtime, interleaved)")
     table.add_column("variant")
     for i in range(len(runs)):
         table.add_column(f"run {i + 1}")
