@@ -35,7 +35,7 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
 	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
-	@echo "make bench  - run the benchmarks and print their tables"
+	@echo "make bench  - run the benchmarks and print their tables (BENCH=repeatability for one suite)"
 	@echo "make setup  - install everything the above need (done by them when needed)"
 	@echo "make images - build the real node's images without Docker (cached by their inputs)"
 	@echo "make crds   - regenerate the chart's CRDs and RBAC rules from the code"
@@ -105,7 +105,7 @@ test-e2e: setup
 	$(PY) -m pytest tests/e2e
 
 bench: setup
-	$(PY) -m tests.bench
+	$(PY) -m tests.bench $(BENCH)
 
 demo: setup
 	$(VENV)/bin/kubeloop demo

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 # CUDA context, cuDNN/cuBLAS workspaces and a Triton instance's own state:
 # what a GPU process costs before the model's first byte.
 CONTEXT_MIB = 512
+# Timing budgets per variant (CPU seconds, calls, rounds) at the SLO's batch
+# size and at the others.
+SLO_BUDGET = {"seconds": 1.0, "rounds": 30, "min_calls": 1000, "max_calls": 6000}
+OTHER_BUDGET = {"seconds": 0.25, "rounds": 20, "min_calls": 400, "max_calls": 3000}
 
 
 def optimization_data_step(spec: dict, source_version: str, tracking_uri: str, feast_repo: str,
@@ -102,29 +106,43 @@ def divergence(outputs: np.ndarray, reference: np.ndarray, task: str) -> float:
 
 def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], score, x_hold: np.ndarray,
                      y_hold: np.ndarray, on_variant=None) -> tuple[list, dict]:  # noqa: ANN001
-    """Build the source and every technique's variant and measure each:
-    latency per batch size on hold-out rows, the budget metric (score(y,
-    outputs)), size, and peak device memory. Techniques that cannot run here become rows that say why."""
-    from kubeloop.components.benchmark import measure, peak_memory_mib
+    """Build the source and every technique's variant, then measure them
+    together: latency per batch size on hold-out rows (interleaved, with
+    intervals; see components.benchmark), the budget metric (score(y,
+    outputs)), size, and peak device memory. Techniques that cannot run here
+    become rows that say why."""
+    from kubeloop.components.benchmark import measure_interleaved, measuring, peak_memory_mib
     from kubeloop.components.selection import Measured
     from kubeloop.components.variants import BUILDERS, NotBuilt, source
 
     pool = x_hold[: max(4096, 8 * max(batch_sizes))]
-    rows, variants = [], {}
-    reference = None
+    variants, errors = {}, {}
     for technique in ["source", *techniques]:
         builder = source if technique == "source" else BUILDERS[technique]
         log.info("building %s", technique)
         try:
-            variant = builder(ctx)
+            variants[technique] = builder(ctx)
         except NotBuilt as exc:
-            rows.append(Measured(technique, "-", error=str(exc)))
+            errors[technique] = str(exc)
+    predicts = {t: v.predict for t, v in variants.items()}
+    with measuring() as how:
+        log.info("measuring %d variants interleaved: %s", len(predicts), how)
+        # The SLO's batch size picks the winner: its tail gets the most calls;
+        # the others only shape the batching plan.
+        slo_batch = ctx.spec.latency_slo.batch_size
+        latency = {b: measure_interleaved(predicts, pool, b, device=ctx.device,
+                                          **(SLO_BUDGET if b == slo_batch else OTHER_BUDGET))
+                   for b in batch_sizes}
+    reference = variants["source"].predict(x_hold)
+    rows = []
+    for technique in ["source", *techniques]:
+        if technique in errors:
+            rows.append(Measured(technique, "-", error=errors[technique]))
             continue
-        variants[technique] = variant
-        latency = {b: measure(variant.predict, pool, b, device=ctx.device) for b in batch_sizes}
+        variant = variants[technique]
         scores = variant.predict(x_hold)
-        reference = scores if reference is None else reference
-        row = Measured(technique, variant.runtime, {b: (v.p50_ms, v.p99_ms) for b, v in latency.items()},
+        row = Measured(technique, variant.runtime, {b: (latency[b][technique].p50, latency[b][technique].p99)
+                                                    for b in batch_sizes},
                        score(y_hold, scores), round(variant.artifact.stat().st_size / 1e6, 4),
                        variant.onnx is not None, variant.note,
                        peak_memory_mib=peak_memory_mib(variant.predict, pool[: max(batch_sizes)], ctx.device),
@@ -174,9 +192,7 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
 
         def log_variant(row, variant) -> None:  # noqa: ANN001 - Measured, Variant
             with mlflow.start_run(run_name=row.technique, nested=True, tags={"kubeloop.technique": row.technique}):
-                mlflow.log_metrics({metric: row.metric, "size_mb": row.size_mb,
-                                    **{f"p50_ms.b{b}": v[0] for b, v in row.latency.items()},
-                                    **{f"p99_ms.b{b}": v[1] for b, v in row.latency.items()}})
+                mlflow.log_metrics({metric: row.metric, "size_mb": row.size_mb, **_latency_metrics(row)})
                 mlflow.log_params({"runtime": row.runtime, "note": row.note or "-"})
 
         score = _scorer(info, training, metric)
@@ -187,17 +203,20 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
         champion = _score_champion(job, tracking_uri, source_version, metric, source_metric, score, x_hold, y_hold)
         winner = variants[choice.winner.technique]
         shutil.copyfile(winner.onnx, workdir / "winner.onnx")
-        plan = plan_batching(choice.winner.latency, job.latency_slo.milliseconds, job.target.device, os.cpu_count() or 1)
+        plan = plan_batching(choice.winner.profile, job.latency_slo.milliseconds, job.target.device, os.cpu_count() or 1)
         footprint, source_of = _footprint(winner, ctx, max(job.batch_sizes))
-        mlflow.log_metric("winner.speedup", choice.winner.speedup or 1.0)
-        mlflow.set_tag("kubeloop.winner", choice.winner.technique)
+        speedup = choice.winner.speedup
+        mlflow.log_metrics({"winner.speedup": speedup.value, "winner.speedup.low": speedup.low,
+                            "winner.speedup.high": speedup.high})
+        mlflow.set_tags({"kubeloop.winner": choice.winner.technique, tags.SELECTION: choice.why})
         parent_id = parent.info.run_id
     slo = job.latency_slo
     table = [_wire(r, slo) for r in choice.rows]
     return json.dumps({
         "variants": table, "plan": asdict(plan),
-        "chosen": {"technique": choice.winner.technique, "speedup": round(choice.winner.speedup or 1.0, 3),
-                   "meetsSlo": choice.meets_slo},
+        "chosen": {"technique": choice.winner.technique, "speedup": round(choice.winner.speedup.value, 3),
+                   "speedupInterval": _interval(choice.winner.speedup, 3), "meetsSlo": choice.meets_slo},
+        "selection": {"reason": choice.basis, "message": choice.why},
         "gpu_memory_mib": footprint, "gpu_memory_source": source_of, "n_features": len(cols),
         "run_id": parent_id, "metric": {metric: choice.winner.metric}, "champion": champion,
     })
@@ -217,14 +236,30 @@ def _score_champion(job: OptimizedModelSpec, tracking_uri: str, source_version: 
     return {"version": champion.version, "metrics": {metric: value}}
 
 
+def _latency_metrics(row) -> dict[str, float]:  # noqa: ANN001 - Measured
+    """A variant's latencies for its MLflow run: each figure with its interval."""
+    out = {}
+    for b, pair in row.latency.items():
+        for name, est in zip(("p50_ms", "p99_ms"), pair, strict=True):
+            out.update({f"{name}.b{b}": est.value, f"{name}.b{b}.low": est.low, f"{name}.b{b}.high": est.high})
+    return out
+
+
 def _wire(row, slo) -> dict:  # noqa: ANN001 - Measured, LatencySLO
     """A row as status.variants shows it (numbers rounded for reading)."""
-    at = row.latency.get(slo.batch_size, (None, None))
+    p50, p99 = row.latency.get(slo.batch_size, (None, None))
     out = {"technique": row.technique, "runtime": row.runtime, "note": row.note or None,
-           "latencyP50Ms": _round(at[0]), "latencyP99Ms": _round(at[1]), "speedup": _round(row.speedup, 2),
-           "throughput": _round(slo.batch_size / at[0] * 1000 if at[0] else None, 0), "sizeMb": _round(row.size_mb),
-           "accuracyDelta": _round(row.accuracy_delta, 5), "accepted": row.accepted, "reason": row.reason or None}
+           "latencyP50Ms": _round(p50 and p50.value, 5), "latencyP50IntervalMs": _interval(p50, 5),
+           "latencyP99Ms": _round(p99 and p99.value, 5), "latencyP99IntervalMs": _interval(p99, 5),
+           "speedup": _round(row.speedup and row.speedup.value, 2), "speedupInterval": _interval(row.speedup, 2),
+           "throughput": _round(slo.batch_size / p50.value * 1000 if p50 else None, 0),
+           "sizeMb": _round(row.size_mb), "accuracyDelta": _round(row.accuracy_delta, 5),
+           "divergence": _round(row.divergence, 7), "accepted": row.accepted, "reason": row.reason or None}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _interval(est, digits: int) -> dict | None:  # noqa: ANN001 - Estimate
+    return None if est is None else {"low": round(est.low, digits), "high": round(est.high, digits)}
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -267,7 +302,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
     client = MlflowClient(tracking_uri)
     source = client.get_model_version(job.source.name, source_version)
     plan = BatchingPlan.from_dict(results["plan"])
-    outcome = {"variants": results["variants"], "chosen": results["chosen"],
+    outcome = {"variants": results["variants"], "chosen": results["chosen"], "selection": results["selection"],
                "gpu_memory_mib": results["gpu_memory_mib"], "batching": plan.why}
     existing = find_registered(tracking_uri, name, pipeline_run)
     signature = ModelSignature.from_tags(source.tags)
@@ -294,6 +329,8 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
             "kubeloop.source": f"{job.source.name}/{source_version}",
             "kubeloop.technique": results["chosen"]["technique"],
             "kubeloop.speedup": str(results["chosen"]["speedup"]),
+            tags.SPEEDUP_INTERVAL: "{low}..{high}".format(**results["chosen"]["speedupInterval"]),
+            tags.SELECTION: results["selection"]["message"],
             tags.GPU_MEMORY_MIB: str(results["gpu_memory_mib"]),
             tags.GPU_MEMORY_SOURCE: results["gpu_memory_source"],
             tags.OUTCOME: json.dumps(outcome, separators=(",", ":")),

@@ -29,6 +29,9 @@ from kubeloop.components.training import Distillation, TrainSettings, train
 
 log = logging.getLogger(__name__)
 Predict = Callable[[np.ndarray], np.ndarray]
+THREADS = 1
+"""Threads each runtime computes with (onnxruntime sessions here, torch while
+components.benchmark measures): the comparison is per core."""
 
 
 class NotBuilt(Exception):
@@ -84,9 +87,8 @@ def ort_session(path: Path, device: torch.device, optimized: Path | None = None)
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # One thread per runtime in every variant: the comparison is per core.
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = THREADS
     if optimized:
         options.optimized_model_filepath = str(optimized)
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.type == "cuda" else ["CPUExecutionProvider"]

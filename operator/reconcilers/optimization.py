@@ -117,6 +117,10 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         fields["variants"] = [Variant.model_validate(v) for v in out.get("variants", [])]
         if out.get("chosen"):
             fields["chosen"] = ChosenVariant.model_validate(out["chosen"])
+        if out.get("selection"):
+            # Why the winner won: measurably faster, or chosen among overlapping intervals.
+            observations.append(Observation("VariantChosen", "True", out["selection"]["reason"],
+                                            out["selection"]["message"]))
         if out.get("model"):
             fields["model"] = RegisteredModel.model_validate(out["model"])
             observations.append(Observation("ModelRegistered", "True", "Registered",

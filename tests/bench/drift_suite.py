@@ -4,7 +4,9 @@ the baseline is a full run on every row, in the same process. Reported: the
 time of each, the ratio, and whether the two agree on the verdict and on
 which features drifted, for windows without, with slight and with strong
 drift. Reading the request log (JSON lines) is timed too: at 1M rows it is
-part of the job's cost."""
+part of the job's cost. The timings are repeated (five runs, full and
+sampled alternating, on the strong-drift window; five reads of each log)
+and printed with median and spread; the verdicts come from one run per window."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from rich.table import Table
 
 from kubeloop.monitoring.drift import evaluate, load_requests
 from kubeloop.monitoring.job import DriftJob
+from tests.bench.repeat import Figure, figures, figures_table, repeat
 
 FEATURES = [f"f{i:02d}" for i in range(20)]
 THRESHOLD = 0.3
@@ -79,18 +82,24 @@ def run(context, console: Console, quick: bool = False) -> dict:
                          "full_share": round(full.share, 3), "sampled_share": round(sampled.share, 3),
                          "verdict_agrees": full.drifted == sampled.drifted,
                          "feature_agreement": round(_agreement(full, sampled), 3)})
+    timings: list[Figure] = []
+    for size in sizes:
+        current = _frame(size, *SCENARIOS["strong (8 features, 0.5 sd)"], seed=2 + size)
+        with console.status(f"drift: {size:,} rows, strong window: full and sampled alternating"):
+            runs = repeat(lambda _, current=current: _paired(reference, current, sample))
+        timings += [Figure(f"{size:,} rows {f.name}", f.values, f.unit)
+                    for f in figures(runs, {"full s": "s", "sampled s": "s", "full / sampled": "x"})]
     reading = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             folder = Path(tmp) / str(size)
             _write_log(_frame(size, 0, 0.0, seed=3), folder)
-            with console.status(f"drift: reading a {size:,}-row request log"):
-                started = time.perf_counter()
-                loaded = load_requests(folder, 0, FEATURES)
-                reading[size] = round(time.perf_counter() - started, 2)
-            assert len(loaded) == size
+            with console.status(f"drift: reading a {size:,}-row request log, repeatedly"):
+                read = Figure(f"read {size:,}-row log", repeat(lambda _, f=folder, n=size: _read(f, n)), "s")
+            timings.append(read)
+            reading[size] = round(read.median, 2)
     table = Table(title=f"Drift evaluation, 20 features, reference {REFERENCE_ROWS:,} rows, threshold {THRESHOLD} "
-                        f"(sampled: {sample:,} rows per side)")
+                        f"(sampled: {sample:,} rows per side; one run per window, repeated timings below)")
     for column in ("logged rows", "window", "full s", "sampled s", "full / sampled", "share full / sampled",
                    "verdict agrees", "features agree"):
         table.add_column(column)
@@ -99,5 +108,20 @@ def run(context, console: Console, quick: bool = False) -> dict:
                       f"{r['full_over_sampled']}x", f"{r['full_share']} / {r['sampled_share']}",
                       "yes" if r["verdict_agrees"] else "NO", f"{r['feature_agreement']:.0%}")
     console.print(table)
-    console.print("reading the request log: " + ", ".join(f"{s:,} rows {t} s" for s, t in reading.items()))
-    return {"evaluations": rows, "read_log_seconds": {str(k): v for k, v in reading.items()}}
+    console.print(figures_table("drift: repeated timings", timings))
+    return {"evaluations": rows, "read_log_seconds": {str(k): v for k, v in reading.items()},
+            "repeated": {f.name: f.to_json() for f in timings}}
+
+
+def _paired(reference: pd.DataFrame, current: pd.DataFrame, sample: int) -> dict:
+    full = evaluate(reference, current, FEATURES, THRESHOLD).seconds
+    sampled = evaluate(reference, current, FEATURES, THRESHOLD, sample_rows=sample).seconds
+    return {"full s": full, "sampled s": sampled, "full / sampled": full / sampled}
+
+
+def _read(folder: Path, size: int) -> float:
+    started = time.perf_counter()
+    loaded = load_requests(folder, 0, FEATURES)
+    took = time.perf_counter() - started
+    assert len(loaded) == size
+    return took

@@ -2,7 +2,9 @@
 apply-to-first-status latency, throughput and the operator's memory.
 
 Baseline, in the same run: the API server's own create round trip for the
-same objects; the ratio says what the operator adds on top of the API.
+same objects; the ratio says what the operator adds on top of the API. Each
+size runs five times (a fresh namespace and operator each time); the table
+shows medians, the figures' spreads follow.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rich.table import Table
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.operator.kube import KubeError
+from tests.bench.repeat import Figure, figures, figures_table, repeat
 from tests.support.operator import OperatorProcess
 
 
@@ -108,16 +111,29 @@ def measure(platform, count: int, workdir) -> dict:
     }
 
 
+def _fresh(platform, count: int, workdir) -> dict:  # noqa: ANN001 - Platform, Path
+    workdir.mkdir()
+    return measure(platform, count, workdir)
+
+
+FIGURES = ("apply_seconds", "status_p50_ms", "status_p99_ms", "throughput_per_s", "create_p50_ms",
+           "ratio_p50_vs_create", "operator_rss_mib")
+
+
 def run(context, console: Console, quick: bool = False) -> list[dict]:
     import tempfile
     from pathlib import Path
 
     sizes = [20, 100] if quick else [100, 1000]
-    rows = []
+    rows, spread = [], []
     for count in sizes:
-        with console.status(f"operator: {count} TrainingJobs"):
+        with console.status(f"operator: {count} TrainingJobs, repeated"):
             with tempfile.TemporaryDirectory() as tmp:
-                rows.append(measure(context.platform, count, Path(tmp)))
+                runs = repeat(lambda i, n=count, t=tmp: _fresh(context.platform, n, Path(t) / str(i)))
+        repeated: list[Figure] = figures(runs, {k: "" for k in FIGURES})
+        rows.append({"objects": count, **{f.name: round(f.median, 2) for f in repeated},
+                     "repeated": {f.name: f.to_json() for f in repeated}})
+        spread += [Figure(f"{count} objects {f.name}", f.values, f.unit) for f in repeated]
     table = Table(title="Operator: TrainingJob apply -> first status (noop pipeline backend)")
     for column in ("objects", "apply s", "status p50 ms", "status p99 ms", "throughput /s",
                    "API create p50 ms", "p50 / create", "operator RSS MiB"):
@@ -127,4 +143,5 @@ def run(context, console: Console, quick: bool = False) -> list[dict]:
                       str(r["throughput_per_s"]), str(r["create_p50_ms"]), f"{r['ratio_p50_vs_create']}x",
                       str(r["operator_rss_mib"]))
     console.print(table)
+    console.print(figures_table("operator: each figure over the runs", spread))
     return rows

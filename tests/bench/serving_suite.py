@@ -1,7 +1,8 @@
 """Serving suite: the Triton config generated from the latency profile
 (tuned dynamic batching and instances) against the same model without
 batching, at concurrency 1 and 16, with batch-1 requests to a real
-tritonserver; throughput ratio and p50/p99, one run."""
+tritonserver; throughput ratio and p50/p99 over five rounds in which the
+two configs alternate, each figure's median and spread."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from rich.table import Table
 
 from kubeloop.api.optimization import OptimizedModelSpec
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.benchmark import measure
+from kubeloop.components.benchmark import measure_interleaved, measuring
 from kubeloop.components.training import TrainSettings, train
 from kubeloop.components.triton import plan_batching, write_repository
 from kubeloop.components.variants import BuildContext, onnx
 from kubeloop.dev import processes
 from kubeloop.serving.runtime import TritonRuntime
+from tests.bench.repeat import RUNS, Figure, figures_table
 from tests.support.models import N_FEATURES, synthetic
 
 SLO_MS = 5.0
@@ -57,7 +59,7 @@ async def _load(url: str, rows: np.ndarray, concurrency: int, seconds: float) ->
 
 def run(context, console: Console, quick: bool = False) -> dict:
     runtime = TritonRuntime.discover()
-    seconds = 3.0 if quick else 8.0
+    seconds = 0.6 if quick else 1.6  # per config and round
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         x, y = synthetic(rows=8000)
@@ -66,8 +68,9 @@ def run(context, console: Console, quick: bool = False) -> dict:
         spec = OptimizedModelSpec.model_validate({"source": {"name": "bench", "version": "1"}})
         ctx = BuildContext(model, x, y, spec, root)
         variant = onnx(ctx)
-        profile = {b: (lat.p50_ms, lat.p99_ms) for b in (1, 8, 32)
-                   for lat in [measure(variant.predict, x, b)]}
+        with measuring():
+            profile = {b: (lat.p50.value, lat.p99.value) for b in (1, 8, 32)
+                       for lat in [measure_interleaved({"onnx": variant.predict}, x, b)["onnx"]]}
         plan = plan_batching(profile, SLO_MS, "cpu", os.cpu_count() or 1)
         repository = root / "repository"
         signature = ModelSignature(feature_columns=[f"f{i}" for i in range(N_FEATURES)])
@@ -92,22 +95,27 @@ def run(context, console: Console, quick: bool = False) -> dict:
                 raise RuntimeError(f"tritonserver not ready:\n{processes.log_tail(server.log)}")
             results = {"plan": plan.why, "preferred": list(plan.preferred_batch_sizes),
                        "queue_delay_us": plan.max_queue_delay_us, "instances": plan.instances}
+            repeated: list[Figure] = []
             for concurrency in (1, 16):
+                with console.status(f"serving: plain and tuned alternating at concurrency {concurrency}"):
+                    rounds = [_round(base, x, concurrency, seconds, r) for r in range(RUNS)]
                 for name in ("plain", "tuned"):
-                    with console.status(f"serving: {name} at concurrency {concurrency}"):
-                        lat = asyncio.run(_load(f"{base}/v2/models/{name}/infer", x, concurrency, seconds))
-                    ms = np.array(lat) * 1000
-                    results[f"{name}_c{concurrency}"] = {
-                        "requests_per_s": round(len(lat) / seconds, 1), "p50_ms": round(float(np.percentile(ms, 50)), 2),
-                        "p99_ms": round(float(np.percentile(ms, 99)), 2)}
+                    figs = [Figure(f"{name} c{concurrency} {key}", [r[name][key] for r in rounds], unit)
+                            for key, unit in (("requests_per_s", "/s"), ("p50_ms", "ms"), ("p99_ms", "ms"))]
+                    repeated += figs
+                    results[f"{name}_c{concurrency}"] = {f.name.split()[-1]: round(f.median, 2) for f in figs}
+                repeated.append(Figure(f"tuned / plain c{concurrency}",
+                                       [r["tuned"]["requests_per_s"] / r["plain"]["requests_per_s"] for r in rounds],
+                                       "x"))
         finally:
             processes.stop(server)
-    table = Table(title=f"Triton: generated config vs no batching (batch-1 requests, {seconds:.0f} s each)")
+    table = Table(title=f"Triton: generated config vs no batching (batch-1 requests, medians of {RUNS} alternating "
+                        f"rounds of {seconds} s)")
     for column in ("concurrency", "config", "requests/s", "p50 ms", "p99 ms", "throughput ratio"):
         table.add_column(column)
     for concurrency in (1, 16):
         plain, tuned = results[f"plain_c{concurrency}"], results[f"tuned_c{concurrency}"]
-        ratio = tuned["requests_per_s"] / plain["requests_per_s"]
+        ratio = next(f.median for f in repeated if f.name == f"tuned / plain c{concurrency}")
         results[f"ratio_c{concurrency}"] = round(ratio, 2)
         table.add_row(str(concurrency), "no batching, 1 instance", str(plain["requests_per_s"]), str(plain["p50_ms"]),
                       str(plain["p99_ms"]), "1.00x")
@@ -115,5 +123,17 @@ def run(context, console: Console, quick: bool = False) -> dict:
                       f"{results['queue_delay_us']} us, {results['instances']} instances", str(tuned["requests_per_s"]),
                       str(tuned["p50_ms"]), str(tuned["p99_ms"]), f"{ratio:.2f}x")
     console.print(table)
+    console.print(figures_table("serving: each figure over the rounds", repeated))
     console.print(f"plan: {results['plan']}")
+    results["repeated"] = {f.name: f.to_json() for f in repeated}
     return results
+
+
+def _round(base: str, x: np.ndarray, concurrency: int, seconds: float, index: int) -> dict:
+    """Both configs under the same load, the order swapped every round."""
+    out = {}
+    for name in (("plain", "tuned") if index % 2 == 0 else ("tuned", "plain")):
+        ms = np.array(asyncio.run(_load(f"{base}/v2/models/{name}/infer", x, concurrency, seconds))) * 1000
+        out[name] = {"requests_per_s": len(ms) / seconds, "p50_ms": float(np.percentile(ms, 50)),
+                     "p99_ms": float(np.percentile(ms, 99))}
+    return out

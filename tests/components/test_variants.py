@@ -67,8 +67,10 @@ def test_measurements_and_a_triton_repository(context, dataset, tmp_path):
                                       lambda y, outputs: evaluate("binary", y, outputs)["auc"],
                                       dataset["x_holdout"], dataset["y_holdout"])
     by = {r.technique: r for r in rows}
-    assert by["tensorrt-int8"].error and by["onnx"].latency[8][0] > 0 and by["onnx"].servable
-    plan = plan_batching(by["onnx"].latency, slo_ms=5, device="cpu", cpus=2)
+    assert by["tensorrt-int8"].error and by["onnx"].servable
+    for p50, p99 in by["onnx"].latency.values():  # measured interleaved with the source, each with an interval
+        assert 0 < p50.low <= p50.value <= p50.high and 0 < p99.low <= p99.value <= p99.high
+    plan = plan_batching(by["onnx"].profile, slo_ms=5, device="cpu", cpus=2)
     signature = ModelSignature(feature_columns=[f"f{i}" for i in range(context.n_features)], threshold=0.5)
     model_dir = write_repository(tmp_path, "fraud", variants["onnx"].onnx, signature, plan, "python")
     assert (model_dir / "1" / "model.onnx").exists() and (model_dir / "1" / "model.py").exists()

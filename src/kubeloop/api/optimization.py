@@ -138,8 +138,19 @@ class OptimizedModelSpec(KubeModel):
     """Where the optimisation pipeline runs; omitted means the operator's default."""
 
 
+class Interval(KubeModel):
+    """A confidence interval (95%) around a measured figure."""
+
+    low: float
+    """Lower bound."""
+    high: float
+    """Upper bound."""
+
+
 class Variant(KubeModel):
-    """One measured variant."""
+    """One measured variant. Latencies are per call at the SLO batch size,
+    timed interleaved with the other variants; on a CPU target by the calling
+    thread's CPU clock (one thread per runtime), on a GPU by the wall clock."""
 
     technique: str
     """The technique that built it (source is the unmodified model)."""
@@ -149,16 +160,26 @@ class Variant(KubeModel):
     """What the technique did (kept widths, sparsity, calibration rows...)."""
     latency_p50_ms: float | None = None
     """Median latency at the SLO batch size."""
+    latency_p50_interval_ms: Interval | None = None
+    """The median's confidence interval."""
     latency_p99_ms: float | None = None
     """99th-percentile latency at the SLO batch size."""
+    latency_p99_interval_ms: Interval | None = None
+    """The 99th percentile's confidence interval."""
     speedup: float | None = None
     """Source latency over variant latency at the SLO percentile and batch size."""
+    speedup_interval: Interval | None = None
+    """The speedup the two latency intervals allow, lowest to highest."""
     throughput: float | None = None
     """Rows per second at the SLO batch size."""
     size_mb: float | None = None
     """Serialized model size."""
     accuracy_delta: float | None = None
     """Variant metric minus source metric on the held-out set."""
+    divergence: float | None = None
+    """The largest change of the source's outputs on the held-out set
+    (probability; for regression, in units of the outputs' spread); when
+    latency intervals overlap, the variant that changes least wins."""
     accepted: bool = False
     """Whether the variant is within the accuracy budget."""
     reason: str | None = None
@@ -172,6 +193,8 @@ class ChosenVariant(KubeModel):
     """The winning variant's technique."""
     speedup: float
     """Its speedup against the source."""
+    speedup_interval: Interval | None = None
+    """The speedup the latency intervals allow, lowest to highest."""
     meets_slo: bool
     """Whether it meets the latency SLO."""
 

@@ -22,6 +22,10 @@ AUDIT_PREFIX = "kubeloop.audit."
 (kubeloop.audit.<ns since the epoch>-<random>, JSON), so the trail is
 append-only. AUDIT below is the single list tag of earlier versions, still
 read for the entries it holds."""
+SELECTION = "kubeloop.selection"
+"""Why an optimisation chose its winner, with the latency intervals (words)."""
+SPEEDUP_INTERVAL = "kubeloop.speedup_interval"
+"""The winner's speedup interval over the source, "low..high"."""
 MEETS_SLO = "kubeloop.meets_slo"
 """true or false: whether the optimised version met its latency SLO."""
 AUDIT = "kubeloop.audit"
