@@ -23,6 +23,10 @@ NODE_DEBS := containerd runc containernetworking-plugins iptables conntrack mmde
 ifneq ($(KUBELOOP_REAL_NODE),0)
 DEBS += $(NODE_DEBS)
 NODE_IMAGES := node-images
+# The real node's tests come late in the run: their images build beside the
+# first tests (at low priority; a test that needs one waits for its build).
+PREBUILD_IMAGES := mkdir -p $(KUBELOOP_CACHE)/images && \
+  (nice -n 10 $(VENV)/bin/kubeloop dev images operator runtime triton > $(KUBELOOP_CACHE)/images/prebuild.log 2>&1 &)
 endif
 # The editable install links each file of the mapped folders into a tree of
 # its own, so it is refreshed whenever the set of package files changes.
@@ -96,6 +100,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 test: setup lint
+	$(PREBUILD_IMAGES)
 	$(PY) -m pytest tests
 
 test-unit: python link

@@ -114,3 +114,35 @@ def test_local_images_install_the_dockerfiles_package_list_as_a_numeric_non_root
     assert packages and "torch" not in packages
     user = spec.config.user.split(":")[0]
     assert user.isdigit() and int(user) != 0
+
+
+def test_a_second_build_of_an_image_waits_for_the_first(tmp_path, monkeypatch):
+    """Cluster images: `make test` builds the images in the background while a
+    real-node test may ask for the same image; the second caller must wait for
+    the first build (and then find it cached), not build it a second time."""
+    import threading
+
+    from kubeloop.dev import images
+
+    monkeypatch.setenv("KUBELOOP_CACHE", str(tmp_path))
+    order: list[str] = []
+    first_inside = threading.Event()
+
+    def first() -> None:
+        with images._one_build("runtime"):
+            first_inside.set()
+            order.append("first in")
+            threading.Event().wait(0.3)  # the build's work
+            order.append("first out")
+
+    def second() -> None:
+        first_inside.wait(5)
+        with images._one_build("runtime"):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["first in", "first out", "second in"]

@@ -9,6 +9,7 @@ own (tools/pause).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -16,10 +17,11 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from kubeloop.dev.binaries import cache_dir, repo_root
 
@@ -214,12 +216,24 @@ def python_image(spec: PythonImage, pip: list[str]) -> Image:
         inputs += [str(p.relative_to(root)).encode() + p.read_bytes() for p in project_files(root)]
     tag = image_tag(inputs)
     image = Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
-    if image.archive.exists():
-        return image
-    with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
-        _collect_wheels(spec, pip, root, Path(wheels))
-        build_image(image, lambda rootfs: _install_venv(rootfs, spec, Path(wheels)), spec.config)
+    with _one_build(spec.name):
+        if image.archive.exists():
+            return image
+        with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
+            _collect_wheels(spec, pip, root, Path(wheels))
+            build_image(image, lambda rootfs: _install_venv(rootfs, spec, Path(wheels)), spec.config)
     return image
+
+
+@contextmanager
+def _one_build(name: str) -> Iterator[None]:
+    """One build of an image at a time on this machine: `make test` builds the
+    images in the background while the first tests run, and a test that needs
+    one meanwhile waits for that build and then finds it cached."""
+    images_dir().mkdir(parents=True, exist_ok=True)
+    with open(images_dir() / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _collect_wheels(spec: PythonImage, pip: list[str], root: Path, wheels: Path) -> None:
