@@ -444,7 +444,9 @@ def test_an_oom_killed_triton_is_restarted_and_the_inference_service_reports_out
         outage = wait_for(lambda: (c := deployed(served.isvc_status())).get("reason") == "ContainersFailing" and c,
                           timeout=60, interval=0.2, what="the InferenceService reporting the outage")
         outage_seen = time.monotonic()
-        assert hog.wait(30) == 0
+        # 0: it saw tritonserver die and left the cgroup; SIGKILL: the kernel,
+        # still short of memory after killing tritonserver, chose it next.
+        assert hog.wait(30) in (0, -signal.SIGKILL)
     finally:
         if hog.poll() is None:
             hog.kill()
