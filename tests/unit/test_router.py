@@ -345,11 +345,14 @@ def _triton(answer_shadow: bool):
     return app, release
 
 
-def _router_config(tmp_path, triton_url: str, shadow: bool = False) -> "Path":  # noqa: F821
+def _router_config(tmp_path, triton_url: str, shadow: bool = False, features=None) -> "Path":  # noqa: F821, ANN001
+    """features: the FeatureSpec version 1's entity requests read, if any."""
     config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": triton_url,
               "routes": [{"role": "primary", "version": "1", "percent": 100}],
               "shadow": {"role": "shadow", "version": "2", "percent": 100} if shadow else None,
               "log_dir": str(tmp_path / "requests")}
+    if features is not None:
+        config["features"] = {"1": features.to_dict()}
     path = tmp_path / "router.json"
     path.write_text(json.dumps(config))
     return path
@@ -406,8 +409,7 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
     async def go():
         triton_app, _ = _triton(answer_shadow=True)
         async with TestServer(triton_app) as triton:
-            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"))
-            path.write_text(json.dumps({**json.loads(path.read_text()), "features": {"1": spec.to_dict()}}))
+            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), features=spec)
             async with TestClient(TestServer(module.build_app(path))) as client:
                 first = await client.post("/v2/models/fraud/infer", json=entity)
                 again = await client.post("/v2/models/fraud/infer", json=entity)
@@ -455,8 +457,7 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
     async def go():
         triton_app, _ = _triton(answer_shadow=True)
         async with TestServer(triton_app) as triton:
-            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"))
-            path.write_text(json.dumps({**json.loads(path.read_text()), "features": {"1": spec.to_dict()}}))
+            path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), features=spec)
             async with TestClient(TestServer(module.build_app(path))) as client:
                 pending = asyncio.ensure_future(client.post("/v2/models/fraud/infer", json=entity))
                 await asyncio.sleep(0)
