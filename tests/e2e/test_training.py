@@ -3,7 +3,6 @@ local runner, and MLflow ends up with a registered version and its lineage."""
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 from pathlib import Path
@@ -13,11 +12,11 @@ import yaml
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
+from tests.support.faults import training_job as job
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = yaml.safe_load((REPO / "examples" / "trainingjob.yaml").read_text())
 
 
 @pytest.fixture
@@ -28,15 +27,6 @@ def operator(platform, namespace, start_operator):
                         KUBELOOP_PIPELINE_BACKEND="local")
     op.wait_for_log("Initial authentication has finished")
     return op
-
-
-def job(namespace: str, name: str, **spec_changes) -> dict:
-    obj = copy.deepcopy(EXAMPLE)
-    obj["metadata"] = {"name": name, "namespace": namespace}
-    obj["spec"]["modelName"] = f"{namespace}-{name}"
-    obj["spec"]["hyperparameters"]["epochs"] = 2
-    obj["spec"].update(spec_changes)
-    return obj
 
 
 def get(kube, namespace, name):
