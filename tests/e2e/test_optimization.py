@@ -12,7 +12,7 @@ import yaml
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
-from tests.e2e.test_training import EXAMPLE
+from tests.support.faults import training_job
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
@@ -32,9 +32,7 @@ def trained(platform, kube, tmp_path_factory):
         "KUBELOOP_FEAST_REPO": env["KUBELOOP_FEAST_REPO"], "KUBELOOP_PIPELINE_BACKENDS": "local",
         "KUBELOOP_PIPELINE_BACKEND": "local", "KUBELOOP_RESYNC_SECONDS": "2", "KUBELOOP_WORK_DIR": str(work)},
         [namespace]).start()
-    job = json.loads(json.dumps(EXAMPLE))
-    job["metadata"] = {"name": "fraud", "namespace": namespace}
-    job["spec"]["modelName"] = f"{namespace}-fraud"
+    job = training_job(namespace, "fraud")
     job["spec"]["hyperparameters"]["epochs"] = 3
     del job["spec"]["promotion"]
     kube.create(job)
