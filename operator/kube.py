@@ -51,6 +51,7 @@ _TYPES = [
     ResourceType("v1", "Secret", "secrets"),
     ResourceType("v1", "ServiceAccount", "serviceaccounts"),
     ResourceType("v1", "Event", "events"),
+    ResourceType("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
     ResourceType("apps/v1", "Deployment", "deployments"),
     ResourceType("batch/v1", "Job", "jobs"),
     ResourceType("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local platform (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kwok, helm; kubelet and kube-proxy
-# for the real node) from the tools modules
+# kube-controller-manager, kube-scheduler, kwok, helm; kubelet, kube-proxy and
+# CoreDNS for the real node) from the tools modules
 # beside this script into $KUBELOOP_CACHE/bin/<group>-<version>/. Each group is
 # built once per machine and version: a finished group carries a .complete
-# stamp and is skipped afterwards. Usage: build-binaries.sh [group...]
+# stamp and is skipped afterwards; two builds of one group wait for each other
+# (make test builds CoreDNS in the background while the real node may ask for it). Usage: build-binaries.sh [group...]
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,8 +17,11 @@ export CGO_ENABLED=0 GOFLAGS=-trimpath GOTOOLCHAIN=local
 build() {  # build GROUP VERSION MODULE_DIR LDFLAGS PACKAGE...
   local group=$1 version=$2 dir=$3 ldflags=$4; shift 4
   local out="$cache/bin/$group-$version"
+  exec {lock}>"$cache/bin/.$group.lock"
+  flock "$lock"
   if [[ -f "$out/.complete" ]]; then
     echo "build-binaries: $group $version cached in $out"
+    exec {lock}>&-
     return
   fi
   echo "build-binaries: building $group $version into $out (a cold build takes minutes)"
@@ -30,6 +34,7 @@ build() {  # build GROUP VERSION MODULE_DIR LDFLAGS PACKAGE...
   touch "$tmp/.complete"
   rm -rf "$out" && mv "$tmp" "$out"
   echo "build-binaries: $group built in $((SECONDS - start)) s"
+  exec {lock}>&-
 }
 
 kubernetes_ldflags() {
@@ -60,6 +65,7 @@ for group in "${groups[@]}"; do
       build node "$KUBERNETES_VERSION" controlplane "$(kubernetes_ldflags)" \
         k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
       ;;
+    coredns) build coredns "$COREDNS_VERSION" coredns "-s -w" kubeloop.dev/tools/coredns ;;
     kwok) build kwok "$KWOK_VERSION" kwok "-s -w" sigs.k8s.io/kwok/cmd/kwok ;;
     helm)
       build helm "$HELM_VERSION" helm \

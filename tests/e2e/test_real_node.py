@@ -22,11 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kubeloop.dev import host
-from kubeloop.dev.binaries import versions
 from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev.binaries import binary, repo_root
+from kubeloop.dev import host
+from kubeloop.dev.binaries import binary, repo_root, versions
 from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform
@@ -138,7 +137,9 @@ def test_a_cpu_pod_runs_on_the_real_node_and_a_mig_pod_on_the_fake_h100(real):
 def test_a_deployment_answers_through_its_service(real):
     """Cluster path: real Pods from a Deployment serve HTTP; kube-proxy's rules
     carry a request to them through the Service's NodePort on the host's
-    loopback and through its ClusterIP from another Pod."""
+    loopback, and from another Pod through its ClusterIP and its name, which
+    the cluster DNS (CoreDNS behind kube-dns) resolves; a name outside the
+    cluster resolves to nothing."""
     namespace = real.namespace()
     image = base_image()
     real.platform.import_image(image)
@@ -158,14 +159,33 @@ def test_a_deployment_answers_through_its_service(real):
     assert response.status_code == 200 and "Directory listing" in response.text
 
     cluster_ip = service["spec"]["clusterIP"]
-    client = pod("client", namespace, image.ref, ["python3", "-c", (
-        f"import urllib.request; body = urllib.request.urlopen('http://{cluster_ip}/', timeout=10).read();"
-        " assert b'Directory listing' in body")], restartPolicy="Never")
+    client = pod("client", namespace, image.ref, ["python3", "-c", CLIENT.format(
+        cluster_ip=cluster_ip, namespace=namespace)], restartPolicy="Never")
     real.kube.create(client)
     phase = wait_for(lambda: (real.kube.get("v1", "Pod", "client", namespace) or {}).get("status", {})
                      .get("phase") in ("Succeeded", "Failed") and real.kube.get("v1", "Pod", "client", namespace),
                      timeout=60, what="the client Pod finishing")
-    assert phase["status"]["phase"] == "Succeeded", phase["status"]
+    assert phase["status"]["phase"] == "Succeeded", (phase["status"], pod_log(real, namespace, "client"))
+
+
+def pod_log(real: RealPlatform, namespace: str, name: str) -> str:
+    return subprocess.run([str(binary("kubectl")), f"--kubeconfig={real.platform.kubeconfig}", "-n", namespace,
+                           "logs", name], capture_output=True, text=True).stdout
+
+
+CLIENT = """
+import socket, urllib.request
+for url in ("http://{cluster_ip}/", "http://web/", "http://web.{namespace}.svc.cluster.local/"):
+    assert b"Directory listing" in urllib.request.urlopen(url, timeout=10).read(), url
+assert socket.gethostbyname("web") == "{cluster_ip}"
+assert socket.gethostbyname("kubernetes.default") == "10.96.0.1"
+try:
+    found = socket.gethostbyname("example.com")
+except socket.gaierror:
+    found = None
+assert found is None, found
+print("resolved")
+"""
 
 
 def _get(url: str):
@@ -628,6 +648,8 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     running(real.kube, "survivor", namespace)
     crashed = real.platform
     pids = node_pids(crashed)
+    # A crash kills the platform's processes, not what they started (MLflow's server workers).
+    pids += [child.pid for pid in pids if psutil.pid_exists(pid) for child in psutil.Process(pid).children(True)]
     for record in crashed.state().processes:
         os.kill(record.pid, signal.SIGKILL)
     assert host.leftovers(crashed.dir)["cgroups"], "the crash should have left the Pod's cgroups"

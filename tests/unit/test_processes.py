@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import sys
 
+import psutil
+
 from kubeloop.dev import processes
+from tests.support.waiting import wait_for
 
 
 def test_a_server_does_not_inherit_feasts_prometheus_folder(tmp_path, monkeypatch):
@@ -51,3 +56,20 @@ def test_listening_ports_come_from_below_the_ephemeral_range_and_never_twice():
     assert all(10000 <= port < min(ephemeral_start, 30000) for port in ports)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", ports[0]))
+
+
+def test_stopping_a_crashed_process_stops_what_it_started(tmp_path):
+    """Local: a platform process SIGKILLed (a crash) left its children running
+    (MLflow's server workers kept the node's address bound); stopping its
+    record stops them, and never a group its pid went to later."""
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+            " time.sleep(300)")
+    record = processes.start("server", [sys.executable, "-c", code], tmp_path)
+    child = wait_for(lambda: psutil.Process(record.pid).children(), timeout=30, what="the server's worker")[0]
+    os.kill(record.pid, signal.SIGKILL)
+    processes.wait_exit(record, timeout=10)
+    assert child.is_running() and not record.running()
+    processes.stop(record)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    reused = processes.ProcessRecord("other", os.getpid(), record.create_time, record.log)
+    assert processes._session_members(reused) == []

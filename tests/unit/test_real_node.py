@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kubeloop.dev import host
-from kubeloop.dev.binaries import repo_root
+from kubeloop.dev import dns, host
+from kubeloop.dev.binaries import GROUPS, repo_root, versions
 from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
     NodePaths, build_cni_config, build_containerd_config, build_kube_proxy_config, build_kubelet_config,
@@ -50,6 +50,29 @@ def test_kubelet_accepts_cgroup_v1_and_binds_only_the_node_address_and_loopback(
         assert Path(config[key]).is_relative_to(PATHS.root), key
     argv = kubelet_argv(Path("/bin/kubelet"), PATHS)
     assert f"--hostname-override={NODE_NAME}" in argv and f"--root-dir={PATHS.kubelet_root}" in argv
+
+
+def test_cluster_dns_answers_only_for_the_cluster_on_the_node_address():
+    """Backend: none (plain data). The kubelet points Pods at kube-dns's
+    address, which the Service holds and the EndpointSlice sends to the node's
+    address, the only one CoreDNS binds; no forward plugin, so no name leaves."""
+    corefile = dns.build_corefile(Path("/state/node/coredns.kubeconfig"), 12345)
+    assert {line.strip() for line in corefile.splitlines() if line.strip().startswith("bind")} == {f"bind {NODE_IP}"}
+    assert "forward" not in corefile and "ready 127.0.0.1:12345" in corefile
+    assert "kubeconfig /state/node/coredns.kubeconfig kubeloop" in corefile
+    assert build_kubelet_config(PATHS, Pki(Path("/state/pki")))["clusterDNS"] == [dns.DNS_IP]
+    objects = {o["kind"]: o for o in dns.build_objects()}
+    service, endpoints = objects["Service"], objects["EndpointSlice"]
+    assert service["spec"]["clusterIP"] == dns.DNS_IP and "selector" not in service["spec"]
+    assert ipaddress.ip_address(dns.DNS_IP) in ipaddress.ip_network(host.SERVICE_CIDR)
+    assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == service["metadata"]["name"]
+    assert endpoints["endpoints"][0]["addresses"] == [NODE_IP]
+    assert {(p["name"], p["protocol"]) for p in endpoints["ports"]} == \
+        {(p["name"], p["protocol"]) for p in service["spec"]["ports"]}
+    verbs = {verb for rule in objects["ClusterRole"]["rules"] for verb in rule["verbs"]}
+    assert verbs == {"list", "watch"}
+    assert objects["ClusterRoleBinding"]["subjects"][0]["name"] == dns.USER
+    assert versions()[GROUPS["coredns"][1]]  # the build is pinned in tools/versions.env
 
 
 def test_kube_proxy_uses_iptables_on_loopback_and_leaves_conntrack_sysctls_alone():

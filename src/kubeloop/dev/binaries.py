@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 # binary -> (its group's folder under bin/, the version that keys the group)
 GROUPS = {
@@ -13,6 +15,7 @@ GROUPS = {
        ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")},
     "kubelet": ("node", "KUBERNETES_VERSION"),
     "kube-proxy": ("node", "KUBERNETES_VERSION"),
+    "coredns": ("coredns", "COREDNS_VERSION"),
     "kwok": ("kwok", "KWOK_VERSION"),
     "helm": ("helm", "HELM_VERSION"),
 }
@@ -55,3 +58,21 @@ def binary(name: str) -> Path:
             "run `make setup` (it runs tools/build-binaries.sh once per version)"
         )
     return path
+
+
+def ensure(name: str, progress: Callable[[str], None] = lambda _: None) -> Path:
+    """The cached binary, built first if it is missing (once per version; a
+    build already running, such as make test's in the background, is waited
+    for rather than repeated)."""
+    try:
+        return binary(name)
+    except MissingBinary:
+        pass
+    group = GROUPS[name][0]
+    progress(f"building {name} {versions()[GROUPS[name][1]]} (once per version; a cold build takes minutes)")
+    script = repo_root() / "tools" / "build-binaries.sh"
+    result = subprocess.run([str(script), group], capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise MissingBinary(f"building {name} failed ({script} {group}, exit {result.returncode}):\n{tail}")
+    return binary(name)

@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubeloop.dev.dns import DNS_IP, DOMAIN
 from kubeloop.dev.host import BRIDGE, NODE_CIDR, POD_CIDR
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
 
@@ -134,7 +135,7 @@ def build_kubelet_config(paths: NodePaths, pki: Pki) -> dict:
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                            "x509": {"clientCAFile": str(pki.ca_cert)}},
         "authorization": {"mode": "Webhook"},
-        "clusterDomain": "cluster.local",
+        "clusterDomain": DOMAIN, "clusterDNS": [DNS_IP],
         "resolvConf": str(paths.root / "resolv.conf"),
         "podLogsDir": str(paths.root / "pod-logs"),
         "volumePluginDir": str(paths.root / "volume-plugins"),
@@ -178,7 +179,7 @@ def write_configs(paths: NodePaths, pki: Pki, pause_ref: str) -> None:
     (paths.cni_conf_dir / "10-kubeloop.conflist").write_text(json.dumps(build_cni_config(paths), indent=2))
     paths.kubelet_config.write_text(yaml.safe_dump(build_kubelet_config(paths, pki)))
     paths.kube_proxy_config.write_text(yaml.safe_dump(build_kube_proxy_config(paths)))
-    # No cluster DNS: names fail at once inside Pods instead of asking the host's resolver.
+    # Pods with dnsPolicy Default get no nameserver: nothing asks the host's resolver.
     (paths.root / "resolv.conf").write_text("options ndots:1\n")
 
 

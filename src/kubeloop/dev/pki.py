@@ -36,6 +36,7 @@ IDENTITIES = {
     "kwok": ("kubeloop-kwok", "system:masters"),
     "node": (f"system:node:{NODE_NAME}", "system:nodes"),
     "kube-proxy": ("system:kube-proxy", ""),
+    "coredns": ("kubeloop:coredns", ""),
 }
 
 

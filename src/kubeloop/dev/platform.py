@@ -3,7 +3,7 @@ kube-controller-manager, kube-scheduler) with KWOK faking a GPU fleet, an
 MLflow tracking server, a Feast repository, and Prometheus and Alertmanager
 (Debian's) with kubeloop's rules, run as background processes on 127.0.0.1
 from a state directory. With `real_node`, one real node (containerd, kubelet,
-kube-proxy; see kubeloop.dev.node) runs Pods beside the fake GPU fleet and
+kube-proxy; see kubeloop.dev.node) with cluster DNS (kubeloop.dev.dns) runs Pods beside the fake GPU fleet and
 takes the place of the fleet's CPU-only nodes.
 
 `up` is idempotent: a platform whose processes all run is left alone, one that
@@ -30,8 +30,8 @@ import psutil
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
-from kubeloop.dev import host, node, processes
-from kubeloop.dev.binaries import binary
+from kubeloop.dev import dns, host, node, processes
+from kubeloop.dev.binaries import binary, ensure
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
 from kubeloop.dev.images import Image, pause_image
@@ -43,7 +43,7 @@ KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
 CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus",
         "alertmanager")
-NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy")
+NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
 # KWOK's fake Pods take addresses from the lower half of the Pod range; the
 # real node's bridge subnet (host.NODE_CIDR) lies in the upper half.
@@ -398,6 +398,8 @@ class Platform:
         self._wait(state, "kube-apiserver", crds_established, 30)
         if self.real_node:
             self._wait(state, "kubelet", lambda: _node_ready(kube.get("v1", "Node", NODE_NAME) or {})["ready"], 60)
+            ready = f"http://127.0.0.1:{state.ports['coredns-ready']}/ready"
+            self._wait(state, "coredns", lambda: _http_ok(ready), 30)
         self._wait(state, "kwok", nodes_ready, 30)
         self._wait(state, "kube-controller-manager", controllers_running, 30)
         progress("waiting for MLflow")
@@ -447,6 +449,28 @@ class Platform:
             node.import_image(paths, pause.archive, pause.ref)
         self._spawn(state, "kubelet", node.kubelet_argv(binary("kubelet"), paths))
         self._spawn(state, "kube-proxy", [str(binary("kube-proxy")), f"--config={paths.kube_proxy_config}"])
+        self._start_dns(state, progress)
+
+    def _start_dns(self, state: PlatformState, progress: Progress) -> None:
+        """CoreDNS on the node's address behind the kube-dns Service."""
+        coredns = ensure("coredns", progress)
+        progress("starting CoreDNS")
+        kube, root = self.kube(), self.node_paths.root
+
+        def applied() -> bool:  # kube-system appears moments after the API server answers
+            for obj in dns.build_objects():
+                kube.apply(obj, field_manager="kubeloop-dev")
+            return True
+
+        self._wait(state, "kube-apiserver", applied, 30)
+        kubeconfig = root / "coredns.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(build_kubeconfig(
+            state.urls["KUBELOOP_APISERVER"], self.pki.ca_cert, self.pki.token("coredns"), "coredns")))
+        kubeconfig.chmod(0o600)
+        state.ports["coredns-ready"] = processes.free_port()
+        corefile = root / "Corefile"
+        corefile.write_text(dns.build_corefile(kubeconfig, state.ports["coredns-ready"]))
+        self._spawn(state, "coredns", dns.coredns_argv(coredns, corefile))
 
     def _start_monitoring(self, state: PlatformState, pki: Pki) -> None:
         """Prometheus with kubeloop's rules, scraping what registers itself

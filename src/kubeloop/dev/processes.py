@@ -98,21 +98,47 @@ def stop_all_under(root: Path) -> list[ProcessRecord]:
 
 
 def stop(record: ProcessRecord, timeout: float = 10.0) -> None:
-    """SIGTERM the process's whole session, then SIGKILL what is left."""
-    if not record.running():
+    """SIGTERM the process's whole session, then SIGKILL what is left. A
+    session whose first process died (a crash) is still stopped: what that
+    process had started (MLflow's server workers) would otherwise run on."""
+    if not record.running() and not _session_members(record):
         return
+    # start() makes each process the leader of a session and group of its own.
+    group = record.pid
     try:
-        group = os.getpgid(record.pid)
+        os.killpg(group, signal.SIGTERM)
     except ProcessLookupError:
         return
-    os.killpg(group, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and record.running():
+    while time.monotonic() < deadline and (record.running() or _session_members(record)):
         reap(record.pid)
         time.sleep(0.1)
-    if record.running():
-        os.killpg(group, signal.SIGKILL)
+    if record.running() or _session_members(record):
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         reap(record.pid)
+
+
+def _session_members(record: ProcessRecord) -> list[int]:
+    """Live processes in the record's process group. Once its pid belongs to
+    another process, so does the group: none of them are the record's."""
+    try:
+        if abs(psutil.Process(record.pid).create_time() - record.create_time) >= 1.0:
+            return []
+    except psutil.NoSuchProcess:
+        pass
+    members = []
+    for proc in psutil.process_iter(["create_time"]):
+        try:
+            if (proc.pid != record.pid and os.getpgid(proc.pid) == record.pid
+                    and proc.info["create_time"] >= record.create_time - 1.0
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
 
 
 def wait_exit(record: ProcessRecord, timeout: float) -> int | None:
