@@ -21,7 +21,7 @@ from kubeloop.operator.reconcilers.common import Outcome, backoff, finish
 from kubeloop.operator.reconcilers.retraining import RetrainStep, advance_retraining
 from kubeloop.registry import tags
 from kubeloop.registry.base import ModelVersion, RegistryUnavailable
-from kubeloop.serving.base import ServedVersion, ServingBackend, ServingRequest, ServingUnavailable
+from kubeloop.serving.base import ServedVersion, ServingBackend, ServingRequest, ServingState, ServingUnavailable
 
 KIND = "InferenceService"
 REQUIRED = ["ModelResolved", "Placed", "Deployed"]
@@ -94,10 +94,8 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                               placement=_placement_status(placement), **retrained),
                        retry_after=backoff(attempt), retry_reason=str(exc))
 
-    observations.append(Observation(
-        "Deployed", "True" if served.primary_ready else "False",
-        "Available" if served.primary_ready else "ContainersFailing" if served.failing else "RollingOut",
-        served.message))
+    answering = None if served.primary_ready else served.answering
+    observations.append(_deployed(served, answering))
     if "canary" in served.rolled_back:
         rolled_back = canary.version
     if rolled_back:
@@ -112,13 +110,15 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     observations += drift_obs
     degraded = bool(missing) or bool(rolled_back) or any(
         not ok for role, ok in served.ready.items() if role != "primary")
-    phase = "Ready" if served.primary_ready and not degraded else "Degraded" if served.primary_ready else "Pending"
+    if answering:  # new versions still loading are a rollout, not a degradation
+        degraded = bool(missing) or bool(rolled_back)
+    phase = "Pending" if not (served.primary_ready or answering) else "Degraded" if degraded else "Ready"
     new = finish(
         status, observations, ref.generation, REQUIRED, phase=phase, url=served.url,
-        model_version=primary.version,
         canary_version=canary.version if canary and not rolled_back else None,
         rolled_back_version=rolled_back,
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,
+        model_version=answering or primary.version,
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
         drift=drift if spec.monitoring else None, **retrained,
     )
@@ -136,6 +136,17 @@ def _retrain_fields(retrain: RetrainStep | None) -> dict:
         return {}
     return {"retraining": retrain.retraining, "retrains": retrain.retrains, "handled_alerts": retrain.handled_alerts,
             "last_retrain_at": retrain.last_retrain_at}
+
+
+def _deployed(served: ServingState, answering: str | None) -> Observation:
+    """Deployed stays True while new versions load beside one that answers,
+    as a Deployment rolling out keeps its old Pods serving."""
+    if served.primary_ready:
+        return Observation("Deployed", "True", "Available", served.message)
+    if answering:
+        return Observation("Deployed", "True", "Updating",
+                           f"version {answering} answers until the new versions are ready: {served.message}")
+    return Observation("Deployed", "False", "ContainersFailing" if served.failing else "RollingOut", served.message)
 
 
 def _place(spec: InferenceServiceSpec, primary: ModelVersion, backend_name: str, ports: Ports) -> PlacementDecision:

@@ -5,6 +5,7 @@ rollback of a canary that cannot load, and clean deletion."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -49,6 +50,40 @@ def infer(url: str, model: str, rows: np.ndarray, key: str | None = None) -> req
                          headers={"X-Request-Key": key} if key else {})
 
 
+def deployed(found: dict) -> dict:
+    return next(c for c in found["status"]["conditions"] if c["type"] == "Deployed")
+
+
+class Sampler:
+    """(phase, Deployed reason, modelVersion, status of a request) every 50 ms
+    on a thread of its own, while the block runs."""
+
+    def __init__(self, platform, namespace: str, model: str, rows: np.ndarray):
+        self.kube, self.namespace, self.model, self.rows = platform.kube(), namespace, model, rows
+        self.samples: list[tuple] = []
+        self.stop = threading.Event()
+
+    def __enter__(self) -> list[tuple]:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self.samples
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                found = get(self.kube, self.namespace)
+                code = infer(found["status"]["url"], self.model, self.rows).status_code
+                self.samples.append((found["status"]["phase"], deployed(found)["reason"],
+                                     found["status"]["modelVersion"], code))
+            except Exception as exc:  # noqa: BLE001 - a failed sample is a finding, not the end of sampling
+                self.samples.append(("error", repr(exc), None, None))
+
+    def __exit__(self, *_exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.kube.close()
+
+
 def routes(url: str) -> dict[tuple[str, str], float]:
     """(role, version) -> share, as the router's /metrics says it routes now."""
     text = requests.get(f"{url}/metrics", timeout=5).text
@@ -57,6 +92,7 @@ def routes(url: str) -> dict[tuple[str, str], float]:
 
 
 def test_local_serving_end_to_end(platform, kube, namespace, operator):
+    """Local path: the local serving backend and its router, against real tritonserver and MLflow."""
     uri = platform.env()["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)
     model = f"{namespace}-fraud"
@@ -90,9 +126,17 @@ def test_local_serving_end_to_end(platform, kube, namespace, operator):
     client.set_registered_model_alias(model, "challenger", v2)
     live = get(kube, namespace)
     live["spec"]["canary"] = {"alias": "challenger", "percent": 20}
-    kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}}, field_manager="test")
-    wait_for(lambda: get(kube, namespace)["status"].get("canaryVersion") == v2
-             and get(kube, namespace)["status"]["phase"] == "Ready", timeout=30, what="canary ready")
+    # While Triton loads v2 beside v1, v1 answers and the service stays Ready on it.
+    with Sampler(platform, namespace, model, x[:1]) as samples:
+        kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}}, field_manager="test")
+        wait_for(lambda: get(kube, namespace)["status"].get("canaryVersion") == v2
+                 and get(kube, namespace)["status"]["phase"] == "Ready"
+                 and deployed(get(kube, namespace))["reason"] == "Available", timeout=30, what="canary ready")
+    assert {(phase, code) for phase, _, _, code in samples} == {("Ready", 200)}, samples
+    assert {version for _, reason, version, _ in samples if reason == "Updating"} <= {v1}, samples
+    # The swap can finish between two samples; the operator's Events keep every transition.
+    wait_for(lambda: any(e["reason"] == "Updating" and f"version {v1} answers" in e["message"]
+                         for e in kube.list("v1", "Event", namespace)), timeout=30, what="the Updating event")
     url = get(kube, namespace)["status"]["url"]
     wait_for(lambda: routes(url) == {("primary", v1): 0.8, ("canary", v2): 0.2}, timeout=10, what="the router's new routes")
     served = [infer(url, model, x[i % 64:i % 64 + 1], key=f"caller-{i}").headers["X-Model-Version"]

@@ -120,6 +120,29 @@ def test_an_outage_is_containers_failing_not_a_rollout_and_recovery_clears_it(po
     assert next(c for c in recovered.status.conditions if c.type == "Deployed").status == "True"
 
 
+def test_a_swap_in_place_stays_ready_on_the_version_that_answers(ports, registry, serving, monkeypatch):
+    """Local path (reconciler): while the backend loads a new version beside
+    the old one, which keeps answering, the service is Ready on the old
+    version with Deployed=True Updating, and looks again soon; a canary still
+    loading is a rollout, not a degradation."""
+    from kubeloop.serving.base import ServingState
+
+    ready = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports)
+    registry.set_alias("fraud", "champion", "2")
+    monkeypatch.setattr(serving, "ensure", lambda request: ServingState(
+        url="http://x", ready={role: False for role in ("primary", "canary")}, answering="1", ready_replicas=1,
+        message="Triton is loading fraud version 2"))
+    swapping = reconcile_inference_service(REF, spec(canary={"alias": "challenger", "percent": 20}), ready.status,
+                                           ports)
+    deployed = next(c for c in swapping.status.conditions if c.type == "Deployed")
+    assert (deployed.status, deployed.reason) == ("True", "Updating") and "version 1 answers" in deployed.message
+    assert (swapping.status.phase, swapping.status.model_version) == ("Ready", "1") and swapping.retry_after
+    monkeypatch.undo()
+    done = reconcile_inference_service(REF, spec(), swapping.status, ports)
+    assert (done.status.phase, done.status.model_version) == ("Ready", "2")
+    assert next(c for c in done.status.conditions if c.type == "Deployed").reason == "Available"
+
+
 def test_registry_outage_retries(ports, registry, monkeypatch):
     def down(*_a, **_k):
         raise RegistryUnavailable("mlflow down")

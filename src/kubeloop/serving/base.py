@@ -61,6 +61,9 @@ class ServingState:
     failing: bool = False
     """A role is short of replicas because its containers died (an OOM kill,
     a crash) or cannot start: an outage, not a rollout in progress."""
+    answering: str | None = None
+    """While a new set of versions loads in place, the primary version that
+    keeps answering meanwhile (None when nothing does)."""
 
     @property
     def primary_ready(self) -> bool:

@@ -54,6 +54,8 @@ class InstanceState:
     """Fingerprint of the config and versions Triton last loaded."""
     failed: dict[str, str] | None = None
     """Versions Triton could not load, with its reason."""
+    answering: str = ""
+    """The primary version the router last sent callers to with Triton ready."""
 
     @classmethod
     def read(cls, path: Path) -> "InstanceState | None":
@@ -113,14 +115,18 @@ class LocalServing(ServingBackend):
             repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
             ready=f"{triton}/v2/health/live")
         if starting:
-            state.loaded = ""  # a new server has nothing loaded
+            state.loaded = state.answering = ""  # a new server has nothing loaded
             state.write(state_path)
             return ServingState(url=url, ready={role: False for role in wanted}, message=starting)
         if state.loaded != fingerprint:
             loading = self._ensure_loaded(state, folder, name, primary, sorted(set(wanted.values())), triton,
                                           fingerprint)
             if loading:
-                return ServingState(url=url, ready={role: False for role in wanted},
+                # Triton loads new versions before it unloads old ones: the router keeps answering.
+                router = state.record("router")
+                answering = state.answering if router and router.running() else None
+                return ServingState(url=url, ready={role: False for role in wanted}, answering=answering,
+                                    ready_replicas=1 if answering else 0,
                                     message=f"Triton is loading {model} version {primary}")
             state.loaded = fingerprint
             state.write(state_path)
@@ -146,6 +152,9 @@ class LocalServing(ServingBackend):
             # The router answers entity requests only once its feature stores are open.
             ready["primary"] = False
             message = message or "the router is opening the feature store"
+        elif state.answering != primary:
+            state.answering = primary
+            state.write(state_path)
         return ServingState(url=url, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
                             rolled_back=rolled_back)
 
