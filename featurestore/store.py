@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from kubeloop.api.signature import MISSING_VALUE
+from kubeloop.featurestore.freshness import Materialized, StoreNeed
 from kubeloop.featurestore.generate import Scenario, default_start, write
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,51 @@ def materialize(repo: Path, end: datetime | None = None) -> datetime:
     end = end or datetime.now(timezone.utc)
     open_store(repo).materialize_incremental(end_date=end)
     return end
+
+
+def materialize_views(need: StoreNeed, end: float) -> Materialized:
+    """Feast's incremental materialisation, up to end (Unix time), of the
+    feature views that serve the views a service reads online (an on-demand
+    view is computed from the feature views it reads), each on its own. What the registry
+    records afterwards comes back whether the run worked or not, so the lag
+    stays true through failures and operator restarts."""
+    store = open_store(StoreLocation.from_json(need.store))
+    names = online_views(store, list(need.views))
+    errors = []
+    for name in names:  # one view at a time: a broken source leaves the others fresh
+        try:
+            store.materialize_incremental(end_date=datetime.fromtimestamp(end, timezone.utc), feature_views=[name])
+        except Exception as exc:  # noqa: BLE001 - a team's store fails in its own ways (files, credentials, schema)
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    # A fresh FeatureStore: the registry as written, not as this one cached it.
+    return Materialized(store.project, materialized_until(open_store(StoreLocation.from_json(need.store)), names),
+                        "; ".join(errors) or None)
+
+
+def online_views(store, views: list[str]) -> list[str]:  # noqa: ANN001 - feast.FeatureStore
+    """The feature views to materialise for views read online: feature
+    views as they are, on-demand views by the feature views they read."""
+    from feast.on_demand_feature_view import OnDemandFeatureView
+
+    names: list[str] = []
+    for view in (feature_view(store, name) for name in views):
+        if isinstance(view, OnDemandFeatureView):
+            names += [p.name for p in view.source_feature_view_projections.values()]
+        else:
+            names.append(view.name)
+    return list(dict.fromkeys(names))
+
+
+def materialized_until(store, names: list[str]) -> dict[str, float | None]:  # noqa: ANN001 - feast.FeatureStore
+    """View -> the end of its last materialised interval (Unix time), read
+    from the registry, so it survives an operator restart."""
+    ends = {}
+    for name in names:
+        end = store.get_feature_view(name).most_recent_end_time
+        if end is not None and end.tzinfo is None:
+            end = end.replace(tzinfo=timezone.utc)  # Feast records UTC
+        ends[name] = end.timestamp() if end is not None else None
+    return ends
 
 
 def append_period(repo: Path, scenario: Scenario) -> dict[str, int]:

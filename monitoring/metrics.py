@@ -4,11 +4,16 @@ results whenever Prometheus scrapes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from pathlib import Path
+from typing import Callable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from kubeloop.featurestore.freshness import Materializer, lag_seconds, max_lag_seconds
 
 
 class DriftCollector(Collector):
@@ -46,3 +51,37 @@ class DriftCollector(Collector):
                 for feature, value in result.get("scores", {}).items():
                     score.add_metric([*values, feature, result["methods"].get(feature, "")], value)
         yield from (share, threshold, detected, rows, last, score)
+
+
+class FreshnessCollector(Collector):
+    """How far each online store the operator materialises is behind, per
+    view, computed at scrape time from the registry's record of the last
+    materialised interval; and its runs by result."""
+
+    def __init__(self, materializer: Materializer, clock: Callable[[], float] = time.time):
+        self.materializer = materializer
+        self.clock = clock
+
+    def collect(self):  # noqa: ANN201 - prometheus_client protocol
+        labels = ["store", "project"]
+        lag = GaugeMetricFamily("kubeloop_online_features_lag_seconds", "Seconds from the end of the view's last "
+                                "materialised interval to now (+Inf: never materialised).", labels=[*labels, "view"])
+        limit = GaugeMetricFamily("kubeloop_online_features_max_lag_seconds", "Lag at which the store counts as "
+                                  "stale: three materialisation intervals.", labels=labels)
+        runs = CounterMetricFamily("kubeloop_online_features_materializations", "Materialisation runs of the "
+                                   "store since the operator started, by result.", labels=[*labels, "result"])
+        now = self.clock()
+        for state in self.materializer.states():
+            values = [store_label(state.need.store), state.project]
+            limit.add_metric(values, max_lag_seconds(state.need.interval))
+            runs.add_metric([*values, "succeeded"], state.runs - state.failed_runs)
+            runs.add_metric([*values, "failed"], state.failed_runs)
+            for view, end in sorted(state.ends.items()):
+                lag.add_metric([*values, view], lag_seconds(now, end))
+        yield from (lag, limit, runs)
+
+
+def store_label(store: str) -> str:
+    """A short stable name for a store location (its JSON can hold a whole
+    feature_store.yaml)."""
+    return hashlib.sha256(store.encode()).hexdigest()[:12]

@@ -162,6 +162,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def stop_webhooks(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "ports", None) is not None and memo.ports.materializer is not None:
+            memo.ports.materializer.stop()
         if getattr(memo, "mlflow_webhook", None) is not None:
             memo.mlflow_webhook.cancel()
         if getattr(memo, "webhooks", None) is not None:
@@ -189,7 +191,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.delete(GROUP, VERSION, INFERENCE_SERVICE.plural, id="stop-serving", registry=registry)
     def stop_serving(meta: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
         """Backends that run processes outside Kubernetes stop them here, and
-        the drift monitor lets go of the object."""
+        the drift monitor and the materialiser let go of the object."""
         ref = ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta)
         backend = memo.ports.serving.get(spec.get("backend") or memo.ports.default_serving_backend)
         with _locks.of(meta["uid"]):
@@ -197,6 +199,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 backend.delete(ref)
             if memo.ports.monitor:
                 memo.ports.monitor.forget(ref)
+            if memo.ports.materializer:
+                memo.ports.materializer.forget(ref.uid)
         _locks.forget(meta["uid"])
 
     return registry
@@ -206,7 +210,7 @@ async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202
     """Alertmanager's and MLflow's webhooks and /metrics, in kopf's event loop."""
     from prometheus_client import CollectorRegistry
 
-    from kubeloop.monitoring.metrics import DriftCollector
+    from kubeloop.monitoring.metrics import DriftCollector, FreshnessCollector
     from kubeloop.operator.kube import Kube
     from kubeloop.operator.webhooks import SecretFile, WebhookConfig, Webhooks, keep_mlflow_webhook, serve
 
@@ -215,6 +219,8 @@ async def _serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202
         raise kopf.PermanentError(f"KUBELOOP_WEBHOOK_TOKEN_FILE ({config.webhook_token_file}) holds no token")
     metrics = CollectorRegistry()
     metrics.register(DriftCollector(config.state_dir / "monitoring"))
+    if ports.materializer is not None:
+        metrics.register(FreshnessCollector(ports.materializer))
     webhooks = Webhooks(ports.objects or Kube.from_environment(),
                         WebhookConfig(token.value, mlflow_secret.value, tuple(config.namespaces)), metrics)
     runner = await serve(webhooks, config.webhook_address, config.webhook_port)

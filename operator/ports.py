@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from kubeloop.featurestore.freshness import Materializer
 from kubeloop.gpu.placement import NodeInfo
 from kubeloop.monitoring.base import DriftMonitor
 from kubeloop.pipelines.backends.base import PipelineBackend
@@ -46,4 +47,6 @@ class Ports:
     monitor: DriftMonitor | None = None
     tracking_uri: str | None = None
     feast_repo: str | None = None
+    materializer: Materializer | None = None
+    """Keeps the online stores that InferenceServices read fresh."""
     clock: Callable[[], float] = time.time

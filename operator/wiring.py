@@ -88,6 +88,8 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
 
 
 def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
+    from kubeloop.featurestore.freshness import Materializer
+    from kubeloop.featurestore.store import materialize_views
     from kubeloop.monitoring.local import LocalDriftMonitor
 
     kube = kube or Kube.from_environment()
@@ -104,4 +106,5 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         monitor=LocalDriftMonitor(config.state_dir) if config.tracking_uri else None,
         tracking_uri=config.tracking_uri,
         feast_repo=str(config.feast_repo) if config.feast_repo else None,
+        materializer=Materializer(materialize_views).start(),
     )

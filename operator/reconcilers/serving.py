@@ -13,6 +13,7 @@ from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, TrafficSplit,
 )
 from kubeloop.api.signature import ModelSignature
+from kubeloop.featurestore.freshness import StoreNeed, freshness
 from kubeloop.gpu.placement import PlacementDecision, plan
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.kube import KubeError
@@ -108,6 +109,8 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                                         f"version {canary.version} gets {canary_percent}% of requests"))
     drift, drift_obs = _monitor(ref, spec, primary, backend, ports)
     observations += drift_obs
+    fresh = _keep_fresh(ref, spec, versions, backend, ports)
+    observations += fresh
     degraded = bool(missing) or bool(rolled_back) or any(
         not ok for role, ok in served.ready.items() if role != "primary")
     if answering:  # new versions still loading are a rollout, not a degradation
@@ -122,8 +125,10 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
         drift=drift if spec.monitoring else None, **retrained,
     )
-    if not canary and not rolled_back:
-        new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type != "CanaryReady"]})
+    gone = {"CanaryReady"} if not canary and not rolled_back else set()
+    gone |= {"FeaturesFresh"} if not fresh else set()
+    if gone:
+        new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type not in gone]})
     if not served.primary_ready:
         # Backends start things and return; look again soon rather than at the next resync.
         return Outcome(new, retry_after=backoff(attempt, base=1.0, cap=10.0),
@@ -193,6 +198,34 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
                         report=latest.get("report"))
     summary = f"{drift.share:.0%} of features drifted over {drift.rows} requests"
     return drift, [Observation("DriftMonitored", "True", "Drifted" if drift.drifted else "NoDrift", summary)]
+
+
+def _keep_fresh(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[ServedVersion],
+                backend: ServingBackend, ports: Ports) -> list[Observation]:
+    """Have the online stores the served versions read kept materialised;
+    how fresh they are (nothing when no version reads online features)."""
+    if ports.materializer is None:
+        return []
+    interval = seconds(spec.features.materialize_every)
+    needs = [need for v in versions if (need := store_need(v.model.tags, interval))] \
+        if backend.reads_online_features else []
+    ports.materializer.want(ref.uid, needs)
+    if not needs:
+        return []
+    states = ports.materializer.states({n.store for n in needs})
+    if not states:
+        return []
+    return [Observation("FeaturesFresh", *freshness(states, ports.clock()))]
+
+
+def store_need(version_tags: dict[str, str], interval: float) -> StoreNeed | None:
+    """The store a version reads online features from, and the views it
+    reads; None when it takes feature vectors only."""
+    signature = ModelSignature.from_tags(version_tags)
+    store = version_tags.get(tags.FEATURE_STORE, "")
+    if not signature.feature_views or not store:
+        return None
+    return StoreNeed(store, tuple(sorted(signature.feature_views)), interval)
 
 
 def _resolve(ports: Ports, ref: ModelRef) -> ModelVersion | None:

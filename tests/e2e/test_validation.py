@@ -24,6 +24,10 @@ CASES = [
      ["spec.gpu.mig.profile", "MIG profile 9g.99gb does not exist"]),
     (isvc(gpu={"sharing": "mig", "product": "NVIDIA-A100-SXM4-40GB", "mig": {"profile": "1g.20gb"}}),
      ["spec.gpu.mig.profile", "MIG profile 1g.20gb does not exist on NVIDIA-A100-SXM4-40GB"]),
+    (isvc(features={"materializeEvery": "0s"}),
+     ["spec.features.materializeEvery", "materializeEvery must be from 1s to 1d"]),
+    (isvc(features={"materializeEvery": "2d"}),
+     ["spec.features.materializeEvery", "materializeEvery must be from 1s to 1d"]),
     (isvc(canary={"alias": "challenger", "percent": 150}),
      ["spec.canary.percent", "less than or equal to 100"]),
     (isvc(model={"name": "m", "alias": "champion", "version": "3"}),
@@ -82,3 +86,4 @@ def test_a_valid_object_is_accepted_and_defaulted(kubectl, kube, namespace):
     assert stored["spec"]["replicas"] == 1
     assert stored["spec"]["requestLogging"] == {"enabled": True, "sampleRate": 1.0}
     assert stored["spec"]["runtime"]["protocol"] == "v2"
+    assert stored["spec"]["features"] == {"missing": "default", "materializeEvery": "10m"}

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from kubeloop.api.base import BaseStatus, Duration, KubeModel, ModelRef, VersionSelector
 from kubeloop.api.optimization import AccuracyBudget, LatencySLO, Technique
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.schema import cel
+from kubeloop.api.times import seconds
 from kubeloop.api.training import TimeWindow, TrainingJobSpec
 from kubeloop.gpu.catalog import mig_profile_rule
 
@@ -187,11 +188,33 @@ class OnlineFeatures(KubeModel):
     of the version's feature store (the views of its signature). Local
     backend; the Kubernetes backend takes the feature vector only, for now."""
 
+    # CEL's duration() knows no days: 1d is spelt out, the rest compared as durations.
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("self.materializeEvery == '1d' || (!self.materializeEvery.contains('d') && "
+             "duration(self.materializeEvery) >= duration('1s') && duration(self.materializeEvery) <= duration('24h'))",
+             "materializeEvery must be from 1s to 1d (for example 30s, 10m, 1h)", "materializeEvery"),
+        )
+    )
+
     missing: Literal["default", "reject"] = "default"
     """What a row gets when the online store does not know its entity, or
     holds a value older than its feature view's ttl: default puts the
     training default (0, as the training data's missing values) in its
     place; reject answers 422 naming the entity and the views."""
+    materialize_every: Duration = "10m"
+    """How often the operator loads the newest offline rows of the
+    version's feature views into the online store (Feast's incremental
+    materialisation), from 1s to 1d. The lag behind it is exported as
+    kubeloop_online_features_lag_seconds; KubeloopOnlineFeaturesStale fires
+    when it exceeds three intervals."""
+
+    @field_validator("materialize_every")
+    @classmethod
+    def _bounded_interval(cls, value: str) -> str:
+        if not 1 <= seconds(value) <= 86400:
+            raise ValueError(f"{value} is outside 1s..1d: materialise at least daily and at most every second")
+        return value
 
 
 class InferenceServiceSpec(KubeModel):
@@ -233,7 +256,8 @@ class InferenceServiceSpec(KubeModel):
     retraining: Retraining | None = None
     """Retrain on drift; needs monitoring."""
     features: OnlineFeatures = Field(default_factory=OnlineFeatures)
-    """Entity requests: how missing or stale online features are handled."""
+    """Entity requests: how missing or stale online features are handled, and
+    how often the online store is refreshed."""
 
 
 class Placement(KubeModel):

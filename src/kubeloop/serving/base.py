@@ -74,6 +74,9 @@ class ServingBackend(abc.ABC):
     """Runs Triton for InferenceServices."""
 
     name: str
+    reads_online_features: bool = False
+    """Whether the serving path reads the online store (entity requests):
+    only then does the operator keep that store materialised."""
 
     @abc.abstractmethod
     def ensure(self, request: ServingRequest) -> ServingState:

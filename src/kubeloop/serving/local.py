@@ -74,6 +74,7 @@ class InstanceState:
 
 class LocalServing(ServingBackend):
     name = "local"
+    reads_online_features = True
 
     def __init__(self, work_dir: Path, tracking_uri: str, runtime: TritonRuntime | None = None,
                  log_dir: Path | None = None, targets: Path | None = None):
