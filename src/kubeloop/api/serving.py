@@ -191,7 +191,7 @@ class OnlineFeatures(KubeModel):
     # CEL's duration() knows no days: 1d is spelt out, the rest compared as durations.
     model_config = ConfigDict(
         json_schema_extra=cel(
-            ("self.materializeEvery == '1d' || (!self.materializeEvery.contains('d') && "
+            ("!has(self.materializeEvery) || self.materializeEvery == '1d' || (!self.materializeEvery.contains('d') && "
              "duration(self.materializeEvery) >= duration('1s') && duration(self.materializeEvery) <= duration('24h'))",
              "materializeEvery must be from 1s to 1d (for example 30s, 10m, 1h)", "materializeEvery"),
         )
