@@ -62,7 +62,6 @@ class StoreState:
     project: str = ""
     ends: dict[str, float | None] = field(default_factory=dict)
     last_error: str | None = None
-    last_success: float | None = None
 
 
 def merge_needs(needs: Iterable[StoreNeed]) -> dict[str, StoreNeed]:
@@ -218,7 +217,7 @@ class Materializer:
             state.project = result.project or state.project
             state.ends.update(result.ends)
             if result.error is None:
-                state.failures, state.last_error, state.last_success = 0, None, now
+                state.failures, state.last_error = 0, None
             else:
                 state.failures += 1
                 state.failed_runs += 1

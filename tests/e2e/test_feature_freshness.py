@@ -10,6 +10,8 @@ Feast sqlite online store and file offline store, MLflow, Prometheus)."""
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 import requests
@@ -88,18 +90,23 @@ def test_the_operator_keeps_the_online_store_fresh_and_stale_data_raises_the_ale
     for source, key, value in (("card_activity", "card_id", NEW_CARD), ("card_profile", "card_id", NEW_CARD),
                                ("merchant_risk", "merchant_id", NEW_MERCHANT)):
         add_row(repo, source, key, value, at)
+    added = time.monotonic()
     answered = wait_for(lambda: (r := infer(url, model, request)).status_code == 200 and r.json(), timeout=60,
                         interval=0.5, what="the new card served from the online store")
     assert 0.0 <= answered["outputs"][0]["data"][0] <= 1.0
+    print(f"new offline rows served online after {time.monotonic() - added:.1f} s (materializeEvery 2s)")
 
     # The card_activity pipeline breaks: its source disappears. Materialisation
     # fails, the service says so, and its online features age into the alert.
     (repo / "data" / "card_activity.parquet").rename(repo / "data" / "card_activity.parquet.lost")
+    broken = time.monotonic()
     failed = wait_for(lambda: condition(kube, namespace, "FeaturesFresh").get("status") == "False"
                       and condition(kube, namespace, "FeaturesFresh"), timeout=60, what="FeaturesFresh False")
     assert failed["reason"] == "MaterializationFailed" and "card_activity" in failed["message"]
     alerts = wait_for(lambda: firing(env["PROMETHEUS_URL"], store), timeout=150, interval=2,
                       what="KubeloopOnlineFeaturesStale firing in Prometheus")
+    print(f"source lost -> KubeloopOnlineFeaturesStale firing: {time.monotonic() - broken:.0f} s "
+          "(limit 6 s, for 1m, 5 s scrape and evaluation)")
     assert {a["labels"]["view"] for a in alerts} == {"card_activity"}
     assert alerts[0]["labels"]["project"] == "kubeloop_fraud"
     # The views that still materialise stay fresh; serving goes on (stale, as the alert says).
