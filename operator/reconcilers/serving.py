@@ -206,9 +206,9 @@ def _keep_fresh(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[Serve
     how fresh they are (nothing when no version reads online features)."""
     if ports.materializer is None:
         return []
-    interval = seconds(spec.features.materialize_every)
-    needs = [need for v in versions if (need := store_need(v.model.tags, interval))] \
-        if backend.reads_online_features else []
+    every = spec.features.materialize_every
+    needs = [need for v in versions if (need := store_need(v.model.tags, seconds(every)))] \
+        if every and backend.reads_online_features else []
     ports.materializer.want(ref.uid, needs)
     if not needs:
         return []

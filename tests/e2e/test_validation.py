@@ -86,4 +86,4 @@ def test_a_valid_object_is_accepted_and_defaulted(kubectl, kube, namespace):
     assert stored["spec"]["replicas"] == 1
     assert stored["spec"]["requestLogging"] == {"enabled": True, "sampleRate": 1.0}
     assert stored["spec"]["runtime"]["protocol"] == "v2"
-    assert stored["spec"]["features"] == {"missing": "default", "materializeEvery": "10m"}
+    assert stored["spec"]["features"] == {"missing": "default"}  # no schedule unless asked for

@@ -212,10 +212,13 @@ def test_the_service_asks_for_its_store_on_its_interval_and_says_how_fresh_it_is
     assert (fresh.status, fresh.reason) == ("True", "Materialized")
 
 
-def test_a_backend_that_takes_vectors_only_schedules_nothing():
+@pytest.mark.parametrize("serving, features", [(RecordingServing(), {"materializeEvery": "2m"}), (OnlineServing(), {})],
+                         ids=["vectors-only-backend", "no-schedule-asked-for"])
+def test_nothing_is_scheduled_for_a_backend_that_takes_vectors_only_or_a_service_that_asks_for_none(
+        serving, features):
     materializer = Materializer(Runs(), clock=Clock())
-    ports = _ports(RecordingServing(), materializer, ["card_activity"])
-    spec = InferenceServiceSpec.model_validate({"model": {"name": "fraud", "alias": "champion"}})
+    ports = _ports(serving, materializer, ["card_activity"])
+    spec = InferenceServiceSpec.model_validate({"model": {"name": "fraud", "alias": "champion"}, "features": features})
     out = reconcile_inference_service(REF, spec, InferenceServiceStatus(), ports)
     assert materializer.states() == []
     assert all(c.type != "FeaturesFresh" for c in out.status.conditions)

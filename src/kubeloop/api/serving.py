@@ -202,17 +202,18 @@ class OnlineFeatures(KubeModel):
     holds a value older than its feature view's ttl: default puts the
     training default (0, as the training data's missing values) in its
     place; reject answers 422 naming the entity and the views."""
-    materialize_every: Duration = "10m"
+    materialize_every: Duration | None = None
     """How often the operator loads the newest offline rows of the
     version's feature views into the online store (Feast's incremental
-    materialisation), from 1s to 1d. The lag behind it is exported as
-    kubeloop_online_features_lag_seconds; KubeloopOnlineFeaturesStale fires
-    when it exceeds three intervals."""
+    materialisation), from 1s to 1d; unset, the team keeps its online store
+    fresh itself and kubeloop schedules nothing. The lag behind it is
+    exported as kubeloop_online_features_lag_seconds;
+    KubeloopOnlineFeaturesStale fires when it exceeds three intervals."""
 
     @field_validator("materialize_every")
     @classmethod
-    def _bounded_interval(cls, value: str) -> str:
-        if not 1 <= seconds(value) <= 86400:
+    def _bounded_interval(cls, value: str | None) -> str | None:
+        if value is not None and not 1 <= seconds(value) <= 86400:
             raise ValueError(f"{value} is outside 1s..1d: materialise at least daily and at most every second")
         return value
 
