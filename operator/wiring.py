@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from kubeloop.operator.builders.serving import ServingImages
 from kubeloop.operator.fleet import observe_fleet
@@ -14,6 +15,9 @@ from kubeloop.pipelines.backends.noop import NoopBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
 from kubeloop.serving.kubernetes import KubernetesServing
+
+if TYPE_CHECKING:
+    from kubeloop.featurestore.freshness import Materializer
 
 
 def build_registry(config: OperatorConfig) -> ModelRegistry:
@@ -87,16 +91,26 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
     return backends
 
 
-def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
+def build_materializer(serving: dict[str, ServingBackend]) -> Materializer | None:
+    """Online stores are kept fresh only for backends that read them; the
+    operator's image has no Feast (nor pandas) for the others."""
+    if not any(backend.reads_online_features for backend in serving.values()):
+        return None
     from kubeloop.featurestore.freshness import Materializer
     from kubeloop.featurestore.store import materialize_views
+
+    return Materializer(materialize_views).start()
+
+
+def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
     from kubeloop.monitoring.local import LocalDriftMonitor
 
     kube = kube or Kube.from_environment()
+    serving = build_serving_backends(config, kube)
     return Ports(
         registry=build_registry(config),
         pipelines=build_pipeline_backends(config),
-        serving=build_serving_backends(config, kube),
+        serving=serving,
         fleet=partial(observe_fleet, kube),
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
@@ -106,5 +120,5 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         monitor=LocalDriftMonitor(config.state_dir) if config.tracking_uri else None,
         tracking_uri=config.tracking_uri,
         feast_repo=str(config.feast_repo) if config.feast_repo else None,
-        materializer=Materializer(materialize_views).start(),
+        materializer=build_materializer(serving),
     )

@@ -222,3 +222,16 @@ def test_nothing_is_scheduled_for_a_backend_that_takes_vectors_only_or_a_service
     out = reconcile_inference_service(REF, spec, InferenceServiceStatus(), ports)
     assert materializer.states() == []
     assert all(c.type != "FeaturesFresh" for c in out.status.conditions)
+
+
+def test_an_operator_without_a_backend_that_reads_online_features_runs_no_materializer():
+    """Cluster path (wiring): the chart's operator (kubernetes backend) runs in an image without Feast or
+    pandas; it failed to start when the materialiser was built regardless."""
+    from kubeloop.operator.wiring import build_materializer
+
+    assert build_materializer({"kubernetes": RecordingServing()}) is None
+    materializer = build_materializer({"local": OnlineServing()})
+    try:
+        assert materializer is not None
+    finally:
+        materializer.stop()
