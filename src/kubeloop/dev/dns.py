@@ -24,9 +24,9 @@ _PORTS = [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "p
 
 
 def build_corefile(kubeconfig: Path, ready_port: int) -> str:
-    """One server for the cluster's zones; every other name gets SERVFAIL
-    from a server with no plugins (not logged: a Pod retrying an outside name
-    would fill the log)."""
+    """One server for the cluster's zones; every other name gets REFUSED at
+    once from a server with no plugins (not logged: a Pod retrying an outside
+    name would fill the log)."""
     return "\n".join([
         f"{DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{",
         f"    bind {NODE_IP}",

@@ -296,9 +296,7 @@ class Platform:
         api = f"https://{self.host_address}:{ports['apiserver']}"
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
             name = "kubeconfig" if identity == "admin" else f"{identity}.kubeconfig"
-            (self.dir / name).write_text(
-                yaml.safe_dump(build_kubeconfig(api, pki.ca_cert, pki.token(identity), identity)))
-            (self.dir / name).chmod(0o600)
+            write_kubeconfig(self.dir / name, api, pki, identity)
 
         progress("starting etcd")
         etcd_url = f"http://127.0.0.1:{ports['etcd']}"
@@ -441,8 +439,7 @@ class Platform:
         node.write_configs(paths, pki, pause.ref)
         api = state.urls["KUBELOOP_APISERVER"]
         for identity, path in (("node", paths.kubelet_kubeconfig), ("kube-proxy", paths.kube_proxy_kubeconfig)):
-            path.write_text(yaml.safe_dump(build_kubeconfig(api, pki.ca_cert, pki.token(identity), identity)))
-            path.chmod(0o600)
+            write_kubeconfig(path, api, pki, identity)
         self._spawn(state, "containerd", ["containerd", f"--config={paths.containerd_config}"])
         self._wait(state, "containerd", lambda: node.containerd_ready(paths), 30)
         if not node.has_image(paths, pause.ref):
@@ -464,9 +461,7 @@ class Platform:
 
         self._wait(state, "kube-apiserver", applied, 30)
         kubeconfig = root / "coredns.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(build_kubeconfig(
-            state.urls["KUBELOOP_APISERVER"], self.pki.ca_cert, self.pki.token("coredns"), "coredns")))
-        kubeconfig.chmod(0o600)
+        write_kubeconfig(kubeconfig, state.urls["KUBELOOP_APISERVER"], self.pki, "coredns")
         state.ports["coredns-ready"] = processes.free_port()
         corefile = root / "Corefile"
         corefile.write_text(dns.build_corefile(kubeconfig, state.ports["coredns-ready"]))
@@ -620,6 +615,12 @@ def _fernet_key(path: Path) -> str:
         path.write_text(base64.urlsafe_b64encode(secrets.token_bytes(32)).decode())
         path.chmod(0o600)
     return path.read_text()
+
+
+def write_kubeconfig(path: Path, server: str, pki: Pki, identity: str) -> None:
+    """One identity's kubeconfig, readable by its owner only."""
+    path.write_text(yaml.safe_dump(build_kubeconfig(server, pki.ca_cert, pki.token(identity), identity)))
+    path.chmod(0o600)
 
 
 def build_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict:
