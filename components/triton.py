@@ -40,6 +40,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from kubeloop.api.signature import ModelSignature
 
 BACKENDS = ("python", "onnxruntime")
+DEVICES = ("cpu", "gpu")
+GPU_INSTANCES = 2
+"""Instances per GPU: two, so one copies while the other computes."""
 MAX_REQUEST_ROWS = 1024
 """The most rows one request may carry to a batching model. Triton refuses a
 request of more rows than max_batch_size, so max_batch_size bounds callers;
@@ -83,7 +86,7 @@ def plan_batching(profile: dict[int, tuple[float, float]], slo_ms: float, device
     headroom_ms = max(0.0, slo_ms - compute_ms)
     cap_ms = max(4 * profile[sizes[0]][0], 0.1)
     delay_us = int(max(50.0, min(fill_ms, headroom_ms / 2, cap_ms) * 1000))
-    instances = 2 if device == "gpu" else max(1, min(cpus, 4))
+    instances = GPU_INSTANCES if device == "gpu" else max(1, min(cpus, 4))
     why = (f"p99 {compute_ms:.3f} ms at batch {largest} leaves {headroom_ms:.2f} ms of a {slo_ms} ms SLO; "
            f"best throughput {best:,.0f} rows/s; preferred {list(preferred) or 'none'}; "
            f"{instances} {'GPU' if device == 'gpu' else 'CPU'} instance(s)")
@@ -112,6 +115,27 @@ def build_config(name: str, signature: ModelSignature, plan: BatchingPlan | None
         config.dynamic_batching.max_queue_delay_microseconds = plan.max_queue_delay_us
     elif plan:
         config.dynamic_batching.max_queue_delay_microseconds = plan.max_queue_delay_us
+    return config
+
+
+def for_device(config: mc.ModelConfig, device: str) -> mc.ModelConfig:
+    """The config with its instances on the device the version is served on.
+    A registered config carries the kind of the device it was profiled on,
+    which need not be where placement puts it (a CPU-profiled version placed
+    on a MIG slice would otherwise leave the GPU idle)."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device}: expected one of {', '.join(DEVICES)}")
+    config = mc.ModelConfig.FromString(config.SerializeToString())
+    groups = list(config.instance_group) or [mc.ModelInstanceGroup(count=1)]
+    config.ClearField("instance_group")
+    for group in groups:
+        placed = config.instance_group.add()
+        placed.CopyFrom(group)
+        placed.ClearField("gpus")
+        if device == "gpu":
+            placed.kind, placed.count = mc.ModelInstanceGroup.KIND_GPU, GPU_INSTANCES
+        else:
+            placed.kind = mc.ModelInstanceGroup.KIND_CPU
     return config
 
 

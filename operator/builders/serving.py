@@ -7,11 +7,15 @@ to its image.
 
 Canary traffic, two ways:
 - by default the canary's Pods sit behind the primary's Service and get their
-  share by replica ratio (coarse with few replicas: 1 of 5 replicas is 20%);
+  share by replica ratio (coarse with few replicas: 1 of 5 replicas is 20%,
+  1 of 2 is 50%; `effective_split` says what callers really get);
 - with a Gateway configured (Gateway API), each version gets a Service of its
   own and an HTTPRoute splits requests by weight, exactly, whatever the
   replica counts.
 The shadow has a Service of its own that mirroring sends copies to.
+
+With autoscaling the HPA owns the primary's replica count: the Deployment is
+applied without `spec.replicas`, so a resync never undoes what the HPA chose.
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ def split_replicas(total: int, canary_percent: int) -> tuple[int, int]:
 
 
 def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, model: ModelVersion,
-                     replicas: int, placement: PlacementDecision, images: ServingImages) -> dict:
+                     replicas: int | None, placement: PlacementDecision, images: ServingImages) -> dict:
+    """A version's Triton Deployment; replicas None leaves the count to
+    whoever scales it (the HPA)."""
     labels = {LABEL_SERVING: ref.name, LABEL_ROLE: role, LABEL_MODEL_VERSION: model.version,
               "app.kubernetes.io/name": "triton", "app.kubernetes.io/instance": ref.name}
     selector = {LABEL_SERVING: ref.name, LABEL_ROLE: role}
@@ -84,7 +90,7 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
             "runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [_puller(model, images)],
+        "initContainers": [_puller(model, images, placement)],
         "containers": [_triton(spec, model, images, resources, limits, placement)],
         "volumes": [{"name": "models", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}},
                     {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
@@ -98,7 +104,7 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
         "kind": "Deployment",
         "metadata": child_metadata(ref, deployment_name(ref, role), {**labels, **images.extra_labels}),
         "spec": {
-            "replicas": replicas,
+            **({"replicas": replicas} if replicas is not None else {}),
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate",
                          "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
@@ -123,12 +129,17 @@ def _restricted(container: dict) -> dict:
     return container
 
 
-def _puller(model: ModelVersion, images: ServingImages) -> dict:
+def _puller(model: ModelVersion, images: ServingImages, placement: PlacementDecision) -> dict:
+    command = ["kubeloop", "serving", "fetch", f"models:/{model.name}/{model.version}",
+               "--repository", MODEL_REPOSITORY, "--backend", images.triton_backend]
+    if placement.mode != "cpu":
+        # The registered config was profiled on whatever device optimised it;
+        # a version placed on a GPU slice needs GPU instances to use it.
+        command += ["--device", "gpu"]
     container = {
         "name": "model-puller",
         "image": images.puller,
-        "command": ["kubeloop", "serving", "fetch", f"models:/{model.name}/{model.version}",
-                    "--repository", MODEL_REPOSITORY, "--backend", images.triton_backend],
+        "command": command,
         "env": [{"name": "MLFLOW_TRACKING_URI", "value": images.tracking_uri}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": [{"name": "models", "mountPath": MODEL_REPOSITORY},
@@ -213,14 +224,7 @@ def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[st
                    placement: PlacementDecision, images: ServingImages) -> list[dict]:
     """Every object an InferenceService needs, for the roles present in
     versions (role -> (model version, traffic percent))."""
-    total = spec.autoscaling.min_replicas if spec.autoscaling else spec.replicas
-    canary_percent = versions["canary"][1] if "canary" in versions else 0
-    primary_replicas, canary_replicas = split_replicas(total, canary_percent)
-    replicas = {"primary": primary_replicas, "canary": canary_replicas,
-                "shadow": max(1, min(total, 1)) if total else 0}
-    if images.gateway:
-        # The HTTPRoute splits exactly; each version keeps the replicas it needs.
-        replicas.update(primary=total, canary=max(1, total // 2) if canary_percent else 0)
+    replicas = planned_replicas(spec, versions.get("canary", (None, 0))[1], exact=bool(images.gateway))
     children: list[dict] = []
     for role, (model, _percent) in versions.items():
         children.append(build_deployment(ref, spec, role, model, replicas[role], placement, images))
@@ -237,6 +241,35 @@ def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[st
     if autoscaler:
         children.append(autoscaler)
     return children
+
+
+def planned_replicas(spec: InferenceServiceSpec, canary_percent: int, exact: bool) -> dict[str, int | None]:
+    """Replicas per role. The autoscaled primary gets None (the HPA owns its
+    count); the canary's count comes from the smallest scale, so the replica
+    ratio gives at least the canary's share. With an exact split (an
+    HTTPRoute), each version keeps the replicas it needs."""
+    total = spec.autoscaling.min_replicas if spec.autoscaling else spec.replicas
+    primary, canary = split_replicas(total, canary_percent)
+    if exact:
+        primary, canary = total, max(1, total // 2) if canary_percent else 0
+    return {"primary": None if spec.autoscaling else primary, "canary": canary,
+            "shadow": max(1, min(total, 1)) if total else 0}
+
+
+def effective_split(requested: dict[str, int], available: dict[str, int], wanted: dict[str, int],
+                    exact: bool) -> dict[str, int]:
+    """The percent of requests primary and canary really get. An HTTPRoute
+    splits by weight exactly; behind one Service the replicas that pass
+    readiness share the requests (before any does, the split the wanted
+    replicas will give)."""
+    if exact or "canary" not in requested:
+        return dict(requested)
+    counts = available if available.get("primary", 0) + available.get("canary", 0) else wanted
+    primary, canary = counts.get("primary", 0), counts.get("canary", 0)
+    if primary + canary == 0:
+        return dict(requested)
+    share = round(100 * canary / (primary + canary))
+    return {"primary": 100 - share, "canary": share}
 
 
 def build_http_route(ref: ObjectRef, weights: dict[str, int], images: ServingImages) -> dict:

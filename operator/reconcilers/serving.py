@@ -10,7 +10,7 @@ from kubeloop.api.base import ModelRef
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.times import seconds
 from kubeloop.api.serving import (
-    DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, TrafficSplit,
+    DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, ServedTraffic, TrafficSplit,
 )
 from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.freshness import StoreNeed, freshness
@@ -97,6 +97,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
 
     answering = None if served.primary_ready else served.answering
     observations.append(_deployed(served, answering))
+    traffic = effective_traffic(versions, served)
     if "canary" in served.rolled_back:
         rolled_back = canary.version
     if rolled_back:
@@ -106,7 +107,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     elif canary:
         ok = served.ready.get("canary", False)
         observations.append(Observation("CanaryReady", "True" if ok else "False", "Ready" if ok else "RollingOut",
-                                        f"version {canary.version} gets {canary_percent}% of requests"))
+                                        _canary_share(canary, canary_percent, traffic)))
     drift, drift_obs = _monitor(ref, spec, primary, backend, ports)
     observations += drift_obs
     fresh = _keep_fresh(ref, spec, versions, backend, ports)
@@ -121,7 +122,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         canary_version=canary.version if canary and not rolled_back else None,
         rolled_back_version=rolled_back,
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,
-        model_version=answering or primary.version,
+        traffic=traffic, model_version=answering or primary.version,
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
         drift=drift if spec.monitoring else None, **retrained,
     )
@@ -141,6 +142,22 @@ def _retrain_fields(retrain: RetrainStep | None) -> dict:
         return {}
     return {"retraining": retrain.retraining, "retrains": retrain.retrains, "handled_alerts": retrain.handled_alerts,
             "last_retrain_at": retrain.last_retrain_at}
+
+
+def effective_traffic(versions: list[ServedVersion], served: ServingState) -> list[ServedTraffic]:
+    """Each served version with the share the backend really gives it
+    (what was asked, where the backend splits exactly)."""
+    shares = served.traffic or {}
+    return [ServedTraffic(role=v.role, version=v.model.version, percent=shares.get(v.role, v.percent))
+            for v in versions if v.role not in served.rolled_back]
+
+
+def _canary_share(canary: ModelVersion, asked: int, traffic: list[ServedTraffic]) -> str:
+    got = next((t.percent for t in traffic if t.role == "canary"), asked)
+    if got == asked:
+        return f"version {canary.version} gets {asked}% of requests"
+    return (f"version {canary.version} gets {got}% of requests ({asked}% asked; the split follows the ratio of "
+            "ready replicas: more replicas, or a Gateway, split closer to what was asked)")
 
 
 def _deployed(served: ServingState, answering: str | None) -> Observation:

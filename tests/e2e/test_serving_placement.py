@@ -106,8 +106,89 @@ def test_a_canary_splits_by_replica_ratio(kube, namespace, model, operator):
                        timeout=30, what="5 pods")
     roles = sorted(p["metadata"]["labels"]["kubeloop.dev/role"] for p in running)
     assert roles == ["canary", "primary", "primary", "primary", "primary"]
+    # One of five ready replicas: the split asked for is the split served.
+    wait_for(lambda: [t["percent"] for t in _status(kube, namespace, "canary").get("traffic", [])] == [80, 20],
+             timeout=30, what="status traffic 80/20")
     versions = {p["metadata"]["labels"]["kubeloop.dev/role"]: p["metadata"]["labels"]["kubeloop.dev/model-version"]
                 for p in running}
     assert versions == {"primary": "1", "canary": "2"}
     service = kube.get("v1", "Service", "canary", namespace)
     assert service["spec"]["selector"] == {"kubeloop.dev/inferenceservice": "canary"}
+
+
+def _status(kube, namespace: str, name: str) -> dict:
+    return (kube.get(API_VERSION, "InferenceService", name, namespace) or {}).get("status", {})
+
+
+def _replicas(kube, namespace: str, name: str) -> int | None:
+    deployment = kube.get("apps/v1", "Deployment", f"{name}-predictor", namespace)
+    return deployment["spec"].get("replicas") if deployment else None
+
+
+def _reconciled(kube, namespace: str, name: str, generation: int) -> dict:
+    """The status once the operator has reconciled this generation."""
+    return wait_for(lambda: (s := _status(kube, namespace, name)).get("observedGeneration", 0) >= generation
+                    and s.get("phase") == "Ready" and s, timeout=60, what=f"{name} generation {generation} Ready")
+
+
+def _change_cpu(kube, namespace: str, name: str, cpu: str) -> int:
+    """A spec change that rebuilds the Deployment's template; returns the new generation."""
+    changed = kube.merge_patch(API_VERSION, "InferenceService", name, {"spec": {"resources": {"cpu": cpu}}},
+                               namespace)
+    return changed["metadata"]["generation"]
+
+
+def test_the_hpa_owns_the_primarys_replicas_and_a_resync_leaves_them(kube, namespace, model, operator):
+    """Cluster path (kubernetes backend; real API server, HPA and Deployment
+    controllers; Pods on KWOK's fake MIG slices). The real HPA controller
+    raises the primary to minReplicas; a scale-up written through the scale
+    subresource (what the HPA writes under load: no custom metrics API runs
+    here to make it decide one) survives the operator's next reconcile of a
+    changed spec. Before: every reconcile applied spec.replicas again."""
+    kube.create(isvc(namespace, "scaled", model, {"sharing": "mig", "memoryMib": 4 * GiB},
+                     autoscaling={"minReplicas": 3, "maxReplicas": 6}))
+    _reconciled(kube, namespace, "scaled", 1)
+    wait_for(lambda: _replicas(kube, namespace, "scaled") == 3, timeout=90, what="the HPA raised replicas to 3")
+    hpa = kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "scaled-predictor", namespace)
+    assert hpa["spec"]["minReplicas"] == 3 and hpa["spec"]["scaleTargetRef"]["name"] == "scaled-predictor"
+
+    kube.merge_patch("apps/v1", "Deployment", "scaled-predictor", {"spec": {"replicas": 5}}, namespace,
+                     subresource="scale")
+    generation = _change_cpu(kube, namespace, "scaled", "150m")
+    _reconciled(kube, namespace, "scaled", generation)
+    deployment = kube.get("apps/v1", "Deployment", "scaled-predictor", namespace)
+    triton = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert triton["resources"]["requests"]["cpu"] == "150m", "the operator applied the new spec"
+    assert deployment["spec"]["replicas"] == 5
+
+
+def test_turning_autoscaling_on_keeps_the_running_replicas(kube, namespace, model, operator):
+    """Cluster path (as above). kubeloop stops owning the count and hands it
+    over at the value it has: server-side apply would otherwise drop the
+    field and the Deployment to one replica."""
+    kube.create(isvc(namespace, "handover", model, {"sharing": "mig", "memoryMib": 4 * GiB}, replicas=2))
+    _reconciled(kube, namespace, "handover", 1)
+    assert _replicas(kube, namespace, "handover") == 2
+    changed = kube.merge_patch(API_VERSION, "InferenceService", "handover",
+                               {"spec": {"autoscaling": {"minReplicas": 1, "maxReplicas": 4}}}, namespace)
+    _reconciled(kube, namespace, "handover", changed["metadata"]["generation"])
+    wait_for(lambda: kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "handover-predictor", namespace),
+             timeout=30, what="the HPA")
+    deployment = kube.get("apps/v1", "Deployment", "handover-predictor", namespace)
+    owners = {e["manager"] for e in deployment["metadata"]["managedFields"]
+              if "f:replicas" in e.get("fieldsV1", {}).get("f:spec", {})}
+    assert "kubeloop" not in owners and deployment["spec"]["replicas"] == 2, owners
+
+
+def test_status_reports_the_canary_share_the_replicas_really_give(kube, namespace, model, operator):
+    """Cluster path (as above). One primary and one canary replica behind one
+    Service: a 20% canary really gets half the requests, and status says so."""
+    kube.create(isvc(namespace, "halves", model, {"sharing": "mig", "memoryMib": 4 * GiB}, replicas=1,
+                     canary={"alias": "challenger", "percent": 20}))
+    status = wait_for(lambda: (s := _status(kube, namespace, "halves")).get("phase") == "Ready"
+                      and any(c["type"] == "CanaryReady" and c["status"] == "True" for c in s["conditions"]) and s,
+                      timeout=60, what="canary ready")
+    assert status["traffic"] == [{"role": "primary", "version": "1", "percent": 50},
+                                 {"role": "canary", "version": "2", "percent": 50}]
+    canary = next(c for c in status["conditions"] if c["type"] == "CanaryReady")
+    assert canary["message"].startswith("version 2 gets 50% of requests (20% asked")

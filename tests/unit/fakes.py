@@ -41,15 +41,17 @@ class ScriptedBackend(PipelineBackend):
 class RecordingServing(ServingBackend):
     name = "recording"
 
-    def __init__(self, ready: bool = True):
+    def __init__(self, ready: bool = True, traffic: dict[str, int] | None = None):
         self.requests: list[ServingRequest] = []
         self.deleted: list[ObjectRef] = []
         self.ready = ready
+        self.traffic = traffic
 
     def ensure(self, request: ServingRequest) -> ServingState:
         self.requests.append(request)
         return ServingState(url=f"http://{request.ref.name}.example", ready={v.role: self.ready for v in request.versions},
-                            ready_replicas=1 if self.ready else 0, message="" if self.ready else "rolling out")
+                            ready_replicas=1 if self.ready else 0, message="" if self.ready else "rolling out",
+                            traffic=self.traffic)
 
     def delete(self, ref: ObjectRef) -> None:
         self.deleted.append(ref)

@@ -7,7 +7,9 @@ import pytest
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, ServingGPU
 from kubeloop.gpu.placement import CPU, plan
-from kubeloop.operator.builders.serving import ServingImages, build_children, split_replicas
+from kubeloop.operator.builders.serving import (
+    ServingImages, build_children, effective_split, planned_replicas, split_replicas,
+)
 from kubeloop.registry.base import ModelVersion
 from tests.unit.test_placement import fleet
 
@@ -73,8 +75,57 @@ def test_canary_shadow_and_autoscaler_children():
     assert names == [("Deployment", "fraud-predictor"), ("Deployment", "fraud-predictor-canary"),
                      ("Deployment", "fraud-predictor-shadow"), ("HorizontalPodAutoscaler", "fraud-predictor"),
                      ("Service", "fraud"), ("Service", "fraud-shadow")]
-    replicas = {c["metadata"]["name"]: c["spec"]["replicas"] for c in children if c["kind"] == "Deployment"}
-    assert replicas == {"fraud-predictor": 4, "fraud-predictor-canary": 1, "fraud-predictor-shadow": 1}
+    replicas = {c["metadata"]["name"]: c["spec"].get("replicas") for c in children if c["kind"] == "Deployment"}
+    # The HPA owns the primary's count: applying one would undo its scaling at every resync.
+    assert replicas == {"fraud-predictor": None, "fraud-predictor-canary": 1, "fraud-predictor-shadow": 1}
+
+
+@pytest.mark.parametrize("fields, percent, exact, expected", [
+    ({"replicas": 3}, 0, False, {"primary": 3, "canary": 0, "shadow": 1}),
+    ({"replicas": 1}, 20, False, {"primary": 1, "canary": 1, "shadow": 1}),
+    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 9}}, 20, False, {"primary": None, "canary": 1, "shadow": 1}),
+    ({"autoscaling": {"minReplicas": 2, "maxReplicas": 9}}, 0, True, {"primary": None, "canary": 0, "shadow": 1}),
+    ({"replicas": 4}, 20, True, {"primary": 4, "canary": 2, "shadow": 1}),
+    ({"replicas": 0}, 20, False, {"primary": 0, "canary": 0, "shadow": 0}),
+])
+def test_planned_replicas(fields, percent, exact, expected):
+    assert planned_replicas(spec(**fields), percent, exact) == expected
+
+
+@pytest.mark.parametrize("requested, available, wanted, exact, expected", [
+    # One primary and one canary replica behind one Service: 20% asked is 50% served.
+    ({"primary": 80, "canary": 20}, {"primary": 1, "canary": 1}, {"primary": 1, "canary": 1}, False,
+     {"primary": 50, "canary": 50}),
+    ({"primary": 80, "canary": 20}, {"primary": 4, "canary": 1}, {"primary": 4, "canary": 1}, False,
+     {"primary": 80, "canary": 20}),
+    # The HPA scaled the primary to 9: the canary's one replica now gets a tenth.
+    ({"primary": 80, "canary": 20}, {"primary": 9, "canary": 1}, {"primary": 9, "canary": 1}, False,
+     {"primary": 90, "canary": 10}),
+    # A canary not ready yet gets nothing.
+    ({"primary": 80, "canary": 20}, {"primary": 4, "canary": 0}, {"primary": 4, "canary": 1}, False,
+     {"primary": 100, "canary": 0}),
+    # Nothing ready: what the wanted replicas will give.
+    ({"primary": 80, "canary": 20}, {"primary": 0, "canary": 0}, {"primary": 1, "canary": 1}, False,
+     {"primary": 50, "canary": 50}),
+    # An HTTPRoute splits by weight whatever the replicas.
+    ({"primary": 80, "canary": 20}, {"primary": 1, "canary": 1}, {"primary": 1, "canary": 1}, True,
+     {"primary": 80, "canary": 20}),
+    ({"primary": 100}, {"primary": 2}, {"primary": 2}, False, {"primary": 100}),
+])
+def test_effective_split(requested, available, wanted, exact, expected):
+    assert effective_split(requested, available, wanted, exact) == expected
+
+
+@pytest.mark.parametrize("gpu, device", [(None, None), ({"sharing": "mig", "memoryMib": 4096}, "gpu"),
+                                         ({"sharing": "mps", "memoryMib": 4096}, "gpu"),
+                                         ({"sharing": "exclusive", "memoryMib": 30000}, "gpu")])
+def test_a_version_placed_on_a_gpu_is_fetched_with_gpu_instances(gpu, device):
+    """Cluster path (builder): the init container asks for a GPU instance
+    group wherever placement put the Pod on a GPU (MIG slice, MPS share, whole GPU)."""
+    decision = plan(ServingGPU.model_validate(gpu), 4096, fleet()) if gpu else CPU
+    children = build_children(REF, spec(), {"primary": (V1, 100)}, decision, ServingImages())
+    command = children[0]["spec"]["template"]["spec"]["initContainers"][0]["command"]
+    assert (command[command.index("--device") + 1] if "--device" in command else None) == device
 
 
 def test_children_are_deterministic():

@@ -63,6 +63,31 @@ def test_canary_gets_its_share(ports, serving):
     assert out.status.canary_version == "2"
 
 
+def test_status_reports_the_split_as_asked_where_the_backend_splits_exactly(ports):
+    out = reconcile_inference_service(REF, spec(canary={"alias": "challenger", "percent": 20},
+                                                shadow={"alias": "challenger", "percent": 10}),
+                                      InferenceServiceStatus(), ports)
+    assert [(t.role, t.version, t.percent) for t in out.status.traffic] == [
+        ("primary", "1", 80), ("canary", "2", 20), ("shadow", "2", 10)]
+    canary = next(c for c in out.status.conditions if c.type == "CanaryReady")
+    assert canary.message == "version 2 gets 20% of requests"
+
+
+def test_status_reports_the_share_the_backend_really_gives(registry):
+    """A backend splitting by replica ratio (one primary, one canary replica)
+    gives a 20% canary half the requests, and mirrors nothing: status says so."""
+    serving = RecordingServing(traffic={"primary": 50, "canary": 50, "shadow": 0})
+    ports = Ports(registry=registry, serving={"kubernetes": serving}, fleet=fleet)
+    out = reconcile_inference_service(REF, spec(canary={"alias": "challenger", "percent": 20},
+                                                shadow={"alias": "challenger", "percent": 10}),
+                                      InferenceServiceStatus(), ports)
+    assert [(t.role, t.percent) for t in out.status.traffic] == [("primary", 50), ("canary", 50), ("shadow", 0)]
+    canary = next(c for c in out.status.conditions if c.type == "CanaryReady")
+    assert canary.message.startswith("version 2 gets 50% of requests (20% asked")
+    assert out.status.model_dump(by_alias=True, mode="json")["traffic"][1] == {
+        "role": "canary", "version": "2", "percent": 50}
+
+
 def test_alias_move_is_followed(ports, registry, serving):
     first = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports).status
     registry.set_alias("fraud", "champion", "2")

@@ -8,7 +8,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.triton import MAX_REQUEST_ROWS, build_config, plan_batching
+from kubeloop.components.triton import MAX_REQUEST_ROWS, build_config, for_device, plan_batching
 
 # An overhead-bound model: a 32-row batch costs little more than one row.
 PROFILE = {1: (0.05, 0.08), 8: (0.06, 0.10), 32: (0.09, 0.15)}
@@ -74,3 +74,26 @@ def test_the_python_backend_stub_runs_in_the_serving_environment(tmp_path):
     env = TritonRuntime(site).env()
     assert env["PATH"].split(":")[0] == str(tmp_path / ".venv-serving" / "bin")
     assert env["VIRTUAL_ENV"] == str(tmp_path / ".venv-serving") and env["KUBELOOP_SITE_PACKAGES"] == str(site)
+
+
+@pytest.mark.parametrize("profiled_on, device, kind, count", [
+    ("cpu", "gpu", mc.ModelInstanceGroup.KIND_GPU, 2),
+    ("gpu", "gpu", mc.ModelInstanceGroup.KIND_GPU, 2),
+    ("cpu", "cpu", mc.ModelInstanceGroup.KIND_CPU, 2),
+    ("gpu", "cpu", mc.ModelInstanceGroup.KIND_CPU, 2),
+])
+def test_instances_follow_the_device_the_version_is_placed_on(profiled_on, device, kind, count):
+    """A version optimised on a CPU and placed on a MIG slice runs on the GPU
+    (before: a CPU instance group in a GPU Pod); batching is left as profiled."""
+    plan = plan_batching(PROFILE, slo_ms=5.0, device=profiled_on, cpus=2)
+    config = build_config("m", SIGNATURES["binary"][0], plan, "onnxruntime")
+    config.instance_group[0].gpus.append(3)
+    placed = for_device(config, device)
+    assert [(g.kind, g.count, list(g.gpus)) for g in placed.instance_group] == [(kind, count, [])]
+    assert placed.dynamic_batching == config.dynamic_batching
+    assert config.instance_group[0].gpus == [3], "the input is not changed"
+
+
+def test_an_unknown_device_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="unknown device tpu: expected one of cpu, gpu"):
+        for_device(mc.ModelConfig(name="m"), "tpu")

@@ -276,6 +276,20 @@ class Placement(KubeModel):
     """Why this placement was chosen."""
 
 
+class ServedTraffic(KubeModel):
+    """A served version and the share of requests it really gets."""
+
+    role: Literal["primary", "canary", "shadow"]
+    """primary, canary, or shadow (which answers copies, never callers)."""
+    version: str
+    """The registered version in that role."""
+    percent: int = Field(ge=0, le=100)
+    """Percent of requests it gets (the shadow: percent copied to it), as the
+    backend really splits them: a canary split by replica ratio gets its
+    replicas' share (20% asked of one primary replica is 50%), and a backend
+    that does not mirror gives a shadow 0."""
+
+
 class DriftStatus(KubeModel):
     """The latest drift evaluation."""
 
@@ -331,6 +345,8 @@ class InferenceServiceStatus(BaseStatus):
     gets no traffic until spec.canary names another version."""
     shadow_version: str | None = None
     """The version receiving mirrored traffic."""
+    traffic: list[ServedTraffic] = Field(default_factory=list, max_length=3)
+    """The effective split: each served version and the share of requests it gets."""
     placement: Placement | None = None
     """The placement decision."""
     ready_replicas: int = 0

@@ -18,12 +18,14 @@ def fetch(
     tracking_uri: Annotated[str, typer.Option(envvar="MLFLOW_TRACKING_URI", help="The MLflow server.")],
     backend: Annotated[str, typer.Option(help="Triton backend the repository is for: onnxruntime or python.")]
     = "onnxruntime",
+    device: Annotated[str, typer.Option(help="Where the Pod runs the model: cpu or gpu (its instance group).")]
+    = "cpu",
 ) -> None:
     """Write a registered version (its tuned config, or a default one) into a
     Triton repository: what a serving Pod's init container runs."""
     from kubeloop.serving.repository import fetch_for_kubernetes
 
-    config = fetch_for_kubernetes(model_uri, repository, tracking_uri, backend)
+    config = fetch_for_kubernetes(model_uri, repository, tracking_uri, backend, device)
     Console(stderr=True).print(f"wrote {config.parent}")
 
 

@@ -64,6 +64,9 @@ class ServingState:
     answering: str | None = None
     """While a new set of versions loads in place, the primary version that
     keeps answering meanwhile (None when nothing does)."""
+    traffic: dict[str, int] | None = None
+    """The percent of requests each role really gets (the shadow: of requests
+    copied to it), where the backend cannot split as asked; None: as asked."""
 
     @property
     def primary_ready(self) -> bool:

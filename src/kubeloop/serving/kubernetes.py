@@ -1,5 +1,8 @@
 """Serving on the cluster: Triton Deployments, Services and an HPA, owned by
-the InferenceService so that Kubernetes garbage-collects them with it."""
+the InferenceService so that Kubernetes garbage-collects them with it.
+
+Nothing here mirrors requests: a shadow's Deployment runs but gets no copies
+(its traffic is reported as 0%)."""
 
 from __future__ import annotations
 
@@ -7,15 +10,19 @@ from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.operator.builders.meta import owner_selector
 from kubeloop.operator.builders.serving import (
-    LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, rollout_failed, service_name,
+    LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, effective_split,
+    rollout_failed, service_name,
 )
-from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.operator.kube import FIELD_MANAGER, Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
 
 # Kinds an InferenceService may own; children of these kinds that the
 # current spec no longer wants are deleted.
 OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("autoscaling/v2", "HorizontalPodAutoscaler"))
 ROUTES = ("gateway.networking.k8s.io/v1", "HTTPRoute")
+# Holds a Deployment's replica count while kubeloop lets go of it, until the
+# HPA's first scale takes it over.
+HANDOVER_MANAGER = "kubeloop-handover-to-hpa"
 
 
 class KubernetesServing(ServingBackend):
@@ -33,9 +40,10 @@ class KubernetesServing(ServingBackend):
                 versions.pop("canary")
             desired = build_children(request.ref, request.spec, versions, request.placement, self.images)
             for obj in desired:
+                self._hand_over_replicas(obj)
                 self.kube.apply(obj)
             self._delete_unwanted(request.ref, desired)
-            ready, replicas, messages, failing = self._observe(request.ref, desired)
+            ready, available, wanted, messages, failing = self._observe(request.ref, desired)
         except KubeError as exc:
             if exc.transient:
                 raise ServingUnavailable(str(exc)) from exc
@@ -44,8 +52,26 @@ class KubernetesServing(ServingBackend):
             messages.insert(0, f"canary rolled back: {rolled_back}")
         url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
                else f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local")
-        return ServingState(url=url, ready=ready, ready_replicas=replicas, message="; ".join(messages),
-                            rolled_back=("canary",) if rolled_back else (), failing=failing)
+        requested = {role: percent for role, (_model, percent) in versions.items() if role != "shadow"}
+        traffic = effective_split(requested, available, wanted, exact=bool(self.images.gateway))
+        if "shadow" in versions:
+            traffic["shadow"] = 0
+        return ServingState(url=url, ready=ready, ready_replicas=sum(available.values()), message="; ".join(messages),
+                            rolled_back=("canary",) if rolled_back else (), failing=failing, traffic=traffic)
+
+    def _hand_over_replicas(self, desired: dict) -> None:
+        """Before kubeloop stops applying a Deployment's replica count (the
+        HPA owns it now), another field manager takes the count as it is:
+        server-side apply would otherwise remove the field and the Deployment
+        would drop to one replica until the HPA scales it up again."""
+        if desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
+            return
+        meta = desired["metadata"]
+        live = self.kube.get("apps/v1", "Deployment", meta["name"], meta["namespace"])
+        if live and owns_replicas(live, FIELD_MANAGER):
+            self.kube.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                             "spec": {"replicas": live["spec"]["replicas"]}}, field_manager=HANDOVER_MANAGER)
 
     def _failed_canary(self, request: ServingRequest) -> str | None:
         """A canary whose rollout passed its progress deadline: its Deployment
@@ -69,11 +95,14 @@ class KubernetesServing(ServingBackend):
                 if (kind, live["metadata"]["name"]) not in wanted:
                     self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
 
-    def _observe(self, ref: ObjectRef, desired: list[dict]) -> tuple[dict[str, bool], int, list[str], bool]:
-        """Readiness per role, available replicas, what to say, and whether a
-        role is short of replicas because its containers die or cannot start."""
+    def _observe(self, ref: ObjectRef, desired: list[dict]
+                 ) -> tuple[dict[str, bool], dict[str, int], dict[str, int], list[str], bool]:
+        """Per role: readiness, available and wanted replicas; what to say;
+        and whether a role is short of replicas because its containers die
+        or cannot start."""
         ready: dict[str, bool] = {}
-        total = 0
+        available: dict[str, int] = {}
+        wanted: dict[str, int] = {}
         messages = []
         failing = False
         for obj in desired:
@@ -81,17 +110,24 @@ class KubernetesServing(ServingBackend):
                 continue
             role = obj["metadata"]["labels"][LABEL_ROLE]
             live = self.kube.get("apps/v1", "Deployment", obj["metadata"]["name"], ref.namespace) or {}
-            want = obj["spec"]["replicas"]
+            # An autoscaled Deployment wants what the HPA last chose.
+            want = wanted[role] = obj["spec"].get("replicas", live.get("spec", {}).get("replicas", 1))
             status = live.get("status", {})
             current = (live.get("metadata", {}).get("generation") == status.get("observedGeneration"))
-            available = status.get("availableReplicas", 0) if current else 0
+            have = available[role] = status.get("availableReplicas", 0) if current else 0
             updated = status.get("updatedReplicas", 0) if current else 0
-            ready[role] = available >= want and updated >= want
-            total += available
+            ready[role] = have >= want and updated >= want
             troubles = container_troubles(self.kube.list(
                 "v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))
             failing = failing or (not ready[role] and bool(troubles))
             if not ready[role]:
-                messages.append(f"{role}: {available}/{want} replicas available")
+                messages.append(f"{role}: {have}/{want} replicas available")
             messages += [f"{role}: {trouble}" for trouble in troubles]
-        return ready, total, messages, failing
+        return ready, available, wanted, messages, failing
+
+
+def owns_replicas(deployment: dict, manager: str) -> bool:
+    """Whether the field manager's apply set holds spec.replicas."""
+    return any(entry.get("manager") == manager and entry.get("operation") == "Apply"
+               and "f:replicas" in entry.get("fieldsV1", {}).get("f:spec", {})
+               for entry in deployment.get("metadata", {}).get("managedFields", []))

@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.triton import MAX_REQUEST_ROWS, MODEL_PY, BatchingPlan, write_repository
+from kubeloop.components.triton import MAX_REQUEST_ROWS, MODEL_PY, BatchingPlan, for_device, write_repository
 from kubeloop.serving.base import triton_name
 
 # Batching for versions nobody profiled: small batches, a short wait.
@@ -83,11 +83,13 @@ def prune_versions(repository: Path, name: str, keep: list[str]) -> None:
             shutil.rmtree(child)
 
 
-def fetch_for_kubernetes(model_uri: str, repository: Path, tracking_uri: str, backend: str = "onnxruntime") -> Path:
-    """What the serving Pod's init container runs: models:/<name>/<version> into /models."""
+def fetch_for_kubernetes(model_uri: str, repository: Path, tracking_uri: str, backend: str = "onnxruntime",
+                         device: str = "cpu") -> Path:
+    """What the serving Pod's init container runs: models:/<name>/<version>
+    into /models, with instances on the device the Pod was placed on."""
     match = re.fullmatch(r"models:/([^/@]+)/(\d+)", model_uri)
     if not match:
         raise ValueError(f"expected models:/<name>/<version>, got {model_uri}")
     model, version = match.groups()
     config = fetch_version(tracking_uri, model, version, repository, backend)
-    return write_config(repository, config, [version])
+    return write_config(repository, for_device(config, device), [version])
