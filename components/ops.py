@@ -3,7 +3,9 @@
 Each is a thin wrapper: it imports kubeloop inside (KFP runs the function's
 source in the component's image) and calls the step function that the tests
 exercise directly. All run in the kubeloop components image, which holds
-kubeloop and kfp, so KFP does not pip-install anything at run time.
+kubeloop and kfp, so KFP does not pip-install anything at run time: the
+default one here, or the operator's (set on each task by the pipeline
+builders, kubeloop.pipelines.environment).
 """
 
 # No `from __future__ import annotations`: KFP reads the annotations as types.
@@ -11,15 +13,16 @@ kubeloop and kfp, so KFP does not pip-install anything at run time.
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Model, Output
 
-COMPONENTS_IMAGE = "ghcr.io/kubeloop/components:0.1.0"
+from kubeloop.version import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def training_data(spec: dict, feature_store: str, feast_repo: str, dataset: Output[Dataset]) -> str:
+def training_data(spec: dict, feature_store: str, feast_repo: str, feature_store_file: str,
+                  dataset: Output[Dataset]) -> str:
     """Labelled entity rows joined point-in-time with Feast features."""
     from kubeloop.components.steps import training_data_step
 
-    return training_data_step(spec, feature_store, feast_repo, dataset.path)
+    return training_data_step(spec, feature_store, feast_repo, dataset.path, feature_store_file)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -34,13 +37,14 @@ def train(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def train_on_trainer(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
-                     owner: str, spec_hash: str, git_sha: str, namespace: str, model: Output[Model]) -> str:
-    """Multi-node training as a Kubeflow Trainer TrainJob; returns the MLflow run id."""
-    from kubeloop.components.ops import COMPONENTS_IMAGE
+                     owner: str, spec_hash: str, git_sha: str, namespace: str, image: str,
+                     model: Output[Model]) -> str:
+    """Multi-node training as a Kubeflow Trainer TrainJob (its nodes run image);
+    returns the MLflow run id."""
     from kubeloop.components.steps import train_on_trainer_step
 
     return train_on_trainer_step(spec, dataset.uri, dataset_info, model.path, model.uri, tracking_uri,
-                                 pipeline_run, owner, spec_hash, git_sha, namespace, COMPONENTS_IMAGE)
+                                 pipeline_run, owner, spec_hash, git_sha, namespace, image)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

@@ -21,13 +21,16 @@ from kubeloop.components.data import DatasetInfo, build_dataset, load_split
 log = logging.getLogger(__name__)
 
 
-def training_data_step(spec: dict, feature_store: str, feast_repo: str, dataset_path: str) -> str:
+def training_data_step(spec: dict, feature_store: str, feast_repo: str, dataset_path: str,
+                       feature_store_file: str = "") -> str:
     """Point-in-time training data from Feast; returns the DatasetInfo as JSON.
-    feature_store is the job's store (StoreLocation JSON), empty for the
-    default repository feast_repo."""
+    The store is the job's: its feature_store.yaml mounted at
+    feature_store_file (on a cluster), or given as feature_store
+    (StoreLocation JSON, the local backend); neither means the default
+    repository feast_repo."""
     from kubeloop.featurestore.store import StoreLocation
 
-    store = StoreLocation.resolve(feature_store, feast_repo).to_json()
+    store = StoreLocation.resolve(feature_store, feast_repo, feature_store_file).to_json()
     info = build_dataset(TrainingJobSpec.model_validate(spec), store, Path(dataset_path))
     log.info("training data: %d rows (%d dropped by ttl), hash %s", info.rows, info.dropped_by_ttl,
              info.dataset_hash)

@@ -50,9 +50,14 @@ class StoreLocation:
         return cls(**json.loads(text))
 
     @classmethod
-    def resolve(cls, named: str, default_repo: str) -> "StoreLocation":
-        """The store a pipeline step reads: the job's own (StoreLocation JSON)
-        when it names one, else the operator's default repository."""
+    def resolve(cls, named: str, default_repo: str, mounted: str = "") -> "StoreLocation":
+        """The store a pipeline step reads: the job's own, as a feature_store.yaml
+        mounted into the step (mounted, its path) or as StoreLocation JSON
+        (named), else the operator's default repository. A mounted file is
+        read as text: the location the step records (kubeloop.feature_store)
+        must mean the same store outside the step's Pod."""
+        if mounted:
+            return cls(config=Path(mounted).read_text())
         if named:
             return cls.from_json(named)
         if not default_repo:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubeloop.version import COMPONENTS_IMAGE
 
 # The Triton backends a pulled repository can be laid out for (kubeloop.components.triton).
 TRITON_BACKENDS = ("onnxruntime", "python")
@@ -62,7 +63,16 @@ class OperatorConfig:
     """The Triton backend serving Pods load models with: onnxruntime (a stock
     NVIDIA image) or python (an image with only the python backend, such as
     the one `kubeloop dev images` builds from the nvidia-pytriton wheel)."""
-    components_image: str = "ghcr.io/kubeloop/components:0.1.0"
+    components_image: str = COMPONENTS_IMAGE
+    """The image of the pipeline steps (kfp backend) and the model pullers."""
+    mlflow_secret: str | None = None
+    """Name of a Secret with MLflow's credentials (MLFLOW_TRACKING_USERNAME and
+    _PASSWORD, or _TOKEN), handed to the pipeline steps by reference."""
+    object_store_secret: str | None = None
+    """Name of a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for
+    MLflow's artifact store, handed to the pipeline steps by reference."""
+    object_store_endpoint: str | None = None
+    """The artifact store's S3 endpoint as the steps reach it (their MLFLOW_S3_ENDPOINT_URL)."""
     cluster_tracking_uri: str | None = None
     """The tracking URI as Pods in the cluster reach it (defaults to tracking_uri)."""
     registry_secret: str | None = None
@@ -111,6 +121,9 @@ class OperatorConfig:
             triton_image=get("KUBELOOP_TRITON_IMAGE", defaults.triton_image),
             triton_backend=get("KUBELOOP_TRITON_BACKEND", defaults.triton_backend),
             components_image=get("KUBELOOP_COMPONENTS_IMAGE", defaults.components_image),
+            mlflow_secret=get("KUBELOOP_MLFLOW_SECRET"),
+            object_store_secret=get("KUBELOOP_OBJECT_STORE_SECRET"),
+            object_store_endpoint=get("KUBELOOP_OBJECT_STORE_ENDPOINT"),
             cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
             registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
             gateway=get("KUBELOOP_GATEWAY"),

@@ -58,13 +58,18 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
         return {name: LocalBackend(config.state_dir, context)}
     from kubeloop.pipelines.backends.kfp import KfpBackend
     from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
+    from kubeloop.pipelines.environment import StepEnvironment
+    from kubeloop.version import git_sha
 
     if not config.kfp_endpoint or not config.tracking_uri:
         raise ConfigurationError("the kfp pipeline backend needs KUBELOOP_KFP_ENDPOINT and MLFLOW_TRACKING_URI")
+    steps = StepEnvironment(image=config.components_image, mlflow_secret=config.mlflow_secret,
+                            object_store_secret=config.object_store_secret,
+                            object_store_endpoint=config.object_store_endpoint)
     return {name: KfpBackend(config.kfp_endpoint, mlflow_outcomes(config.tracking_uri), ui=config.kfp_ui,
                              feast_repo=str(config.feast_repo or ""),
                              tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
-                             namespace=config.kfp_namespace)}
+                             namespace=config.kfp_namespace, git_sha=git_sha(), steps=steps)}
 
 
 def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, ServingBackend]:

@@ -2,7 +2,9 @@
 and measured -> the winner registered with its Triton repositories.
 
 `optimization_pipeline` is compiled to pipelines/compiled/optimization.yaml;
-`build_optimization_pipeline` puts the measuring step on a GPU for GPU targets.
+`build_optimization_pipeline` puts the measuring step on a GPU for GPU targets
+and the operator's step environment (image, credentials) on every step: each
+talks to MLflow. The source's feature store is the one its version recorded.
 """
 
 # No `from __future__ import annotations`: KFP reads the annotations as types.
@@ -14,6 +16,7 @@ from kfp import compiler, dsl, kubernetes
 
 from kubeloop.api.optimization import OptimizationTarget
 from kubeloop.components import ops
+from kubeloop.pipelines.environment import DEFAULT_STEPS, StepEnvironment
 
 COMPILED = Path(__file__).resolve().with_name("compiled") / "optimization.yaml"
 NAME = "kubeloop-optimization"
@@ -21,7 +24,8 @@ DESCRIPTION = ("Build quantised, pruned, distilled and compiled variants of a re
                "and register the fastest within the accuracy budget.")
 
 
-def build_optimization_pipeline(target: OptimizationTarget | None = None) -> Callable:
+def build_optimization_pipeline(target: OptimizationTarget | None = None,
+                                steps: StepEnvironment = DEFAULT_STEPS) -> Callable:
     @dsl.pipeline(name=NAME, description=DESCRIPTION)
     def optimization_pipeline(spec: dict, source_version: str, feast_repo: str, tracking_uri: str,
                               pipeline_run: str, owner: str, spec_hash: str, git_sha: str = "unknown") -> dict:
@@ -40,6 +44,8 @@ def build_optimization_pipeline(target: OptimizationTarget | None = None) -> Cal
         registered = ops.register_optimized(spec=spec, source_version=source_version, results=measured.outputs["Output"],
                                             variants=measured.outputs["variants"], tracking_uri=tracking_uri,
                                             pipeline_run=pipeline_run, owner=owner).set_display_name("register")
+        for task in (data, measured, registered):
+            steps.apply(task, credentials=True)
         return registered.output
 
     return optimization_pipeline

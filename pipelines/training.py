@@ -5,8 +5,10 @@ tuning) -> hold-out evaluation -> MLflow registration.
 committed as pipelines/compiled/training.yaml for the Kubeflow Pipelines UI.
 `build_training_pipeline` returns the same pipeline with one job's compute
 (CPU, memory, GPUs and the GPU product's node selector and toleration) set on
-the training step, as the kfp backend submits it; a job on several nodes
-trains in a Kubeflow Trainer TrainJob instead.
+the training step, the operator's step environment (image, credentials) on
+every step and the job's feature store ConfigMap mounted into the data step,
+as the kfp backend submits it; a job on several nodes trains in a Kubeflow
+Trainer TrainJob instead.
 """
 
 # No `from __future__ import annotations`: KFP reads the annotations as types.
@@ -16,8 +18,9 @@ from typing import Callable
 
 from kfp import compiler, dsl, kubernetes
 
-from kubeloop.api.training import DistributedTraining, TrainingResources
+from kubeloop.api.training import ConfigMapKey, DistributedTraining, TrainingResources
 from kubeloop.components import ops
+from kubeloop.pipelines.environment import DEFAULT_STEPS, StepEnvironment, feature_store_file, mount_feature_store
 
 COMPILED = Path(__file__).resolve().with_name("compiled") / "training.yaml"
 NAME = "kubeloop-training"
@@ -25,19 +28,26 @@ DESCRIPTION = "Train a model on Feast features, evaluate it on a time hold-out a
 
 
 def build_training_pipeline(resources: TrainingResources | None = None,
-                            distributed: DistributedTraining | None = None, namespace: str = "kubeflow") -> Callable:
+                            distributed: DistributedTraining | None = None, namespace: str = "kubeflow",
+                            steps: StepEnvironment = DEFAULT_STEPS,
+                            store: ConfigMapKey | None = None) -> Callable:
+    """store: the job's feature store ConfigMap, mounted into the data step
+    (the only step that reads Feast); the others talk to MLflow and get the
+    credentials."""
     multi_node = distributed is not None and distributed.nodes > 1
 
     @dsl.pipeline(name=NAME, description=DESCRIPTION)
     def training_pipeline(spec: dict, feast_repo: str, tracking_uri: str, pipeline_run: str, owner: str,
                           spec_hash: str, git_sha: str = "unknown", feature_store: str = "") -> dict:
-        data = ops.training_data(spec=spec, feature_store=feature_store,
-                                 feast_repo=feast_repo).set_display_name("training data")
+        data = ops.training_data(spec=spec, feature_store=feature_store, feast_repo=feast_repo,
+                                 feature_store_file=feature_store_file(store)).set_display_name("training data")
+        steps.apply(mount_feature_store(data, store), credentials=False)
         common = dict(spec=spec, dataset=data.outputs["dataset"], dataset_info=data.outputs["Output"],
                       tracking_uri=tracking_uri, pipeline_run=pipeline_run, owner=owner, spec_hash=spec_hash,
                       git_sha=git_sha)
         if multi_node:
-            trained = ops.train_on_trainer(**common, namespace=namespace).set_display_name("train (TrainJob)")
+            trained = ops.train_on_trainer(**common, namespace=namespace,
+                                           image=steps.image).set_display_name("train (TrainJob)")
         else:
             trained = ops.train(**common).set_display_name("train")
             if resources is not None:
@@ -49,6 +59,8 @@ def build_training_pipeline(resources: TrainingResources | None = None,
                                   evaluation=evaluated.output, tracking_uri=tracking_uri,
                                   run_id=trained.outputs["Output"], pipeline_run=pipeline_run, owner=owner,
                                   git_sha=git_sha).set_display_name("register")
+        for task in (trained, evaluated, registered):
+            steps.apply(task, credentials=True)
         return registered.output
 
     return training_pipeline

@@ -5,6 +5,12 @@ the run it submitted before instead of submitting it again. A KFP run's
 parameter outputs live in its metadata store, out of reach of the REST API;
 what the pipeline registered is read from the model registry instead, where
 the register step tags each version with the pipeline run's name.
+
+The submitted pipeline runs every step in the operator's components image
+with MLflow's and the object store's credentials as Secret references
+(StepEnvironment), and mounts a job's feature store ConfigMap into its data
+step instead of passing the file's text as a run parameter: the text may hold
+a store's credentials, and run parameters are on show in the KFP UI.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from kfp import compiler
 
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.pipelines.backends.base import BackendUnavailable, PipelineBackend, RunRequest, RunStatus
+from kubeloop.pipelines.environment import DEFAULT_STEPS, StepEnvironment
 
 # A finished run's results by run name, read from the model registry.
 OutcomeReader = Callable[[str], dict]
@@ -29,12 +36,15 @@ class KfpBackend(PipelineBackend):
     name = "kfp"
 
     def __init__(self, endpoint: str, outcomes: OutcomeReader, ui: str | None = None, feast_repo: str = "",
-                 tracking_uri: str = "", experiment: str = "kubeloop", namespace: str | None = None):
+                 tracking_uri: str = "", experiment: str = "kubeloop", namespace: str | None = None,
+                 git_sha: str = "unknown", steps: StepEnvironment = DEFAULT_STEPS):
         self.endpoint = endpoint
         self.outcomes = outcomes
         self.ui = (ui or endpoint).rstrip("/")
         self.feast_repo = feast_repo
         self.tracking_uri = tracking_uri
+        self.git_sha = git_sha
+        self.steps = steps
         self.experiment = experiment
         self.namespace = namespace
         self._cached = None
@@ -70,16 +80,24 @@ class KfpBackend(PipelineBackend):
         existing = self._find(request.name)
         if existing:
             return self.status(existing)
-        pipeline = _pipeline_for(request)
-        arguments = {**request.arguments, "pipeline_run": request.name, "feast_repo": self.feast_repo,
-                     "tracking_uri": self.tracking_uri}
         with tempfile.TemporaryDirectory() as tmp:
-            package = Path(tmp) / "pipeline.yaml"
-            compiler.Compiler().compile(pipeline, str(package))
+            package = self.compile(request, Path(tmp) / "pipeline.yaml")
             result = self._call(lambda c: c.create_run_from_pipeline_package(
-                str(package), arguments=arguments, run_name=request.name, experiment_name=self.experiment,
-                enable_caching=False))
+                str(package), arguments=self.arguments(request), run_name=request.name,
+                experiment_name=self.experiment, enable_caching=False))
         return self.status(result.run_id)
+
+    def compile(self, request: RunRequest, path: Path) -> Path:
+        """The IR this backend submits for the request."""
+        compiler.Compiler().compile(_pipeline_for(request, self.steps), str(path))
+        return path
+
+    def arguments(self, request: RunRequest) -> dict:
+        """The run's parameters: the request's, less the feature store's text
+        (mounted from its ConfigMap instead), and what the operator provides."""
+        passed = {k: v for k, v in request.arguments.items() if k != "feature_store"}
+        return {**passed, "pipeline_run": request.name, "feast_repo": self.feast_repo,
+                "tracking_uri": self.tracking_uri, "git_sha": self.git_sha}
 
     def _find(self, name: str) -> str | None:
         flt = json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
@@ -112,17 +130,20 @@ class KfpBackend(PipelineBackend):
         self._call(lambda c: c.terminate_run(run_id))
 
 
-def _pipeline_for(request: RunRequest):  # noqa: ANN202 - a kfp pipeline
-    """The pipeline with this job's compute on its heavy step."""
+def _pipeline_for(request: RunRequest, steps: StepEnvironment):  # noqa: ANN202 - a kfp pipeline
+    """The pipeline with this job's compute on its heavy step, its feature
+    store's ConfigMap on its data step and the step environment on all."""
     if request.pipeline == "training":
         from kubeloop.pipelines.training import build_training_pipeline
 
         spec = TrainingJobSpec.model_validate(request.arguments["spec"])
         owner_namespace = request.arguments["owner"].split("/", 1)[0]
-        return build_training_pipeline(spec.resources, spec.distributed, owner_namespace)
+        store = spec.features.store.config_map if spec.features.store else None
+        return build_training_pipeline(spec.resources, spec.distributed, owner_namespace, steps, store)
     if request.pipeline == "optimization":
         from kubeloop.api.optimization import OptimizedModelSpec
         from kubeloop.pipelines.optimization import build_optimization_pipeline
 
-        return build_optimization_pipeline(OptimizedModelSpec.model_validate(request.arguments["spec"]).target)
+        target = OptimizedModelSpec.model_validate(request.arguments["spec"]).target
+        return build_optimization_pipeline(target, steps)
     raise ValueError(f"the kfp backend cannot run the {request.pipeline} pipeline")

@@ -6,6 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+# The image kubeloop's pipeline steps and model pullers run, built from this
+# version (images/Dockerfile, --target components); the operator's default.
+COMPONENTS_IMAGE = "ghcr.io/kubeloop/components:0.1.0"
+
 
 def git_sha() -> str:
     """The checkout's commit (with a -dirty suffix for local changes), the

@@ -1,6 +1,7 @@
-"""The kfp backend against a fake KFP REST API (no KFP server runs here):
-it submits the compiled IR once per run name, maps states, and reads what a
-run registered from the registry."""
+"""The kfp backend against a fake KFP REST API (no KFP server runs here:
+its runs need ML Metadata's C++ server): it submits the compiled IR once per
+run name, maps states, and reads what a run registered from the registry.
+These prove the cluster path's contract, not a run on Kubeflow."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.pipelines.backends.base import BackendUnavailable, RunRequest
 from kubeloop.pipelines.backends.kfp import KfpBackend
+from kubeloop.pipelines.environment import StepEnvironment
 from tests.support.fake_kfp import FakeKfp
 
 SPEC = TrainingJobSpec.model_validate({"modelName": "fraud", "features": {"featureViews": ["card_activity"], "labels": {"source": "transactions", "column": "is_fraud"}},
@@ -25,7 +27,9 @@ def kfp_api():
 def backend(kfp_api):
     outcomes = {"ns-fraud-abc": {"model": {"name": "fraud", "version": "4"}, "metrics": {"auc": 0.9}}}
     return KfpBackend(kfp_api.url, outcomes=lambda name: outcomes.get(name, {}), ui="http://kfp.example",
-                      feast_repo="gs://features", tracking_uri="http://mlflow.mlflow", namespace="team-a")
+                      feast_repo="gs://features", tracking_uri="http://mlflow.mlflow", namespace="team-a",
+                      git_sha="1a2b3c", steps=StepEnvironment(image="registry.example/components:1a2b3c",
+                                                              mlflow_secret="mlflow-credentials"))
 
 
 def request(name: str = "ns-fraud-abc") -> RunRequest:
@@ -44,6 +48,22 @@ def test_submit_creates_one_run_with_the_jobs_compute(kfp_api, backend):
     assert executor["container"]["resources"]["accelerator"]["resourceCount"] == "1"
     again = backend.submit(request())
     assert again.run_id == status.run_id and len(kfp_api.runs) == 1
+
+
+def test_the_run_carries_the_operators_git_sha_image_and_secret_but_not_the_stores_text(kfp_api, backend):
+    """The store's feature_store.yaml reaches the steps mounted from its
+    ConfigMap (tests/unit/test_pipeline_ir.py), never as a run parameter."""
+    store_text = '{"config": "registry: postgresql://feast:hunter2@db/registry"}'
+    submitted = RunRequest(name="ns-fraud-abc", pipeline="training", arguments={
+        "spec": SPEC.to_wire(), "owner": "ns/fraud", "spec_hash": "abc", "feature_store": store_text})
+    run = kfp_api.runs[backend.submit(submitted).run_id]
+    params = run["runtime_config"]["parameters"]
+    assert params["git_sha"] == "1a2b3c" and "feature_store" not in params
+    executors = run["pipeline_spec"]["pipeline_spec"]["deploymentSpec"]["executors"]
+    assert {e["container"]["image"] for e in executors.values()} == {"registry.example/components:1a2b3c"}
+    platform = run["pipeline_spec"]["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert platform["exec-register"]["secretAsEnv"][0]["secretName"] == "mlflow-credentials"
+    assert "hunter2" not in str(run)
 
 
 def test_states_and_outcomes(kfp_api, backend):

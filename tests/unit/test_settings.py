@@ -56,3 +56,24 @@ def test_the_default_work_dir_belongs_to_the_platform_not_to_everyone(tmp_path):
     assert other.state_dir == tmp_path / "xdg" / "kubeloop" / "dev" / "operator"
     assert OperatorConfig.from_env({"KUBELOOP_WORK_DIR": "/var/lib/kubeloop"}).state_dir == Path("/var/lib/kubeloop")
     assert not str(OperatorConfig.from_env({}).state_dir).startswith("/tmp/kubeloop")
+
+
+def test_the_kfp_backend_gets_the_pipeline_steps_image_secrets_and_git_sha():
+    """Cluster path (settings): the chart's pipelines.componentsImage,
+    mlflow.credentialsSecret and objectStore values reach every submitted
+    pipeline through the kfp backend's step environment."""
+    from kubeloop.operator.wiring import build_pipeline_backends
+    from kubeloop.pipelines.environment import StepEnvironment
+    from kubeloop.version import git_sha
+
+    env = {"KUBELOOP_PIPELINE_BACKENDS": "kfp", "KUBELOOP_KFP_ENDPOINT": "http://ml-pipeline.kubeflow:8888",
+           "MLFLOW_TRACKING_URI": "http://mlflow.mlflow:5000", "KUBELOOP_COMPONENTS_IMAGE": "registry.example/c:1",
+           "KUBELOOP_MLFLOW_SECRET": "mlflow-credentials", "KUBELOOP_OBJECT_STORE_SECRET": "artifact-store",
+           "KUBELOOP_OBJECT_STORE_ENDPOINT": "http://minio.minio:9000"}
+    backend = build_pipeline_backends(OperatorConfig.from_env(env))["kfp"]
+    assert backend.steps == StepEnvironment(image="registry.example/c:1", mlflow_secret="mlflow-credentials",
+                                            object_store_secret="artifact-store",
+                                            object_store_endpoint="http://minio.minio:9000")
+    assert backend.git_sha == git_sha()
+    unset = build_pipeline_backends(OperatorConfig.from_env({k: v for k, v in env.items() if "SECRET" not in k}))
+    assert unset["kfp"].steps.mlflow_secret is None and unset["kfp"].steps.object_store_secret is None
