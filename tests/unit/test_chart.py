@@ -16,6 +16,7 @@ import yaml
 from kubeloop.cli.api import render_rbac
 from kubeloop.dev.binaries import MissingBinary, binary
 from kubeloop.operator.permissions import operator_permissions
+from kubeloop.version import COMPONENTS_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeloop"
@@ -85,6 +86,27 @@ def test_alertmanagers_token_and_mlflows_signing_secret_are_two_secrets():
     missing = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
                    "--set", "webhooks.mlflowSecret.name=", check=False)
     assert missing.returncode != 0 and "webhooks.mlflowSecret.name is required" in missing.stderr
+
+
+def test_the_pipeline_steps_settings_reach_the_operator_by_name():
+    """Cluster: the components image, the MLflow and object-store Secrets'
+    names and the endpoint become the operator's settings (the kfp backend
+    puts them on every submitted step); unset, no variable is set."""
+    env = {e["name"]: e.get("value") for e in _pod_specs(render())[0]["containers"][0]["env"]}
+    assert env["KUBELOOP_COMPONENTS_IMAGE"] == COMPONENTS_IMAGE
+    assert env["KUBELOOP_MLFLOW_SECRET"] == "mlflow-credentials"
+    assert env["KUBELOOP_OBJECT_STORE_SECRET"] == "artifact-store"
+    assert env["KUBELOOP_OBJECT_STORE_ENDPOINT"] == "http://minio.minio.svc:9000"
+    bare = render("--set", "mlflow.credentialsSecret=", "--set", "objectStore.credentialsSecret=",
+                  "--set", "objectStore.endpoint=", "--set", "pipelines.componentsImage=registry.example/c:1")
+    env = {e["name"]: e.get("value") for e in _pod_specs(bare)[0]["containers"][0]["env"]}
+    assert env["KUBELOOP_COMPONENTS_IMAGE"] == "registry.example/c:1"
+    assert not {"KUBELOOP_MLFLOW_SECRET", "KUBELOOP_OBJECT_STORE_SECRET", "KUBELOOP_OBJECT_STORE_ENDPOINT"} & set(env)
+
+
+def test_the_charts_components_image_is_the_operators_default():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["pipelines"]["componentsImage"] == COMPONENTS_IMAGE
 
 
 @pytest.mark.parametrize("name", RENDERINGS)
