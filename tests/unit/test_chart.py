@@ -8,15 +8,22 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.serving import Autoscaling, InferenceServiceSpec
 from kubeloop.cli.api import render_rbac
 from kubeloop.dev.binaries import MissingBinary, binary
+from kubeloop.gpu.placement import CPU
+from kubeloop.operator.builders.serving import ServingImages, build_autoscaler, build_children
 from kubeloop.operator.permissions import operator_permissions
+from kubeloop.registry.base import ModelVersion
 from kubeloop.version import COMPONENTS_IMAGE
+from tests.support.promtool import check_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kubeloop"
@@ -185,6 +192,93 @@ def test_the_prometheus_rule_carries_the_alert_templates_verbatim():
     assert rule["spec"] == source
     drift = next(r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "KubeloopDataDrift")
     assert "{{ $labels.inferenceservice }}" in drift["annotations"]["summary"]
+
+
+def _serving_spec(**fields) -> InferenceServiceSpec:
+    return InferenceServiceSpec.model_validate({"model": {"name": "fraud", "alias": "champion"}, **fields})
+
+
+SERVING = ObjectRef("InferenceService", "ml", "fraud", "uid-1")
+
+
+def _hpa_metric_names() -> set[str]:
+    """The custom metric every autoscaling choice's HPA asks for, as the
+    operator builds it."""
+    names = set()
+    for choice in typing.get_args(Autoscaling.model_fields["metric"].annotation):
+        hpa = build_autoscaler(SERVING, _serving_spec(autoscaling={"metric": choice}))
+        (metric,) = hpa["spec"]["metrics"]
+        assert metric["type"] == "Pods"
+        names.add(metric["pods"]["metric"]["name"])
+    return names
+
+
+def _adapter_rules(docs: list[dict]) -> list[dict]:
+    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kubeloop-adapter-rules")
+    return yaml.safe_load(config["data"]["config.yaml"])["rules"]
+
+
+def _series(rule: dict) -> str:
+    return re.match(r"'?([a-zA-Z_:][a-zA-Z0-9_:]*)", rule["seriesQuery"]).group(1)
+
+
+def _exposed_name(rule: dict) -> str:
+    """The metric name prometheus-adapter serves for a rule: name.matches
+    applied to the series' name, rewritten by name.as ($N: a capture group)."""
+    name = rule["name"]
+    assert re.search(name["matches"], _series(rule)), rule
+    return re.sub(name["matches"], re.sub(r"\$(\d)", r"\\g<\1>", name["as"]), _series(rule))
+
+
+def _filled_query(rule: dict) -> str:
+    """A rule's metricsQuery with the adapter's template fields filled in as
+    it fills them for a Pods request."""
+    query = rule["metricsQuery"]
+    for field, value in (("<<.Series>>", _series(rule)), ("<<.GroupBy>>", "namespace,pod"),
+                         ("<<.LabelMatchers>>", 'namespace="ml",pod=~"fraud-predictor-.*"')):
+        query = query.replace(field, value)
+    assert "<<" not in query, query
+    return query
+
+
+def test_the_adapter_serves_exactly_the_metrics_the_hpas_ask_for():
+    """Cluster contract: prometheus-adapter's per-Pod metric names are the
+    names build_autoscaler puts in the HPAs; renaming either side fails here."""
+    rules = _adapter_rules(render())
+    assert {_exposed_name(rule) for rule in rules} == _hpa_metric_names()
+    for rule in rules:
+        # Pods metrics: each series is attributed to its namespace and Pod.
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+
+
+def test_the_adapters_queries_are_valid_promql(tmp_path):
+    """Each filled-in metricsQuery parses as PromQL (promtool)."""
+    rules = [{"record": f"adapter:{_exposed_name(rule)}", "expr": _filled_query(rule)}
+             for rule in _adapter_rules(render())]
+    result = check_rules([{"name": "prometheus-adapter", "rules": rules}], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_pod_monitor_scrapes_the_serving_pods_metrics_port():
+    """Cluster contract: the PodMonitor's selector picks every serving
+    Deployment's Pods the operator builds, its port is one of their named
+    ports, and its relabelings read labels the Pods carry."""
+    versions = {"primary": (ModelVersion("fraud", "1", "s3://m/1"), 80),
+                "canary": (ModelVersion("fraud", "2", "s3://m/2"), 20)}
+    children = build_children(SERVING, _serving_spec(autoscaling={}), versions, CPU, ServingImages())
+    pods = [c["spec"]["template"] for c in children if c["kind"] == "Deployment"]
+    monitor = next(d for d in render() if d["kind"] == "PodMonitor")["spec"]
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    assert monitor["namespaceSelector"] == {"any": True}
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert monitor["selector"]["matchLabels"].items() <= labels.items()
+        assert all(e["operator"] == "Exists" and e["key"] in labels for e in monitor["selector"]["matchExpressions"])
+        assert endpoint["port"] in {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
+        meta_labels = {f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}" for k in labels}
+        assert {s for r in endpoint["relabelings"] for s in r["sourceLabels"]} <= meta_labels
+    watched = next(d for d in render(*RENDERINGS["namespaced"]) if d["kind"] == "PodMonitor")["spec"]
+    assert watched["namespaceSelector"] == {"matchNames": ["ml-team-a", "ml-team-b"]}
 
 
 def _stages(dockerfile: str) -> dict[str, dict]:
