@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from kubeloop.requestlog import request_records
 
 log = logging.getLogger(__name__)
 
@@ -46,31 +47,14 @@ class DriftResult:
         return cls(**json.loads(text))
 
 
-def request_records(folder: Path, since: float = 0.0) -> Iterator[dict]:
-    """Every complete record in a request log folder, from the files written
-    to since `since` (older files hold only older rows). The router appends
-    while we read, so a last line without its newline is still being
-    written: it is left for the next read."""
-    for path in sorted(Path(folder).glob("*.jsonl")):
-        try:
-            if path.stat().st_mtime < since:
-                continue
-            handle = open(path)
-        except FileNotFoundError:  # expired by the router meanwhile
-            continue
-        with handle:
-            for line in handle:
-                if line.endswith("\n"):
-                    yield json.loads(line)
-
-
-def load_requests(folder: Path, since: float, features: list[str]) -> pd.DataFrame:
+def load_requests(location: str, since: float, features: list[str]) -> pd.DataFrame:
     """Logged request rows (primary and canary answers, not shadow copies)
-    newer than since, one column per feature. Rows of another width (sent
+    newer than since, one column per feature, from the request log's files
+    of those hours (a folder or an s3:// prefix). Rows of another width (sent
     to a version with other inputs, before the served one) are left out, and
     the count said."""
     rows, other = [], 0
-    for record in request_records(folder, since):
+    for record in request_records(location, since):
         if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
             fitting = [row for row in record["features"] if len(row) == len(features)]
             other += len(record["features"]) - len(fitting)

@@ -31,6 +31,7 @@ class DriftJob:
     tracking_uri: str
     feast_repo: str
     request_log: str
+    """The service's request log: a folder or an s3:// prefix."""
     window_seconds: float
     threshold: float
     features: list[str]
@@ -80,7 +81,7 @@ def run(folder: Path) -> dict:
     job = DriftJob.read(folder)
     features = [f for f in (job.features or job.columns) if f in job.columns]
     since = time.time() - job.window_seconds
-    current = load_requests(Path(job.request_log), since, job.columns)
+    current = load_requests(job.request_log, since, job.columns)
     base = {"service": job.service, "model": job.model, "version": job.version, "at": time.time()}
     if len(current) < job.min_rows:
         result = {**base, "skipped": f"only {len(current)} logged rows in the window (at least {job.min_rows})",

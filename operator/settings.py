@@ -75,6 +75,9 @@ class OperatorConfig:
     """The artifact store's S3 endpoint as the steps reach it (their MLFLOW_S3_ENDPOINT_URL)."""
     cluster_tracking_uri: str | None = None
     """The tracking URI as Pods in the cluster reach it (defaults to tracking_uri)."""
+    router_image: str | None = None
+    """The serving front's image (the runtime image): set, the kubernetes
+    backend runs a router in front of each InferenceService's versions."""
     registry_secret: str | None = None
     """Name of a Secret with registry credentials, handed to Pods by reference."""
     gateway: str | None = None
@@ -94,8 +97,10 @@ class OperatorConfig:
     """This operator's /hooks/mlflow as MLflow reaches it; set, the operator registers the webhook."""
     prometheus_targets: Path | None = None
     """A Prometheus file_sd folder where local routers and Triton servers register."""
-    request_log_dir: Path | None = None
-    """Where the local serving backend logs requests (default: under the work dir)."""
+    request_log: str | None = None
+    """Where routers log requests, one folder or prefix per InferenceService
+    below it: a folder or an s3:// prefix (the kubernetes backend's routers
+    need s3://; the local backend defaults to a folder under the work dir)."""
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
@@ -125,6 +130,7 @@ class OperatorConfig:
             object_store_secret=get("KUBELOOP_OBJECT_STORE_SECRET"),
             object_store_endpoint=get("KUBELOOP_OBJECT_STORE_ENDPOINT"),
             cluster_tracking_uri=get("KUBELOOP_CLUSTER_TRACKING_URI"),
+            router_image=get("KUBELOOP_ROUTER_IMAGE"),
             registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
             gateway=get("KUBELOOP_GATEWAY"),
             gateway_domain=get("KUBELOOP_GATEWAY_DOMAIN", defaults.gateway_domain),
@@ -135,7 +141,7 @@ class OperatorConfig:
             prometheus_targets=_path(env, "KUBELOOP_PROMETHEUS_TARGETS"),
             webhook_token_file=_path(env, "KUBELOOP_WEBHOOK_TOKEN_FILE"),
             mlflow_webhook_secret_file=_path(env, "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"),
-            request_log_dir=_path(env, "KUBELOOP_REQUEST_LOG_DIR"),
+            request_log=env.get("KUBELOOP_REQUEST_LOG") or None,
         )
         config.check()
         return config

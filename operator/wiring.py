@@ -80,7 +80,8 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                 triton=config.triton_image, triton_backend=config.triton_backend, puller=config.components_image,
                 tracking_uri=config.cluster_tracking_uri or config.tracking_uri or "",
                 registry_secret=config.registry_secret, gateway=config.gateway,
-                gateway_domain=config.gateway_domain,
+                gateway_domain=config.gateway_domain, router=config.router_image, request_log=config.request_log,
+                object_store_secret=config.object_store_secret, object_store_endpoint=config.object_store_endpoint,
             )
             backends[name] = KubernetesServing(kube, images)
         elif name == "local":
@@ -89,7 +90,7 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
             if not config.tracking_uri:
                 raise ConfigurationError("the local serving backend needs MLFLOW_TRACKING_URI")
             backends[name] = LocalServing(config.state_dir, config.tracking_uri,
-                                          log_dir=config.request_log_dir or config.state_dir / "requests",
+                                          log_root=config.request_log or str(config.state_dir / "requests"),
                                           targets=config.prometheus_targets)
         else:
             raise ConfigurationError(f"unknown serving backend {name}; use kubernetes or local")

@@ -14,23 +14,33 @@ Canary traffic, two ways:
   replica counts.
 The shadow has a Service of its own that mirroring sends copies to.
 
+With a router image configured, the serving front (kubeloop.serving.router,
+the same data plane the local backend runs) is the InferenceService's entry
+Deployment: the Service selects the router, which splits primary and canary
+by consistent hashing of the request key (exactly as asked, whatever the
+replicas), mirrors the shadow's share, logs requests and exports metrics,
+and calls each version's Triton through a Service of its own.
+
 With autoscaling the HPA owns the primary's replica count: the Deployment is
 applied without `spec.replicas`, so a resync never undoes what the HPA chose.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.placement import PlacementDecision
-from kubeloop.operator.builders.meta import child_metadata, dns_name, with_input_hash
+from kubeloop.operator.builders.meta import child_metadata, content_hash, dns_name, with_input_hash
 from kubeloop.registry.base import ModelVersion
 from kubeloop.serving.base import triton_name
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+ROUTER_PORT = 8080
+ROUTER_CONFIG_DIR = "/etc/kubeloop/router"
 PROGRESS_DEADLINE_SECONDS = 300
 MODEL_REPOSITORY = "/models"
 LABEL_SERVING = "kubeloop.dev/inferenceservice"
@@ -55,6 +65,15 @@ class ServingImages:
     """namespace/name of a Gateway (Gateway API): canaries split by HTTPRoute weights."""
     gateway_domain: str = "example.com"
     """Hostnames of HTTPRoutes: <name>.<namespace>.<domain>."""
+    router: str | None = None
+    """The serving front's image (the runtime image holds it): set, each
+    InferenceService gets a router Deployment in front of its versions."""
+    request_log: str | None = None
+    """The s3:// prefix routers log requests under (one prefix per service)."""
+    object_store_secret: str | None = None
+    """A Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY the router writes the request log with."""
+    object_store_endpoint: str | None = None
+    """The S3 endpoint (any S3-compatible store)."""
 
 
 def deployment_name(ref: ObjectRef, role: str) -> str:
@@ -178,10 +197,13 @@ def _triton(spec: InferenceServiceSpec, model: ModelVersion, images: ServingImag
 
 def build_service(ref: ObjectRef, role: str = "primary", exact: bool = False) -> dict:
     """The primary Service selects primary and canary Pods (replica-ratio
-    split); other roles, and the primary with exact=True, select only their own."""
+    split), or the router in front of them (role "router"); other roles, and
+    the primary with exact=True, select only their own."""
     selector = {LABEL_SERVING: ref.name}
     if role != "primary" or exact:
         selector[LABEL_ROLE] = role
+    if role == "router":
+        return _router_service(ref, selector)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -221,15 +243,22 @@ def build_autoscaler(ref: ObjectRef, spec: InferenceServiceSpec) -> dict | None:
 
 
 def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[str, tuple[ModelVersion, int]],
-                   placement: PlacementDecision, images: ServingImages) -> list[dict]:
+                   placement: PlacementDecision, images: ServingImages, router_config: dict | None = None) -> list[dict]:
     """Every object an InferenceService needs, for the roles present in
-    versions (role -> (model version, traffic percent))."""
-    replicas = planned_replicas(spec, versions.get("canary", (None, 0))[1], exact=bool(images.gateway))
+    versions (role -> (model version, traffic percent)); with a router
+    configuration (kubeloop.serving.routes), the router in front."""
+    front = images.router is not None and router_config is not None
+    replicas = planned_replicas(spec, versions.get("canary", (None, 0))[1], exact=bool(images.gateway) or front)
     children: list[dict] = []
     for role, (model, _percent) in versions.items():
         children.append(build_deployment(ref, spec, role, model, replicas[role], placement, images))
-    children.append(build_service(ref))
-    if images.gateway:
+    if front:
+        children += build_router(ref, spec, router_config, images)
+        children += [build_service(ref, "router")] + [build_service(ref, role, exact=True)
+                                                      for role in versions if role != "shadow"]
+    else:
+        children.append(build_service(ref))
+    if images.gateway and not front:
         for role in ("primary", "canary"):
             if role in versions:
                 children.append(build_service(ref, role, exact=True))
@@ -270,6 +299,76 @@ def effective_split(requested: dict[str, int], available: dict[str, int], wanted
         return dict(requested)
     share = round(100 * canary / (primary + canary))
     return {"primary": 100 - share, "canary": share}
+
+
+def version_urls(ref: ObjectRef, versions: dict[str, tuple[ModelVersion, int]]) -> dict[str, str]:
+    """Version -> the Service of the Triton that serves it, as the router calls it."""
+    return {model.version: f"http://{dns_name(ref.name, role)}.{ref.namespace}.svc.cluster.local"
+            for role, (model, _percent) in versions.items()}
+
+
+def router_name(ref: ObjectRef) -> str:
+    return dns_name(ref.name, "router")
+
+
+def build_router(ref: ObjectRef, spec: InferenceServiceSpec, config: dict, images: ServingImages) -> list[dict]:
+    """The router's ConfigMap and Deployment. A route change rolls the
+    router (its template carries the config's hash): new routes apply as
+    soon as a new Pod is ready, not when the kubelet next syncs the volume."""
+    text = json.dumps(config, indent=2, sort_keys=True)
+    labels = {LABEL_SERVING: ref.name, LABEL_ROLE: "router", "app.kubernetes.io/name": "kubeloop-router",
+              "app.kubernetes.io/instance": ref.name}
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": child_metadata(ref, router_name(ref)),
+                  "data": {"router.json": text}}
+    container = _restricted({
+        "name": "router",
+        "image": images.router,
+        "command": ["python", "-m", "kubeloop.serving.router", "--config", f"{ROUTER_CONFIG_DIR}/router.json",
+                    "--port", str(ROUTER_PORT), "--host", "0.0.0.0"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 6},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "env": ([{"name": "AWS_ENDPOINT_URL_S3", "value": images.object_store_endpoint}]
+                if images.object_store_endpoint else []),
+        "volumeMounts": [{"name": "routes", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    })
+    if images.object_store_secret:
+        container["envFrom"] = [{"secretRef": {"name": images.object_store_secret}}]
+    total = spec.autoscaling.min_replicas if spec.autoscaling else spec.replicas
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": child_metadata(ref, router_name(ref), {**labels, **images.extra_labels}),
+        "spec": {
+            "replicas": 1 if total <= 1 else 2,
+            "selector": {"matchLabels": {LABEL_SERVING: ref.name, LABEL_ROLE: "router"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(ROUTER_PORT),
+                    "kubeloop.dev/routes-hash": content_hash(config)}},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": [{"name": "routes", "configMap": {"name": router_name(ref)}},
+                                {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+    return [config_map, with_input_hash(deployment)]
+
+
+def _router_service(ref: ObjectRef, selector: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": child_metadata(ref, service_name(ref), {LABEL_SERVING: ref.name}),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }
 
 
 def build_http_route(ref: ObjectRef, weights: dict[str, int], images: ServingImages) -> dict:

@@ -189,7 +189,9 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
     log = backend.request_log(ref, spec)
     if log is None:
         return None, [Observation("DriftMonitored", "False", "NoRequestLog",
-                                  "set spec.requestLogging.destination: the drift job reads the request log")]
+                                  "nothing logs this service's requests, and the drift job reads them: enable "
+                                  "spec.requestLogging (on a cluster, the operator needs a router image and an "
+                                  "s3:// request log, or spec.requestLogging.destination)")]
     latest = ports.monitor.latest(ref)
     due = latest is None or ports.clock() - latest.get("at", 0) >= seconds(spec.monitoring.schedule)
     if due and not ports.monitor.running(ref):

@@ -185,8 +185,8 @@ def test_the_router_in_front_of_triton_counts_and_logs_class_probabilities(trito
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kubeloop.monitoring.drift import request_records
-    from kubeloop.serving.local import signature_fields
+    from kubeloop.requestlog import request_records
+    from kubeloop.serving.routes import signature_fields
 
     url, models, version = triton
     signature = MODELS["multiclass"][0]
@@ -194,7 +194,7 @@ def test_the_router_in_front_of_triton_counts_and_logs_class_probabilities(trito
     config = tmp_path / "router.json"
     config.write_text(json.dumps({
         "service": "ml/faults", "model": FETCHED, "triton_model": FETCHED, "triton_url": url,
-        "routes": [{"role": "primary", "version": version, "percent": 100}], "log_dir": str(tmp_path / "log"),
+        "routes": [{"role": "primary", "version": version, "percent": 100}], "request_log": str(tmp_path / "log"),
         "sample_rate": 1.0, **signature_fields(signature)}))
     router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
                                         "--port", str(port)], tmp_path / "logs")

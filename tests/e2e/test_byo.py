@@ -56,7 +56,7 @@ def operator(platform, namespace, start_operator, tmp_path):
     op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
                         KUBELOOP_FEAST_REPO=env["KUBELOOP_FEAST_REPO"], KUBELOOP_PIPELINE_BACKENDS="local,noop",
                         KUBELOOP_PIPELINE_BACKEND="local", KUBELOOP_SERVING_BACKENDS="local",
-                        KUBELOOP_SERVING_BACKEND="local", KUBELOOP_REQUEST_LOG_DIR=str(tmp_path / "requests"))
+                        KUBELOOP_SERVING_BACKEND="local", KUBELOOP_REQUEST_LOG=str(tmp_path / "requests"))
     op.wait_for_log("Initial authentication has finished")
     return op
 

@@ -46,7 +46,7 @@ def test_the_router_keeps_answering_while_its_log_disk_is_gone(platform, kube, n
              timeout=180, interval=0.5, what="serving")
     config = json.loads((op.work / "serving" / f"{namespace}-fraud" / "router.json").read_text())
     logs = tmp_path / "requests"
-    config.update(log_dir=str(logs), sample_rate=1.0, log_limits={"queue_rows": QUEUE})
+    config.update(request_log=str(logs), sample_rate=1.0, log_limits={"queue_rows": QUEUE})
     (tmp_path / "router.json").write_text(json.dumps(config))
     port = processes.free_port()
     router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config",

@@ -26,7 +26,7 @@ from kubeloop.api.constants import API_VERSION
 from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import create_repository, feature_view, open_store, point_in_time
-from kubeloop.monitoring.drift import request_records
+from kubeloop.requestlog import request_records
 from tests.support.models import register_fraud_model
 from tests.support.waiting import wait_for
 
@@ -79,7 +79,7 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
     log_dir = tmp_path / "requests"
     op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=uri,
                         KUBELOOP_SERVING_BACKENDS="local", KUBELOOP_SERVING_BACKEND="local",
-                        KUBELOOP_REQUEST_LOG_DIR=str(log_dir))
+                        KUBELOOP_REQUEST_LOG=str(log_dir))
     op.wait_for_log("Initial authentication has finished")
     kube.create({"apiVersion": API_VERSION, "kind": "InferenceService",
                  "metadata": {"name": "fraud", "namespace": namespace},

@@ -282,15 +282,16 @@ def _post(requests, url: str, body: dict) -> dict | None:
     return response.json() if response.status_code == 200 else None
 
 
-def serving_operator(real: RealPlatform, namespace: str, log_dir: Path) -> OperatorProcess:
+def serving_operator(real: RealPlatform, namespace: str, log_dir: Path, front: bool = False) -> OperatorProcess:
     """The operator on the host with the kubernetes serving backend (Pods on
     the real node, from kubeloop's own runtime and Triton images) and the
-    local one (tritonserver processes here), both on the platform's MLflow."""
+    local one (tritonserver processes here), both on the platform's MLflow;
+    front: with the router (runtime image) in front of the Triton Pods."""
     pip = [sys.executable, "-m", "pip"]
     runtime, triton = (python_image(PYTHON_IMAGES[name], pip) for name in ("runtime", "triton"))
     for image in (runtime, triton, base_image()):
         real.platform.import_image(image)
-    env = {"KUBELOOP_REGISTRY": "mlflow", "MLFLOW_TRACKING_URI": real.platform.env()["MLFLOW_TRACKING_URI"],
+    env = {**({"KUBELOOP_ROUTER_IMAGE": runtime.ref} if front else {}),"KUBELOOP_REGISTRY": "mlflow", "MLFLOW_TRACKING_URI": real.platform.env()["MLFLOW_TRACKING_URI"],
            "KUBELOOP_PIPELINE_BACKENDS": "noop", "KUBELOOP_PIPELINE_BACKEND": "noop",
            "KUBELOOP_SERVING_BACKENDS": "kubernetes,local", "KUBELOOP_SERVING_BACKEND": "kubernetes",
            "KUBELOOP_TRITON_IMAGE": triton.ref, "KUBELOOP_TRITON_BACKEND": "python",
@@ -431,6 +432,87 @@ def test_the_operator_serves_a_registered_version_from_kubeloops_images_on_the_r
     assert cluster["outputs"][0]["shape"] == [4, 1]
     np.testing.assert_allclose(cluster["outputs"][0]["data"], local["outputs"][0]["data"], rtol=1e-5, atol=1e-6)
     assert len(set(cluster["outputs"][0]["data"])) == 4  # four different rows, four answers
+
+
+# 2,000 keyed requests through the front; the answers' roles and the
+# router's count of mirrored copies come back as the termination message.
+KEYED_CLIENT = """
+import collections, json, re, sys, time, urllib.request
+url, model, body, n = sys.argv[1], sys.argv[2], sys.argv[3].encode(), int(sys.argv[4])
+roles, failed = collections.Counter(), 0
+for i in range(n):
+    request = urllib.request.Request(f"{url}/v2/models/{model}/infer", body,
+                                     {"Content-Type": "application/json", "X-Request-Key": f"caller-{i}"})
+    for attempt in range(20):
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                roles[answer.headers["X-Model-Role"]] += 1
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        failed += 1
+time.sleep(1)
+metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+mirrored = sum(float(m) for m in re.findall(r'kubeloop_inference_requests_total{[^}]*role="shadow"[^}]*} ([0-9.e+]+)',
+                                            metrics))
+open("/dev/termination-log", "w").write(json.dumps({"roles": roles, "failed": failed, "mirrored": mirrored}))
+"""
+
+
+def test_the_front_splits_by_request_key_and_mirrors_the_shadow_on_the_real_node(real, tmp_path):
+    """Cluster path, on the real node: with a router image the kubernetes
+    backend puts kubeloop's serving front (the runtime image) in front of one
+    Triton Deployment per version. 2,000 keyed requests from a Pod through the
+    InferenceService's Service: the 20% canary answers 20% +- 3% of them, every
+    answer comes from the primary or the canary (the shadow never answers a
+    caller), and the router mirrored 10% +- 3% to the shadow; status.traffic
+    says so. Before: one Service over every Triton Pod, so one canary replica
+    beside one primary took 50%, and the shadow got nothing."""
+    import json
+
+    from mlflow import MlflowClient
+
+    namespace = real.namespace()
+    uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+    model = f"{namespace}-front"
+    primary, canary, shadow = (register_model(uri, model, seed=seed) for seed in (1, 2, 3))
+    registry = MlflowClient(uri)
+    registry.set_registered_model_alias(model, "champion", primary)
+    registry.set_registered_model_alias(model, "challenger", canary)
+    operator = serving_operator(real, namespace, tmp_path, front=True)
+    try:
+        real.kube.create(inference_service(namespace, "front", model, resources={"cpu": "200m", "memory": "512Mi"},
+                                           canary={"alias": "challenger", "percent": 20},
+                                           shadow={"version": shadow, "percent": 10}))
+        status = wait_for(lambda: (s := isvc_status(real.kube, namespace, "front")).get("phase") == "Ready"
+                          and any(c["type"] == "CanaryReady" and c["status"] == "True" for c in s["conditions"])
+                          and s, timeout=420, interval=1, what="the front and its three versions Ready")
+        assert status["traffic"] == [{"role": "primary", "version": primary, "percent": 80},
+                                     {"role": "canary", "version": canary, "percent": 20},
+                                     {"role": "shadow", "version": shadow, "percent": 10}]
+        roles = sorted(p["metadata"]["labels"]["kubeloop.dev/role"] for p in real.kube.list(
+            "v1", "Pod", namespace, "kubeloop.dev/inferenceservice=front"))
+        assert roles == ["canary", "primary", "router", "shadow"]
+        service = real.kube.get("v1", "Service", "front", namespace)
+        rows = [[0.1 * i for i in range(N_FEATURES)]]
+        name = f"keyed-{uuid.uuid4().hex[:6]}"
+        real.kube.create(pod(name, namespace, base_image().ref,
+                             ["python3", "-c", KEYED_CLIENT, f"http://{service['spec']['clusterIP']}",
+                              triton_name(model), json.dumps(v2_body(rows)), "2000"], restartPolicy="Never"))
+        done = wait_for(lambda: (p := real.kube.get("v1", "Pod", name, namespace)) and
+                        p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=300,
+                        what="2,000 keyed requests")
+        terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert done["status"]["phase"] == "Succeeded", terminated
+        result = json.loads(terminated["message"])
+        print(f"front on the real node: {result}")
+        assert result["failed"] == 0 and set(result["roles"]) == {"primary", "canary"}
+        assert abs(result["roles"]["canary"] / 2000 - 0.20) <= 0.03, result
+        assert abs(result["mirrored"] / 2000 - 0.10) <= 0.03, result
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
 
 
 def _seconds(start: str, end: str) -> int:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev import processes
-from kubeloop.monitoring.drift import request_records
+from kubeloop.requestlog import request_records
 from tests.support.models import N_FEATURES, register_broken, register_model, synthetic
 from tests.support.waiting import wait_for
 
@@ -28,7 +28,7 @@ def operator(platform, namespace, start_operator, tmp_path):
     env = platform.env()
     op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
                         KUBELOOP_SERVING_BACKENDS="local,kubernetes", KUBELOOP_SERVING_BACKEND="local",
-                        KUBELOOP_REQUEST_LOG_DIR=str(tmp_path / "requests"))
+                        KUBELOOP_REQUEST_LOG=str(tmp_path / "requests"))
     op.wait_for_log("Initial authentication has finished")
     op.requests = tmp_path / "requests"
     return op

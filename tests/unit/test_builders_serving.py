@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kubeloop.api.refs import ObjectRef
@@ -216,3 +218,96 @@ def test_the_kubernetes_backend_says_why_replicas_are_missing_and_keeps_the_reco
     recovered = backend.ensure(request)
     assert recovered.primary_ready and not recovered.failing
     assert recovered.message == "primary: p/triton restarted 1x (last: OOMKilled at T1)"
+
+
+FRONT = ServingImages(router="kubeloop/runtime:1", request_log="s3://requests", object_store_secret="logs-s3",
+                      object_store_endpoint="http://s3.storage:8333")
+
+
+def _front_request(**fields):
+    from kubeloop.serving.base import ServedVersion, ServingRequest
+
+    s = spec(canary={"alias": "challenger", "percent": 20}, shadow={"version": "3", "percent": 10}, **fields)
+    versions = (ServedVersion("primary", V1, 80), ServedVersion("canary", V2, 20),
+                ServedVersion("shadow", ModelVersion("fraud", "3", "s3://m/3"), 10))
+    return ServingRequest(REF, s, versions, CPU)
+
+
+def test_with_the_front_the_service_selects_the_router_and_each_version_has_its_own_service():
+    """Cluster path (builder): the router is the entry; it calls each
+    version's Triton through that version's Service."""
+    from kubeloop.serving.kubernetes import KubernetesServing
+    from tests.unit.fakes import FakeObjects
+
+    objects = FakeObjects()
+    KubernetesServing(objects, FRONT).ensure(_front_request(replicas=5))
+    services = {name: o["spec"]["selector"] for (kind, _ns, name), o in objects.objects.items() if kind == "Service"}
+    assert services == {
+        "fraud": {"kubeloop.dev/inferenceservice": "fraud", "kubeloop.dev/role": "router"},
+        "fraud-primary": {"kubeloop.dev/inferenceservice": "fraud", "kubeloop.dev/role": "primary"},
+        "fraud-canary": {"kubeloop.dev/inferenceservice": "fraud", "kubeloop.dev/role": "canary"},
+        "fraud-shadow": {"kubeloop.dev/inferenceservice": "fraud", "kubeloop.dev/role": "shadow"}}
+    replicas = {name: o["spec"]["replicas"] for (kind, _ns, name), o in objects.objects.items() if kind == "Deployment"}
+    # The router splits by request key: each version keeps the replicas it needs.
+    assert replicas == {"fraud-predictor": 5, "fraud-predictor-canary": 2, "fraud-predictor-shadow": 1,
+                        "fraud-router": 2}
+    routes = json.loads(objects.objects[("ConfigMap", "ml", "fraud-router")]["data"]["router.json"])
+    assert routes["routes"] == [{"role": "primary", "version": "1", "percent": 80},
+                                {"role": "canary", "version": "2", "percent": 20}]
+    assert routes["shadow"] == {"role": "shadow", "version": "3", "percent": 10}
+    assert routes["version_urls"] == {"1": "http://fraud-primary.ml.svc.cluster.local",
+                                      "2": "http://fraud-canary.ml.svc.cluster.local",
+                                      "3": "http://fraud-shadow.ml.svc.cluster.local"}
+    assert routes["request_log"] == "s3://requests/ml-fraud" and routes["triton_model"] == "fraud"
+
+
+def test_the_router_runs_restricted_with_its_routes_and_the_object_stores_secret_by_reference():
+    from kubeloop.operator.builders.serving import build_router
+
+    config = {"routes": [{"role": "primary", "version": "1", "percent": 100}]}
+    config_map, deployment = build_router(REF, spec(), config, FRONT)
+    pod = deployment["spec"]["template"]["spec"]
+    router = pod["containers"][0]
+    assert router["image"] == "kubeloop/runtime:1" and router["command"][-2:] == ["--host", "0.0.0.0"]
+    assert router["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
+    assert router["envFrom"] == [{"secretRef": {"name": "logs-s3"}}]
+    assert router["env"] == [{"name": "AWS_ENDPOINT_URL_S3", "value": "http://s3.storage:8333"}]
+    assert json.loads(config_map["data"]["router.json"]) == config
+    assert pod["volumes"][0] == {"name": "routes", "configMap": {"name": "fraud-router"}}
+    moved = build_router(REF, spec(), {"routes": [{"role": "primary", "version": "2", "percent": 100}]}, FRONT)[1]
+    key = "kubeloop.dev/routes-hash"
+    # New routes roll the router rather than wait for the kubelet's volume sync.
+    assert moved["spec"]["template"]["metadata"]["annotations"][key] != \
+        deployment["spec"]["template"]["metadata"]["annotations"][key]
+
+
+def test_with_the_front_status_gets_the_split_asked_and_the_shadows_mirrored_share():
+    from kubeloop.serving.kubernetes import KubernetesServing
+    from tests.unit.fakes import FakeObjects
+
+    objects = FakeObjects()
+    backend = KubernetesServing(objects, FRONT)
+    first = backend.ensure(_front_request(replicas=1))
+    assert first.traffic == {"primary": 80, "canary": 20, "shadow": 10}
+    assert not first.primary_ready
+    for (kind, ns, name), obj in list(objects.objects.items()):
+        if kind == "Deployment":
+            want = obj["spec"]["replicas"]
+            objects.set_status(kind, ns, name, availableReplicas=want, updatedReplicas=want)
+    served = backend.ensure(_front_request(replicas=1))
+    assert served.primary_ready and "router" not in served.ready
+    # Triton replicas only: 1 primary, 1 canary, 1 shadow (the router's one is not a model replica).
+    assert served.ready_replicas == 3
+
+
+def test_without_an_object_store_the_cluster_backend_keeps_no_request_log():
+    """A folder in a router's Pod would vanish with it."""
+    from kubeloop.serving.kubernetes import KubernetesServing
+    from tests.unit.fakes import FakeObjects
+
+    assert KubernetesServing(FakeObjects(), FRONT).request_log(REF, spec()) == "s3://requests/ml-fraud"
+    folder = ServingImages(router="r", request_log="/var/log/requests")
+    assert KubernetesServing(FakeObjects(), folder).request_log(REF, spec()) is None
+    assert KubernetesServing(FakeObjects(), ServingImages()).request_log(REF, spec()) is None
+    given = spec(requestLogging={"destination": "s3://team/logs"})
+    assert KubernetesServing(FakeObjects(), FRONT).request_log(REF, given) == "s3://team/logs"

@@ -111,6 +111,15 @@ def test_the_pipeline_steps_settings_reach_the_operator_by_name():
     assert not {"KUBELOOP_MLFLOW_SECRET", "KUBELOOP_OBJECT_STORE_SECRET", "KUBELOOP_OBJECT_STORE_ENDPOINT"} & set(env)
 
 
+def test_the_router_image_puts_the_front_in_front_only_when_set():
+    """Cluster: serving.routerImage becomes KUBELOOP_ROUTER_IMAGE (the
+    kubernetes backend then runs a router per InferenceService); empty, none."""
+    env = {e["name"]: e.get("value") for e in _pod_specs(render())[0]["containers"][0]["env"]}
+    assert env["KUBELOOP_ROUTER_IMAGE"] == "ghcr.io/kubeloop/runtime:0.1.0"
+    bare = render("--set", "serving.routerImage=")
+    assert "KUBELOOP_ROUTER_IMAGE" not in {e["name"] for e in _pod_specs(bare)[0]["containers"][0]["env"]}
+
+
 def test_the_charts_components_image_is_the_operators_default():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["pipelines"]["componentsImage"] == COMPONENTS_IMAGE

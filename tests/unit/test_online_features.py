@@ -126,7 +126,7 @@ def test_the_local_backend_writes_each_versions_features_and_the_policy_the_rout
     from kubeloop.registry.base import ModelVersion
     from kubeloop.registry.tags import FEATURE_STORE
     from kubeloop.serving.base import ServedVersion
-    from kubeloop.serving.local import feature_specs
+    from kubeloop.serving.routes import feature_specs
     from kubeloop.serving.router import RouterConfig
 
     signature = ModelSignature(feature_columns=list(SPEC.columns), feature_views=list(SPEC.views),

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeloop.requestlog import FolderStore, LogLimits, LogStoreError, RequestLog, request_records
 from kubeloop.serving.router import Route, RouterConfig, _features, bucket, disagree, parse_outputs, pick
 
 ROUTES = (Route("primary", "1", 80), Route("canary", "2", 20))
@@ -211,7 +213,7 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
               "triton_url": f"http://127.0.0.1:{runners[0].addresses[0][1]}",
               "routes": [{"role": "primary", "version": "1", "percent": 100}],
               "shadow": {"role": "shadow", "version": "2", "percent": 100},
-              "log_dir": str(tmp_path / "log"), "sample_rate": 1.0, **fields}
+              "request_log": str(tmp_path / "log"), "sample_rate": 1.0, **fields}
     (tmp_path / "router.json").write_text(json.dumps(config))
     runners.append(web.AppRunner(build_app(tmp_path / "router.json")))
     await runners[1].setup()
@@ -246,7 +248,7 @@ def test_the_local_backend_writes_the_signature_the_router_reads(task, tmp_path)
     import json
 
     from kubeloop.api.signature import TAG, ModelSignature
-    from kubeloop.serving.local import signature_fields
+    from kubeloop.serving.routes import signature_fields
 
     fields = TASKS[task][0]
     signature = ModelSignature(task=task, feature_columns=["x", "y"], classes=list(fields.get("classes", [])),
@@ -260,53 +262,42 @@ def test_the_local_backend_writes_the_signature_the_router_reads(task, tmp_path)
     assert config.threshold == (0.3 if task == "binary" else 0.5)
 def test_the_request_log_queue_is_bounded_and_counts_what_it_drops(tmp_path):
     """Local: before, rows queued without limit while the disk refused them."""
-    from kubeloop.serving.router import RequestLog
-
     log = RequestLog(capacity=3)
     assert [log.add({"n": i}) for i in range(5)] == [True, True, True, False, False]
     assert log.dropped == 2 and len(log.rows) == 3
 
 
-def test_a_failed_flush_keeps_the_rows_and_a_later_one_writes_them(tmp_path):
+def test_rows_of_a_failed_write_go_back_in_front_as_far_as_the_queue_holds(tmp_path):
     """Local: one OSError ended the flush task for good (and with it route reloads)."""
-    import pytest
-
-    from kubeloop.serving.router import RequestLog
-
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    log = RequestLog(capacity=4)
+    store, log = FolderStore(blocker / "requests"), RequestLog(capacity=4)
     for i in range(3):
         log.add({"n": i})
-    with pytest.raises(OSError):
-        log.flush(str(blocker / "requests"))
-    assert [r["n"] for r in log.rows] == [0, 1, 2]
-    for i in range(3, 6):
+    rows = log.take()
+    with pytest.raises(LogStoreError):
+        store.write(rows, time.time())
+    for i in range(3, 5):
         log.add({"n": i})
-    assert log.dropped == 2
+    log.put_back(rows)
+    assert [r["n"] for r in log.rows] == [0, 1, 2, 3] and log.dropped == 1
     blocker.unlink()
-    log.flush(str(blocker / "requests"))
-    written = [json.loads(line)["n"] for f in sorted((blocker / "requests").glob("*.jsonl"))
-               for line in f.read_text().splitlines()]
-    assert written == [0, 1, 2, 3] and log.rows == []
+    store.write(log.take(), time.time())
+    assert [r["n"] for r in request_records(blocker / "requests")] == [0, 1, 2, 3] and log.rows == []
 
 
 def test_log_files_rotate_by_size_and_expire_by_age_and_total_size(tmp_path):
     """Local: files were never rotated nor removed."""
     import os
 
-    from kubeloop.serving.router import LogLimits, RequestLog, expire_logs
-
-    limits = LogLimits(file_bytes=200, total_bytes=1000, retention_seconds=3600)
-    log = RequestLog()
+    store = FolderStore(tmp_path, LogLimits(file_bytes=200, total_bytes=1000, retention_seconds=3600))
     for i in range(40):
-        log.add({"n": i, "pad": "x" * 20})
-        log.flush(str(tmp_path), limits)
+        store.write([{"n": i, "pad": "x" * 20}], time.time())
     files = sorted(tmp_path.glob("requests-*.jsonl"), key=lambda p: p.stat().st_mtime)
     assert len(files) > 3 and all(f.stat().st_size < 200 + 60 for f in files)
     now = files[-1].stat().st_mtime
     os.utime(files[0], (now - 7200, now - 7200))
-    removed = expire_logs(tmp_path, limits, now=now)
+    removed = store.expire(now)
     left = list(tmp_path.glob("requests-*.jsonl"))
     assert removed >= 1 and not files[0].exists()
     assert sum(f.stat().st_size for f in left) <= 1000 and files[-1].exists()
@@ -316,11 +307,9 @@ def test_the_drift_job_reads_only_the_files_of_its_window(tmp_path):
     """Local: the drift job rescanned every file ever written."""
     import os
 
-    from kubeloop.monitoring.drift import request_records
-
     old, new = tmp_path / "requests-20270101-00.jsonl", tmp_path / "requests-20270102-00.jsonl"
     old.write_text('{"ts": 1, "n": "old"}\n')
-    new.write_text('{"ts": 2000, "n": "new"}\n')
+    new.write_text('{"ts": 2000, "n": "new"}\n{"ts": 2001, "n": "being written"')
     os.utime(old, (1000, 1000))
     os.utime(new, (3000, 3000))
     assert [r["n"] for r in request_records(tmp_path, since=1500)] == ["new"]
@@ -350,7 +339,7 @@ def _router_config(tmp_path, triton_url: str, shadow: bool = False, features=Non
     config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": triton_url,
               "routes": [{"role": "primary", "version": "1", "percent": 100}],
               "shadow": {"role": "shadow", "version": "2", "percent": 100} if shadow else None,
-              "log_dir": str(tmp_path / "requests")}
+              "request_log": str(tmp_path / "requests")}
     if features is not None:
         config["features"] = {"1": features.to_dict()}
     path = tmp_path / "router.json"

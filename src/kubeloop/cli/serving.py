@@ -31,7 +31,7 @@ def fetch(
 
 @app.command()
 def skew(
-    log: Annotated[Path, typer.Argument(help="The InferenceService's request-log folder.")],
+    log: Annotated[str, typer.Argument(help="The InferenceService's request log: a folder or an s3:// prefix.")],
     model: Annotated[str, typer.Option(help="The registered model it serves.")],
     tracking_uri: Annotated[str, typer.Option(envvar="MLFLOW_TRACKING_URI", help="The MLflow server.")],
     sample: Annotated[int, typer.Option(help="Served rows to compare, at most.")] = 200,
@@ -42,7 +42,7 @@ def skew(
     exits 1 when any differ (training-serving skew) or none could be compared."""
     from mlflow import MlflowClient
 
-    from kubeloop.monitoring.drift import request_records
+    from kubeloop.requestlog import request_records
     from kubeloop.serving.skew import check_skew
 
     client = MlflowClient(tracking_uri)

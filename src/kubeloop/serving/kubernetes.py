@@ -1,8 +1,9 @@
 """Serving on the cluster: Triton Deployments, Services and an HPA, owned by
-the InferenceService so that Kubernetes garbage-collects them with it.
-
-Nothing here mirrors requests: a shadow's Deployment runs but gets no copies
-(its traffic is reported as 0%)."""
+the InferenceService so that Kubernetes garbage-collects them with it; with
+a router image configured, the serving front in front of them (exact
+canary split, shadow mirroring, request log). Without the front nothing
+mirrors requests: a shadow's Deployment runs but gets no copies (its
+traffic is reported as 0%)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.operator.builders.meta import owner_selector
 from kubeloop.operator.builders.serving import (
     LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, effective_split,
-    rollout_failed, service_name,
+    rollout_failed, service_name, version_urls,
 )
 from kubeloop.operator.kube import FIELD_MANAGER, Kube, KubeError
-from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
+from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.serving.routes import build_router_config
 
 # Kinds an InferenceService may own; children of these kinds that the
 # current spec no longer wants are deleted.
-OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("autoscaling/v2", "HorizontalPodAutoscaler"))
+OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
+         ("autoscaling/v2", "HorizontalPodAutoscaler"))
 ROUTES = ("gateway.networking.k8s.io/v1", "HTTPRoute")
 # Holds a Deployment's replica count while kubeloop lets go of it, until the
 # HPA's first scale takes it over.
@@ -38,7 +41,8 @@ class KubernetesServing(ServingBackend):
             rolled_back = self._failed_canary(request)
             if rolled_back:
                 versions.pop("canary")
-            desired = build_children(request.ref, request.spec, versions, request.placement, self.images)
+            desired = build_children(request.ref, request.spec, versions, request.placement, self.images,
+                                     self._router_config(request, versions))
             for obj in desired:
                 self._hand_over_replicas(obj)
                 self.kube.apply(obj)
@@ -52,12 +56,34 @@ class KubernetesServing(ServingBackend):
             messages.insert(0, f"canary rolled back: {rolled_back}")
         url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
                else f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local")
+        front = self.images.router is not None
+        if front:  # the service answers once its router does
+            ready["primary"] = ready.get("primary", False) and ready.pop("router", False)
         requested = {role: percent for role, (_model, percent) in versions.items() if role != "shadow"}
-        traffic = effective_split(requested, available, wanted, exact=bool(self.images.gateway))
+        traffic = effective_split(requested, available, wanted, exact=bool(self.images.gateway) or front)
         if "shadow" in versions:
-            traffic["shadow"] = 0
-        return ServingState(url=url, ready=ready, ready_replicas=sum(available.values()), message="; ".join(messages),
+            traffic["shadow"] = versions["shadow"][1] if front else 0
+        return ServingState(url=url, ready=ready, ready_replicas=sum(n for role, n in available.items() if role != "router"), message="; ".join(messages),
                             rolled_back=("canary",) if rolled_back else (), failing=failing, traffic=traffic)
+
+    def _router_config(self, request: ServingRequest, versions: dict) -> dict | None:
+        """The front's routes for the versions still served (none without a router image)."""
+        if self.images.router is None:
+            return None
+        return build_router_config(request, triton_name(versions["primary"][0].name), "",
+                                   self.request_log(request.ref, request.spec), roles=set(versions),
+                                   version_urls=version_urls(request.ref, versions))
+
+    def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
+        """With the front, where its routers log: the service's own
+        destination, else a prefix of its own below the operator's."""
+        if self.images.router is None or not spec.request_logging.enabled:
+            return None
+        if spec.request_logging.destination:
+            return spec.request_logging.destination
+        root = self.images.request_log
+        # A folder in a router's Pod would vanish with it: only object storage outlives the Pods.
+        return f"{root.rstrip('/')}/{ref.namespace}-{ref.name}" if root and root.startswith("s3://") else None
 
     def _hand_over_replicas(self, desired: dict) -> None:
         """Before kubeloop stops applying a Deployment's replica count (the

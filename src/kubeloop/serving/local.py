@@ -27,14 +27,12 @@ from pathlib import Path
 import requests
 
 from kubeloop.api.refs import ObjectRef
-from kubeloop.api.signature import ModelSignature
 from kubeloop.dev import processes
 from kubeloop.files import write_atomic, write_if_changed
-from kubeloop.registry.tags import FEATURE_STORE
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
 from kubeloop.serving.loads import Loads
-from kubeloop.serving.features import FeatureSpec
 from kubeloop.serving.repository import fetch_version, prune_versions, write_config
+from kubeloop.serving.routes import build_router_config
 from kubeloop.serving.runtime import TritonRuntime
 
 READY_TIMEOUT = 60.0
@@ -77,11 +75,12 @@ class LocalServing(ServingBackend):
     reads_online_features = True
 
     def __init__(self, work_dir: Path, tracking_uri: str, runtime: TritonRuntime | None = None,
-                 log_dir: Path | None = None, targets: Path | None = None):
+                 log_root: str | None = None, targets: Path | None = None):
         self.root = Path(work_dir) / "serving"
         self.tracking_uri = tracking_uri
         self._runtime = runtime
-        self.log_dir = log_dir
+        self.log_root = log_root
+        """Request logs go below it: a folder or an s3:// prefix."""
         self.targets = targets
         """A Prometheus file_sd folder: each router and tritonserver registers its metrics there."""
         self._loads = Loads()
@@ -165,8 +164,8 @@ class LocalServing(ServingBackend):
         return spec.request_logging.destination or self._default_log(ref)
 
     def _default_log(self, ref: ObjectRef) -> str:
-        if self.log_dir:
-            return str(self.log_dir / f"{ref.namespace}-{ref.name}")
+        if self.log_root:
+            return f"{self.log_root.rstrip('/')}/{ref.namespace}-{ref.name}"
         return str(self.folder(ref) / "requests")
 
     def _register_targets(self, ref: ObjectRef, state: InstanceState) -> None:
@@ -266,32 +265,8 @@ class LocalServing(ServingBackend):
         return _ok(f"{triton}/v2/models/{name}/versions/{version}/ready")
 
     def _write_routes(self, folder: Path, request: ServingRequest, name: str, triton: str, roles: list[str]) -> None:
-        by_role = {v.role: v for v in request.versions}
-        canary = by_role.get("canary") if "canary" in roles else None
-        routes = [{"role": "primary", "version": by_role["primary"].model.version,
-                   "percent": 100 - (canary.percent if canary else 0)}]
-        if canary:
-            routes.append({"role": "canary", "version": canary.model.version, "percent": canary.percent})
-        shadow = by_role.get("shadow") if "shadow" in roles else None
-        logging = request.spec.request_logging
-        log_dir = self.request_log(request.ref, request.spec)
-        config = {
-            "service": f"{request.ref.namespace}/{request.ref.name}", "model": by_role["primary"].model.name,
-            "triton_model": name, "triton_url": triton, "routes": routes,
-            "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
-            "log_dir": log_dir, "sample_rate": logging.sample_rate,
-            **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
-            "features": feature_specs(request.versions), "missing": request.spec.features.missing,
-        }
-        path = folder / "router.json"
-        write_if_changed(path, json.dumps(config, indent=2))
-
-
-def signature_fields(signature: ModelSignature) -> dict:
-    """What the router reads of the served version's signature to parse,
-    count and compare its answers."""
-    return {"task": signature.task, "output": signature.output_name, "classes": list(signature.classes),
-            "threshold": signature.threshold if signature.threshold is not None else 0.5}
+        config = build_router_config(request, name, triton, self.request_log(request.ref, request.spec), roles)
+        write_if_changed(folder / "router.json", json.dumps(config, indent=2))
 
 
 def _load(triton: str, name: str) -> None:
@@ -302,18 +277,6 @@ def _load(triton: str, name: str) -> None:
         raise ServingUnavailable(f"Triton's repository API: {exc}") from exc
     if response.status_code >= 500:
         raise ServingUnavailable(f"Triton could not load {name}: {response.text}")
-
-
-def feature_specs(versions) -> dict[str, dict]:  # noqa: ANN001 - ServedVersions
-    """Version -> what its entity requests read from the online store, for
-    the versions whose signature names feature views and whose feature store
-    was recorded."""
-    specs = {}
-    for served in versions:
-        spec = FeatureSpec.of(ModelSignature.from_tags(served.model.tags), served.model.tags.get(FEATURE_STORE, ""))
-        if spec is not None:
-            specs[served.model.version] = spec.to_dict()
-    return specs
 
 
 def _ok(url: str) -> bool:

@@ -6,13 +6,14 @@ tritonserver (KServe v2 protocol).
   version; requests without a key are spread at random.
 - Shadow mirroring: a share of requests is also sent to the shadow version;
   its answer is logged and compared with the primary's, never returned.
-- Request logging for drift monitoring (sampled JSON lines): each record
-  holds the input rows under "features" and the answers under "outputs",
-  one entry per row (a float, or the list of class probabilities). Bounded:
-  a queue of LOG_QUEUE rows between flushes (what does not fit is dropped and
-  counted), files rotated by hour and size and removed after their retention
-  or beyond a total size; a failed write (disk full, unwritable) is counted
-  and retried, never fatal.
+- Request logging for drift monitoring (sampled; the format and its two
+  stores, a folder or an s3:// prefix, are kubeloop.requestlog's): each
+  record holds the input rows under "features" and the answers under
+  "outputs", one entry per row (a float, or the list of class
+  probabilities). Bounded: a queue of LOG_QUEUE rows between flushes (what
+  does not fit is dropped and counted); writes run off the event loop; a
+  failed write (disk full, object store down) is counted and retried, never
+  fatal.
 - Shadow mirroring is bounded too: at most MAX_MIRRORS in flight, the rest
   skipped and counted.
 - Entity requests: a request whose inputs are the entity keys and
@@ -28,10 +29,13 @@ tritonserver (KServe v2 protocol).
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
 
-Its routes live in a JSON file that the local serving backend rewrites as
-aliases move; the router picks up changes within half a second.
+Its routes live in a JSON file that the serving backend rewrites as aliases
+move (the local backend's file, or a ConfigMap mounted into the router's Pod
+on a cluster); the router picks up changes within half a second of seeing
+them. Locally one tritonserver serves every version; on a cluster each
+version is a Triton Deployment of its own, named in `version_urls`.
 
-    python -m kubeloop.serving.router --config router.json --port 8080
+    python -m kubeloop.serving.router --config router.json --port 8080 [--host 0.0.0.0]
 """
 
 from __future__ import annotations
@@ -53,28 +57,13 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kubeloop.requestlog import LogLimits, LogStoreError, RequestLog, open_store
 from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, is_entity_request, parse_rows,
                                        tensor_request)
 
 log = logging.getLogger("kubeloop.router")
-LOG_QUEUE = 10_000
-"""Request-log rows held between flushes (every 0.5 s) or while the disk refuses them."""
 MAX_MIRRORS = 64
 """Shadow requests in flight at once."""
-
-
-@dataclass(frozen=True)
-class LogLimits:
-    """How much request log a router keeps on disk."""
-
-    file_bytes: int = 64 * 2**20
-    """A file is rotated once it is this large."""
-    total_bytes: int = 1024 * 2**20
-    """The oldest files go once the folder holds more."""
-    retention_seconds: float = 7 * 86400
-    """Files not written to for this long go (drift windows are shorter)."""
-    queue_rows: int = LOG_QUEUE
-    """Rows held between flushes, or while the disk refuses them."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +82,8 @@ class RouterConfig:
     routes: tuple[Route, ...]
     shadow: Route | None = None
     threshold: float = 0.5
-    log_dir: str | None = None
+    request_log: str | None = None
+    """Where logged requests go: a folder or an s3:// prefix."""
     sample_rate: float = 1.0
     task: str = "binary"
     output: str = "probability"
@@ -107,6 +97,9 @@ class RouterConfig:
     """Version -> what its entity requests read from the online store."""
     missing: str = "default"
     """Entity requests: the policy for missing or stale online values."""
+    version_urls: dict[str, str] = field(default_factory=dict)
+    """Version -> the Triton serving it, where versions are served apart
+    (one predictor each on a cluster); others are on triton_url."""
 
     @classmethod
     def load(cls, path: Path) -> "RouterConfig":
@@ -115,12 +108,17 @@ class RouterConfig:
         return cls(service=data["service"], model=data["model"], triton_model=data["triton_model"],
                    triton_url=data["triton_url"], routes=tuple(Route(**r) for r in data["routes"]),
                    shadow=Route(**shadow) if shadow else None, threshold=data.get("threshold", 0.5),
-                   log_dir=data.get("log_dir"), sample_rate=data.get("sample_rate", 1.0),
+                   request_log=data.get("request_log"), sample_rate=data.get("sample_rate", 1.0),
                    task=data.get("task", "binary"), output=data.get("output", "probability"),
                    classes=tuple(data.get("classes", ())), tolerance=data.get("tolerance", 0.05),
                    log_limits=LogLimits(**data.get("log_limits", {})),
                    features={v: FeatureSpec.from_dict(f) for v, f in data.get("features", {}).items()},
-                   missing=data.get("missing", "default"))
+                   missing=data.get("missing", "default"), version_urls=data.get("version_urls", {}))
+
+    def version_url(self, version: str) -> str:
+        """The Triton model URL of a version."""
+        base = self.version_urls.get(version, self.triton_url)
+        return f"{base}/v2/models/{self.triton_model}/versions/{version}"
 
     def label(self, index: int) -> str:
         """Multiclass: the class label of an output position."""
@@ -187,7 +185,7 @@ class Metrics:
                                       f"Requests not mirrored because {MAX_MIRRORS} mirrors were in flight.",
                                       ["service"], registry=self.registry)
         self.log_dropped = Counter("kubeloop_request_log_dropped_total",
-                                   f"Request-log rows dropped because {LOG_QUEUE} were waiting for the disk.",
+                                   "Request-log rows dropped because the queue was full (the store refused or lagged).",
                                    ["service"], registry=self.registry)
         self.log_errors = Counter("kubeloop_request_log_write_errors_total",
                                   "Request-log flushes that failed (the rows wait for the next one).",
@@ -205,75 +203,6 @@ class Metrics:
                                    registry=self.registry)
 
 
-class RequestLog:
-    """Sampled request rows as JSON lines, written in the background: a bounded
-    queue, files per hour rotated by size, old ones expired."""
-
-    def __init__(self, capacity: int = LOG_QUEUE) -> None:
-        self.rows: list[dict] = []
-        self.capacity = capacity
-        self.dropped = 0
-        """Rows dropped because the queue was full (since the last look)."""
-
-    def add(self, row: dict) -> bool:
-        """Queue a row; False (and counted) when the queue is full."""
-        if len(self.rows) >= self.capacity:
-            self.dropped += 1
-            return False
-        self.rows.append(row)
-        return True
-
-    def flush(self, directory: str | None, limits: LogLimits = LogLimits()) -> None:
-        """Write the queued rows; on OSError they stay queued (up to capacity)
-        for the next flush, and the error propagates for the caller to count."""
-        if not self.rows or not directory:
-            self.rows.clear()
-            return
-        rows, self.rows = self.rows, []
-        try:
-            path = self._current(Path(directory), limits)
-            with open(path, "a") as out:
-                out.write("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
-        except OSError:
-            self.rows = rows + self.rows
-            self.dropped += max(0, len(self.rows) - self.capacity)
-            del self.rows[self.capacity:]
-            raise
-
-    @staticmethod
-    def _current(folder: Path, limits: LogLimits) -> Path:
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = time.strftime("requests-%Y%m%d-%H", time.gmtime())
-        part = 0
-        while True:
-            path = folder / (f"{stem}.jsonl" if part == 0 else f"{stem}.{part}.jsonl")
-            if not path.exists() or path.stat().st_size < limits.file_bytes:
-                return path
-            part += 1
-
-
-def expire_logs(folder: Path, limits: LogLimits, now: float | None = None) -> int:
-    """Remove request-log files past their retention, then the oldest until
-    the folder fits total_bytes; returns how many went."""
-    now = time.time() if now is None else now
-    files = []
-    for path in Path(folder).glob("requests-*.jsonl"):
-        try:
-            info = path.stat()
-        except FileNotFoundError:
-            continue
-        files.append((info.st_mtime, info.st_size, path))
-    files.sort()
-    total, removed = sum(size for _, size, _ in files), 0
-    for mtime, size, path in files[:-1]:  # never the file being written
-        if now - mtime <= limits.retention_seconds and total <= limits.total_bytes:
-            break
-        path.unlink(missing_ok=True)
-        total -= size
-        removed += 1
-    return removed
-
-
 class Router:
     def __init__(self, config_path: Path):
         self.config_path = config_path
@@ -282,6 +211,9 @@ class Router:
         self.metrics = Metrics()
         self._show_routes()
         self.log = RequestLog(self.config.log_limits.queue_rows)
+        self._store, self._store_for = None, None
+        self.writing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-log")
+        """Request-log writes block (a file, an object store's PUT): off the event loop, one at a time."""
         self.session: aiohttp.ClientSession | None = None
         self.background: set[asyncio.Task] = set()
         self.mirrors: set[asyncio.Task] = set()
@@ -298,6 +230,7 @@ class Router:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                              connector=aiohttp.TCPConnector(limit=256))
         self._spawn(self._watch())
+        self._spawn(self._flush_loop())
         self._open_stores()
 
     def _open_stores(self) -> None:
@@ -327,7 +260,8 @@ class Router:
                    for spec in self.config.features.values())
 
     async def stop(self, app: web.Application) -> None:
-        self.flush_log()
+        await self.flush_log(self._log_store())
+        self.writing.shutdown(wait=True)
         self.retrieving.shutdown(wait=False, cancel_futures=True)
         await self.session.close()
 
@@ -343,25 +277,46 @@ class Router:
             try:
                 if self.reload_routes():
                     self._open_stores()
-                self.flush_log()
-            except Exception:  # one bad round must not end route reloads and flushes for good
+            except Exception:  # one bad round must not end route reloads for good
                 log.exception("the router's housekeeping failed; trying again")
 
-    def flush_log(self) -> None:
+    async def _flush_loop(self) -> None:
+        while True:
+            store = self._log_store()
+            await asyncio.sleep(store.flush_seconds if store else 0.5)
+            try:
+                await self.flush_log(store)
+            except Exception:  # one bad flush must not end flushing for good
+                log.exception("the request log's flush failed; trying again")
+
+    def _log_store(self):  # noqa: ANN202 - a kubeloop.requestlog store, or None
+        """The store of the configured request log, opened again only when
+        the routes name another one (an object store's client is costly)."""
+        wanted = (self.config.request_log, self.config.log_limits)
+        if self._store_for != wanted:
+            self._store_for = wanted
+            self._store = open_store(*wanted) if wanted[0] else None
+        return self._store
+
+    async def flush_log(self, store) -> None:  # noqa: ANN001 - a kubeloop.requestlog store, or None
         """Write what is queued, count what was dropped, expire old files (each minute)."""
         c = self.config
-        try:
-            self.log.flush(c.log_dir, c.log_limits)
-        except OSError as exc:
-            self.metrics.log_errors.labels(c.service).inc()
-            log.warning("cannot write the request log (%d rows wait): %s", len(self.log.rows), exc)
+        rows = self.log.take()
+        if rows and store:
+            loop = asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(self.writing, store.write, rows, time.time())
+            except LogStoreError as exc:
+                self.log.put_back(rows)
+                self.metrics.log_errors.labels(c.service).inc()
+                log.warning("cannot write the request log (%d rows wait): %s", len(self.log.rows), exc)
         if self.log.dropped:
             self.metrics.log_dropped.labels(c.service).inc(self.log.dropped)
             self.log.dropped = 0
-        if c.log_dir and time.monotonic() - self._expired_at > 60:
+        if store and time.monotonic() - self._expired_at > 60:
             self._expired_at = time.monotonic()
             try:
-                removed = expire_logs(Path(c.log_dir), c.log_limits)
+                removed = await asyncio.get_running_loop().run_in_executor(self.writing, store.expire, time.time())
             except OSError as exc:
                 log.warning("cannot expire request logs: %s", exc)
                 return
@@ -401,8 +356,7 @@ class Router:
                 self.metrics.scores.labels(c.service, c.model, version).observe(row)
 
     def _infer_url(self, version: str) -> str:
-        c = self.config
-        return f"{c.triton_url}/v2/models/{c.triton_model}/versions/{version}/infer"
+        return f"{self.config.version_url(version)}/infer"
 
     # -- handlers ------------------------------------------------------------
 
@@ -439,7 +393,7 @@ class Router:
         outputs = parse_outputs(answer, c) if status == 200 else None
         if outputs:
             self._observe(route.version, outputs)
-        if c.log_dir and outputs and random.random() < c.sample_rate:
+        if c.request_log and outputs and random.random() < c.sample_rate:
             record = {"ts": time.time(), "key": key, "role": route.role, "version": route.version,
                       "features": vectors if vectors is not None else _features(payload), "outputs": outputs}
             if columns is not None:
@@ -515,7 +469,7 @@ class Router:
                 self.metrics.shadow_comparisons.labels(*pair).inc()
                 if disagree(c, p, s):
                     self.metrics.shadow_disagreements.labels(*pair).inc()
-        if c.log_dir and outputs:
+        if c.request_log and outputs:
             self.log.add({"ts": time.time(), "key": key, "role": "shadow", "version": shadow.version,
                           "outputs": outputs})
 
@@ -526,7 +480,7 @@ class Router:
             return web.Response(status=503, text="opening the feature stores")
         primary = next(r for r in c.routes if r.role == "primary")
         try:
-            async with self.session.get(f"{c.triton_url}/v2/models/{c.triton_model}/versions/{primary.version}/ready") as r:
+            async with self.session.get(f"{c.version_url(primary.version)}/ready") as r:
                 return web.Response(status=r.status)
         except aiohttp.ClientError:
             return web.Response(status=503)
@@ -537,7 +491,7 @@ class Router:
     async def metadata(self, request: web.Request) -> web.Response:
         c = self.config
         primary = next(r for r in c.routes if r.role == "primary")
-        async with self.session.get(f"{c.triton_url}/v2/models/{c.triton_model}/versions/{primary.version}") as r:
+        async with self.session.get(c.version_url(primary.version)) as r:
             return web.Response(body=await r.read(), status=r.status, content_type="application/json")
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
@@ -608,10 +562,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m kubeloop.serving.router")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a Pod (its own network namespace)")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("KUBELOOP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    web.run_app(build_app(args.config), host="127.0.0.1", port=args.port, access_log=None, print=None)
+    web.run_app(build_app(args.config), host=args.host, port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":
