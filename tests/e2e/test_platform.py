@@ -1,12 +1,24 @@
-"""The local platform is a real control plane with the fake GPU fleet."""
+"""The local platform is a real control plane with the fake GPU fleet, and an
+S3 object store (SeaweedFS) holding MLflow's artifacts."""
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
+from pathlib import Path
 
+import boto3
+import mlflow
+import psutil
 import pytest
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from mlflow import MlflowClient
 
 from kubeloop.api.resources import KINDS
+from kubeloop.dev import objectstore
 from kubeloop.dev.binaries import versions
 from tests.support.waiting import wait_for
 
@@ -64,3 +76,73 @@ def test_kubectl_explain_documents_every_kind(kubectl, kind):
     assert "FIELDS:" in out
     deep = kubectl("explain", f"{kind.plural}.status.conditions.reason").stdout
     assert "CamelCase" in deep
+
+
+# -- the object store (SeaweedFS) ------------------------------------------
+
+
+def s3_env(platform) -> dict[str, str]:
+    return {k: v for k, v in platform.env().items() if k.startswith("AWS_")}
+
+
+def s3_client(platform, secret: str | None = None):
+    env = s3_env(platform)
+    credentials = objectstore.Credentials(env["AWS_ACCESS_KEY_ID"], secret or env["AWS_SECRET_ACCESS_KEY"])
+    return objectstore.client(env["AWS_ENDPOINT_URL_S3"], credentials, attempts=1)
+
+
+def test_the_object_store_listens_on_loopback_only(platform):
+    """Backend: the platform's real SeaweedFS. Every socket it listens on
+    (master, volume, filer, S3, each one's gRPC) is bound to 127.0.0.1."""
+    record = next(p for p in platform.state().processes if p.name == "seaweedfs")
+    listening = [c.laddr for c in psutil.Process(record.pid).net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert {address.port for address in listening} == {platform.state().ports[n] for n in objectstore.PORTS}
+    assert {address.ip for address in listening} == {"127.0.0.1"}
+
+
+def test_the_buckets_exist_and_wrong_credentials_are_refused(platform):
+    """Backend: the platform's real SeaweedFS, through boto3."""
+    names = {b["Name"] for b in s3_client(platform).list_buckets()["Buckets"]}
+    assert {"mlflow", "requests"} <= names
+    assert platform.env()["KUBELOOP_REQUEST_LOG_URL"] == "s3://requests"
+    with pytest.raises(ClientError) as refused:
+        s3_client(platform, secret="not-the-secret").list_objects_v2(Bucket="mlflow")
+    assert refused.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    anonymous = boto3.client("s3", endpoint_url=s3_env(platform)["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
+                             config=Config(signature_version=UNSIGNED, retries={"max_attempts": 1}))
+    with pytest.raises(ClientError) as denied:
+        anonymous.list_objects_v2(Bucket="mlflow")
+    assert denied.value.response["Error"]["Code"] == "AccessDenied"
+
+
+def test_the_s3_secret_is_in_no_log(platform):
+    """Backend: the platform's real processes' logs."""
+    secret = s3_env(platform)["AWS_SECRET_ACCESS_KEY"]
+    assert [p for p in platform.logs.iterdir() if secret in p.read_text(errors="replace")] == []
+
+
+def test_mlflow_keeps_artifacts_in_the_bucket_and_serves_them_back(platform, tmp_path, monkeypatch):
+    """Backend: the platform's real MLflow server with its artifacts in the
+    real SeaweedFS. A client with the tracking URI only (no S3 credentials)
+    logs an artifact and registers it; runs:/ and models:/ URIs download it
+    byte-identical, and the object lies in the `mlflow` bucket."""
+    for name in s3_env(platform) | {"MLFLOW_S3_ENDPOINT_URL": ""}:
+        monkeypatch.delenv(name, raising=False)
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    payload = os.urandom(300_000)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.bin").write_bytes(payload)
+    run = client.create_run(client.create_experiment(f"objectstore-{uuid.uuid4().hex[:8]}"))
+    client.log_artifacts(run.info.run_id, str(tmp_path / "model"), "model")
+    client.set_terminated(run.info.run_id)
+    name = f"objectstore-{uuid.uuid4().hex[:8]}"
+    client.create_registered_model(name)
+    version = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", platform.env()["MLFLOW_TRACKING_URI"])  # models:/ resolves through it
+    for uri in (f"runs:/{run.info.run_id}/model", f"models:/{name}/{version.version}"):
+        out = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / uri.split(":")[0]))
+        assert (Path(out) / "weights.bin").read_bytes() == payload, uri
+    keys = [o["Key"] for o in s3_client(platform).list_objects_v2(Bucket="mlflow")["Contents"]]
+    assert any(key.endswith(f"{run.info.run_id}/artifacts/model/weights.bin") for key in keys), keys

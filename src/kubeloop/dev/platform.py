@@ -1,7 +1,8 @@
 """The local platform: a real Kubernetes control plane (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler) with KWOK faking a GPU fleet, an
-MLflow tracking server, a Feast repository, and Prometheus and Alertmanager
-(Debian's) with kubeloop's rules, run as background processes on 127.0.0.1
+MLflow tracking server keeping its artifacts in an S3 object store
+(SeaweedFS, kubeloop.dev.objectstore), a Feast repository, and Prometheus and
+Alertmanager (Debian's) with kubeloop's rules, run as background processes on 127.0.0.1
 from a state directory. With `real_node`, one real node (containerd, kubelet,
 kube-proxy; see kubeloop.dev.node) with cluster DNS (kubeloop.dev.dns) runs Pods beside the fake GPU fleet and
 takes the place of the fleet's CPU-only nodes.
@@ -30,7 +31,7 @@ import psutil
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
-from kubeloop.dev import dns, host, node, processes
+from kubeloop.dev import dns, host, node, objectstore, processes
 from kubeloop.dev.binaries import binary, ensure
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
@@ -41,8 +42,8 @@ from kubeloop.operator.kube import Kube, KubeError
 Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
-CORE = ("etcd", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus",
-        "alertmanager")
+CORE = ("etcd", "seaweedfs", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+        "prometheus", "alertmanager")
 NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
 # KWOK's fake Pods take addresses from the lower half of the Pod range; the
@@ -117,6 +118,11 @@ class Platform:
         return self.logs / "audit.log"
 
     @property
+    def s3_identities(self) -> Path:
+        """The object store's identities file: the platform's S3 access key (mode 0600)."""
+        return self.dir / "objectstore" / "identities.json"
+
+    @property
     def pki(self) -> Pki:
         return Pki(self.dir / "pki")
 
@@ -178,7 +184,9 @@ class Platform:
         state = self.state()
         if state:
             for record in reversed(state.processes):
-                processes.stop(record)
+                _stop(record)
+            for path in objectstore.grpc_socket_files(state.ports):
+                path.unlink(missing_ok=True)
         claim = host.Claim.read()
         if claim and Path(claim.state_dir) == self.dir:
             host.clean(self.dir, claim)
@@ -218,6 +226,7 @@ class Platform:
             return {}
         out = {"KUBECONFIG": str(self.kubeconfig)}
         out.update({name: url for name, url in state.urls.items()})
+        out.update(objectstore.env(_s3_endpoint(state), objectstore.read_credentials(self.s3_identities)))
         return out
 
     def tool_path(self) -> str:
@@ -266,7 +275,7 @@ class Platform:
             raise PlatformError(f"{name} is not running")
         proc = psutil.Process(record.pid)
         argv, env, cwd = proc.cmdline(), proc.environ(), proc.cwd()
-        processes.stop(record)
+        _stop(record)
         try:
             stopped()
         finally:
@@ -281,7 +290,7 @@ class Platform:
         if state is None:
             return
         for record in [p for p in state.processes if p.name == name]:
-            processes.stop(record)
+            _stop(record)
         state.processes = [p for p in state.processes if p.name != name]
         self._save(state)
 
@@ -291,7 +300,8 @@ class Platform:
         self.dir.mkdir(parents=True, exist_ok=True)
         pki = create_pki(self.dir / "pki")
         ports = state.ports
-        for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", "operator"):
+        for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", "operator",
+                     *objectstore.PORTS):
             ports[name] = processes.free_port()
         api = f"https://{self.host_address}:{ports['apiserver']}"
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
@@ -308,6 +318,7 @@ class Platform:
             f"--initial-cluster=kubeloop=http://127.0.0.1:{ports['etcd-peer']}",
             "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
         ])
+        self._start_objectstore(state)
         self._start_mlflow(state)
         self._start_featurestore(state)
         self._start_monitoring(state, pki)
@@ -400,6 +411,10 @@ class Platform:
             self._wait(state, "coredns", lambda: _http_ok(ready), 30)
         self._wait(state, "kwok", nodes_ready, 30)
         self._wait(state, "kube-controller-manager", controllers_running, 30)
+        progress("creating the object store's buckets")
+        credentials = objectstore.read_credentials(self.s3_identities)
+        self._wait(state, "seaweedfs", lambda: objectstore.answering(_s3_endpoint(state), credentials), 30)
+        objectstore.ensure_buckets(_s3_endpoint(state), credentials)
         progress("waiting for MLflow")
         self._wait(state, "mlflow", lambda: _http_ok(f"{state.urls['MLFLOW_TRACKING_URI']}/health"), 60)
         progress("waiting for Prometheus and Alertmanager")
@@ -518,9 +533,20 @@ class Platform:
         ])
         state.urls["KUBELOOP_FEAST_REPO"] = str(repo)
 
+    def _start_objectstore(self, state: PlatformState) -> None:
+        """SeaweedFS with an S3 gateway and a new access key; its buckets are
+        created once it answers (in _install)."""
+        root = self.s3_identities.parent
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        objectstore.write_identities(self.s3_identities, objectstore.generate_credentials())
+        self._spawn(state, "seaweedfs", objectstore.build_server_argv(
+            objectstore.weed_binary(), root, state.ports, self.s3_identities))
+        state.urls["KUBELOOP_REQUEST_LOG_URL"] = f"s3://{objectstore.REQUEST_LOG_BUCKET}"
+
     def _start_mlflow(self, state: PlatformState) -> None:
-        """MLflow's tracking server and model registry on sqlite, with a local
-        artifact store it serves itself (clients never need the folder)."""
+        """MLflow's tracking server and model registry on sqlite, with its
+        artifacts in the object store's bucket, which it serves itself
+        (clients need the tracking URI only, never S3 credentials)."""
         root = self.dir / "mlflow"
         root.mkdir(parents=True, exist_ok=True)
         port = state.ports["mlflow"]
@@ -528,8 +554,10 @@ class Platform:
             sys.executable, "-m", "mlflow", "server", "--host", self.host_address, "--port", str(port),
             *(["--allowed-hosts", f"{NODE_IP}:{port},{NODE_IP}"] if self.real_node else []),
             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"), "--serve-artifacts", "--workers", "1",
+            "--artifacts-destination", f"s3://{objectstore.ARTIFACT_BUCKET}/artifacts", "--serve-artifacts",
+            "--workers", "1",
         ], env={
+            **objectstore.env(_s3_endpoint(state), objectstore.read_credentials(self.s3_identities)),
             # Job workers cost ~2.4 GB and nothing here uses them.
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
             # Registry webhooks may reach the operator on loopback over http
@@ -635,6 +663,15 @@ def build_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict:
                                                       "namespace": "default"}}],
         "current-context": "kubeloop",
     }
+
+
+def _s3_endpoint(state: PlatformState) -> str:
+    return f"http://127.0.0.1:{state.ports['seaweedfs-s3']}"
+
+
+def _stop(record: processes.ProcessRecord) -> None:
+    grace = objectstore.STOP_GRACE_SECONDS if record.name == "seaweedfs" else processes.STOP_TIMEOUT
+    processes.stop(record, grace)
 
 
 def _node_ready(found: dict) -> dict:

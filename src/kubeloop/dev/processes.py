@@ -97,7 +97,10 @@ def stop_all_under(root: Path) -> list[ProcessRecord]:
     return stopped
 
 
-def stop(record: ProcessRecord, timeout: float = 10.0) -> None:
+STOP_TIMEOUT = 10.0  # seconds from SIGTERM to SIGKILL
+
+
+def stop(record: ProcessRecord, timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM the process's whole session, then SIGKILL what is left. A
     session whose first process died (a crash) is still stopped: what that
     process had started (MLflow's server workers) would otherwise run on."""
