@@ -111,6 +111,25 @@ def test_the_pipeline_steps_settings_reach_the_operator_by_name():
     assert not {"KUBELOOP_MLFLOW_SECRET", "KUBELOOP_OBJECT_STORE_SECRET", "KUBELOOP_OBJECT_STORE_ENDPOINT"} & set(env)
 
 
+def test_the_object_store_reaches_the_operator_by_reference():
+    """Cluster: objectStore's Secret becomes the operator's S3 credentials
+    through secretKeyRef (never a value in the chart), its endpoint boto3's
+    AWS_ENDPOINT_URL_S3 and requestLogUrl the request log; unset, none is set."""
+    env = {e["name"]: e for e in _pod_specs(render())[0]["containers"][0]["env"]}
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "value" not in env[key]
+        assert env[key]["valueFrom"]["secretKeyRef"] == {"name": "artifact-store", "key": key}
+    assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.minio.svc:9000"
+    assert env["KUBELOOP_REQUEST_LOG"]["value"] == "s3://kubeloop-requests/logs"
+    bare = render("--set", "objectStore.credentialsSecret=", "--set", "objectStore.endpoint=",
+                  "--set", "objectStore.requestLogUrl=")
+    names = {e["name"] for e in _pod_specs(bare)[0]["containers"][0]["env"]}
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "KUBELOOP_REQUEST_LOG"} & names
+    refused = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                   "--set", "objectStore.requestLogUrl=/var/log/requests", check=False)
+    assert refused.returncode != 0 and "requestLogUrl" in refused.stderr
+
+
 def test_the_router_image_puts_the_front_in_front_only_when_set():
     """Cluster: serving.routerImage becomes KUBELOOP_ROUTER_IMAGE (the
     kubernetes backend then runs a router per InferenceService); empty, none."""
