@@ -4,14 +4,19 @@ against the request log's window, over the version's input columns (its
 signature); writes latest.json and an HTML report, and logs the run to
 MLflow.
 
-    python -m kubeloop.monitoring.job <folder>    # reads <folder>/job.json
+    python -m kubeloop.monitoring.job <folder> [--summary PATH]
+
+The job comes from <folder>/job.json, else from $KUBELOOP_DRIFT_JOB (a Job's
+Pod on a cluster); --summary also writes the result, compact, to PATH (the
+Pod's termination message, which the operator reads).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
-import sys
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,8 @@ import pandas as pd
 from kubeloop.files import write_atomic
 
 log = logging.getLogger("kubeloop.monitoring.job")
+SUMMARY_BYTES = 4096
+"""The kubelet keeps at most this much of a termination message."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,9 @@ class DriftJob:
 
     @classmethod
     def read(cls, folder: Path) -> "DriftJob":
-        return cls(**json.loads((folder / "job.json").read_text()))
+        path = folder / "job.json"
+        text = path.read_text() if path.exists() else os.environ["KUBELOOP_DRIFT_JOB"]
+        return cls(**json.loads(text))
 
 
 def reference_data(job: DriftJob, folder: Path) -> pd.DataFrame:
@@ -104,18 +113,33 @@ def run(folder: Path) -> dict:
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kubeloop.monitoring.job")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--summary", type=Path, help="also write the result here, at most 4 KiB")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    folder = Path(sys.argv[1])
     try:
-        result = run(folder)
+        result, code = run(args.folder), 0
     except Exception as exc:  # recorded for the operator, which reports it in a condition
         log.exception("drift job failed")
-        write_atomic(folder / "latest.json", json.dumps({"error": f"{type(exc).__name__}: {exc}", "at": time.time()}))
-        return 1
-    log.info("drift: %s", {k: result.get(k) for k in ("share", "drifted", "rows", "skipped")})
-    return 0
+        result, code = {"error": f"{type(exc).__name__}: {exc}", "at": time.time()}, 1
+        write_atomic(args.folder / "latest.json", json.dumps(result))
+    if args.summary:
+        args.summary.write_text(summary(result))
+    log.info("drift: %s", {k: result.get(k) for k in ("share", "drifted", "rows", "skipped", "error")})
+    return code
+
+
+def summary(result: dict) -> str:
+    """The result as the operator needs it, within SUMMARY_BYTES: without
+    the test names, and without the per-feature scores if still too long."""
+    compact = {k: v for k, v in result.items() if k != "methods"}
+    text = json.dumps(compact, separators=(",", ":"))
+    if len(text.encode()) > SUMMARY_BYTES:
+        text = json.dumps({k: v for k, v in compact.items() if k != "scores"}, separators=(",", ":"))
+    return text
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

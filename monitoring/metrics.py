@@ -49,7 +49,8 @@ class DriftCollector(Collector):
                 share.add_metric(values, result["share"])
                 detected.add_metric(values, 1.0 if result["drifted"] else 0.0)
                 for feature, value in result.get("scores", {}).items():
-                    score.add_metric([*values, feature, result["methods"].get(feature, "")], value)
+                    # A Job's compact result has no test names.
+                    score.add_metric([*values, feature, result.get("methods", {}).get(feature, "")], value)
         yield from (share, threshold, detected, rows, last, score)
 
 

@@ -79,6 +79,8 @@ def operator_permissions() -> Permissions:
                 "serving: the Triton Deployments, Services and HPA an InferenceService owns"),
         Rule("apps", ("deployments",), ("get",), "serving: each Triton Deployment's rollout progress"),
         Rule("", ("configmaps",), ("get",), "training: the feature_store.yaml a TrainingJob names"),
+        Rule("batch", ("jobs",), ("list", "create", "delete"),
+             "drift: each check is a Job in the InferenceService's namespace (KUBELOOP_DRIFT_MONITOR=kubernetes)"),
     )
     cluster = (
         Rule("", ("nodes",), ("list",), "GPU placement: the fleet's GPUs, MIG and MPS slices"),

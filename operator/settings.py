@@ -11,6 +11,7 @@ from kubeloop.version import COMPONENTS_IMAGE
 
 # The Triton backends a pulled repository can be laid out for (kubeloop.components.triton).
 TRITON_BACKENDS = ("onnxruntime", "python")
+DRIFT_MONITORS = ("local", "kubernetes")
 
 
 class ConfigurationError(Exception):
@@ -97,6 +98,10 @@ class OperatorConfig:
     """This operator's /hooks/mlflow as MLflow reaches it; set, the operator registers the webhook."""
     prometheus_targets: Path | None = None
     """A Prometheus file_sd folder where local routers and Triton servers register."""
+    drift_monitor: str = "local"
+    """Where drift checks run: local (processes beside the operator) or
+    kubernetes (a Job per check on the components image; the operator's Pod
+    never runs one)."""
     request_log: str | None = None
     """Where routers log requests, one folder or prefix per InferenceService
     below it: a folder or an s3:// prefix (the kubernetes backend's routers
@@ -142,6 +147,7 @@ class OperatorConfig:
             webhook_token_file=_path(env, "KUBELOOP_WEBHOOK_TOKEN_FILE"),
             mlflow_webhook_secret_file=_path(env, "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE"),
             request_log=env.get("KUBELOOP_REQUEST_LOG") or None,
+            drift_monitor=get("KUBELOOP_DRIFT_MONITOR", "local"),
         )
         config.check()
         return config
@@ -154,6 +160,9 @@ class OperatorConfig:
             raise ConfigurationError(f"KUBELOOP_TRITON_BACKEND={self.triton_backend!r} is not a Triton backend kubeloop "
                                      f"lays out; set it to {' or '.join(TRITON_BACKENDS)} (the backends your Triton "
                                      "image has: python for kubeloop's own image)")
+        if self.drift_monitor not in DRIFT_MONITORS:
+            raise ConfigurationError(f"KUBELOOP_DRIFT_MONITOR={self.drift_monitor!r}: set it to "
+                                     f"{' or '.join(DRIFT_MONITORS)} (kubernetes on a cluster)")
         if self.webhook_port and not self.webhook_token_file:
             raise ConfigurationError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE: a file with the "
                                      "bearer token Alertmanager sends")

@@ -18,6 +18,7 @@ from kubeloop.serving.kubernetes import KubernetesServing
 
 if TYPE_CHECKING:
     from kubeloop.featurestore.freshness import Materializer
+    from kubeloop.monitoring.base import DriftMonitor
 
 
 def build_registry(config: OperatorConfig) -> ModelRegistry:
@@ -108,9 +109,25 @@ def build_materializer(serving: dict[str, ServingBackend]) -> Materializer | Non
     return Materializer(materialize_views).start()
 
 
-def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
+def build_monitor(config: OperatorConfig, kube: Kube) -> DriftMonitor | None:
+    """Drift checks beside the operator, or as Jobs on a cluster; both keep
+    their results under the work dir, where /metrics reads them."""
+    if not config.tracking_uri:
+        return None
+    if config.drift_monitor == "kubernetes":
+        from kubeloop.monitoring.kubernetes import DriftJobSettings, KubernetesDriftMonitor
+
+        settings = DriftJobSettings(image=config.components_image,
+                                    tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
+                                    object_store_secret=config.object_store_secret,
+                                    object_store_endpoint=config.object_store_endpoint)
+        return KubernetesDriftMonitor(kube, settings, config.state_dir / "monitoring")
     from kubeloop.monitoring.local import LocalDriftMonitor
 
+    return LocalDriftMonitor(config.state_dir)
+
+
+def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
     kube = kube or Kube.from_environment()
     serving = build_serving_backends(config, kube)
     return Ports(
@@ -123,7 +140,7 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         tracking_ui=config.tracking_uri,
         tensorrt=config.tensorrt,
         objects=kube,
-        monitor=LocalDriftMonitor(config.state_dir) if config.tracking_uri else None,
+        monitor=build_monitor(config, kube),
         tracking_uri=config.tracking_uri,
         feast_repo=str(config.feast_repo) if config.feast_repo else None,
         materializer=build_materializer(serving),

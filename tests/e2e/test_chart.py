@@ -37,6 +37,12 @@ NOT_EXERCISED = {
     ("autoscaling", "horizontalpodautoscalers", "delete"): "autoscaling removed from the spec",
     ("kubeloop.dev", "optimizedmodels", "create"): "retraining's OptimizedModel, once a retrained version exists",
     ("", "configmaps", "get"): "a TrainingJob that names its feature store's ConfigMap (tests/e2e/test_byo.py)",
+    ("", "configmaps", "create"): "the router's routes, with a router image (tests/e2e/test_real_node.py)",
+    ("", "configmaps", "patch"): "the router's routes, with a router image (tests/e2e/test_real_node.py)",
+    ("", "configmaps", "delete"): "the router's routes once the router image is unset",
+    ("batch", "jobs", "list"): "drift Jobs: a service whose requests the router logs to object storage",
+    ("batch", "jobs", "create"): "drift Jobs: a service whose requests the router logs to object storage",
+    ("batch", "jobs", "delete"): "drift Jobs: older ones, and all when their service goes",
 }
 
 

@@ -72,6 +72,15 @@ class FakeObjects:
         self.objects[key] = merged
         return merged
 
+    def create(self, obj: dict) -> dict:
+        from kubeloop.operator.kube import KubeError
+
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key in self.objects:
+            raise KubeError(409, "AlreadyExists", f"{obj['kind']} {key[2]} already exists")
+        self.objects[key] = obj
+        return obj
+
     def get(self, api_version, kind, name, namespace=None):  # noqa: ANN001
         return self.objects.get((kind, namespace, name))
 

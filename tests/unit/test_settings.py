@@ -77,3 +77,27 @@ def test_the_kfp_backend_gets_the_pipeline_steps_image_secrets_and_git_sha():
     assert backend.git_sha == git_sha()
     unset = build_pipeline_backends(OperatorConfig.from_env({k: v for k, v in env.items() if "SECRET" not in k}))
     assert unset["kfp"].steps.mlflow_secret is None and unset["kfp"].steps.object_store_secret is None
+
+
+def test_the_cluster_runs_drift_checks_as_jobs_and_puts_the_front_in_front():
+    """Cluster path (settings): the chart's KUBELOOP_DRIFT_MONITOR=kubernetes
+    gives Job-based drift checks on the components image with the cluster's
+    MLflow; KUBELOOP_ROUTER_IMAGE and an s3:// KUBELOOP_REQUEST_LOG reach the
+    kubernetes serving backend; a monitor kubeloop does not have is refused."""
+    from kubeloop.monitoring.kubernetes import DriftJobSettings, KubernetesDriftMonitor
+    from kubeloop.monitoring.local import LocalDriftMonitor
+    from kubeloop.operator.wiring import build_monitor, build_serving_backends
+
+    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "KUBELOOP_CLUSTER_TRACKING_URI": "http://mlflow:5000",
+           "KUBELOOP_COMPONENTS_IMAGE": "registry.example/runtime:1", "KUBELOOP_OBJECT_STORE_SECRET": "logs-s3",
+           "KUBELOOP_ROUTER_IMAGE": "registry.example/runtime:1", "KUBELOOP_REQUEST_LOG": "s3://requests"}
+    monitor = build_monitor(OperatorConfig.from_env({**env, "KUBELOOP_DRIFT_MONITOR": "kubernetes"}), kube=None)
+    assert isinstance(monitor, KubernetesDriftMonitor)
+    assert monitor.settings == DriftJobSettings(image="registry.example/runtime:1", tracking_uri="http://mlflow:5000",
+                                                object_store_secret="logs-s3")
+    assert isinstance(build_monitor(OperatorConfig.from_env(env), kube=None), LocalDriftMonitor)
+    images = build_serving_backends(OperatorConfig.from_env(env), kube=None)["kubernetes"].images
+    assert (images.router, images.request_log, images.object_store_secret) == (
+        "registry.example/runtime:1", "s3://requests", "logs-s3")
+    with pytest.raises(ConfigurationError, match="KUBELOOP_DRIFT_MONITOR='cronjob'.*local or kubernetes"):
+        OperatorConfig.from_env({"KUBELOOP_DRIFT_MONITOR": "cronjob"})

@@ -1,0 +1,164 @@
+"""Drift checks as Kubernetes Jobs (the cluster path): the operator never
+runs Evidently in its own Pod. Each check is a Job in the InferenceService's
+namespace on the runtime image (kubeloop.monitoring.job), reading the
+request log from object storage and the reference from the served version's
+feature store, logging its report to MLflow. Its result comes back as the
+Pod's termination message; the operator keeps it where the local monitor
+keeps its results, so the reconciler and /metrics read both alike.
+
+Bounded: the newest KEEP_JOBS Jobs of a service are kept, older ones deleted
+when the next starts (each also expires TTL_SECONDS after it finished).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.files import write_atomic
+from kubeloop.monitoring.base import DriftMonitor
+from kubeloop.operator.builders.meta import child_metadata, dns_name, owner_labels, owner_selector
+from kubeloop.operator.kube import Kube, KubeError
+
+LABEL_PURPOSE = "kubeloop.dev/purpose"
+KEEP_JOBS = 3
+TTL_SECONDS = 3 * 86400
+DEADLINE_SECONDS = 1800
+WORK = "/work"
+
+
+@dataclass(frozen=True)
+class DriftJobSettings:
+    """What every drift Job's Pod gets (operator configuration)."""
+
+    image: str
+    tracking_uri: str
+    """MLflow as Pods reach it."""
+    object_store_secret: str | None = None
+    object_store_endpoint: str | None = None
+
+
+def job_name(ref: ObjectRef, started: float) -> str:
+    """One name per service and minute: a second start within the minute
+    (a restarted operator) finds the Job it already created."""
+    return dns_name(ref.name, "drift", str(int(started // 60)))
+
+
+def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, started: float) -> dict:
+    """The Job that runs one drift check (pure)."""
+    labels = {LABEL_PURPOSE: "drift"}
+    env = [{"name": "KUBELOOP_DRIFT_JOB", "value": json.dumps({**job, "tracking_uri": settings.tracking_uri},
+                                                              sort_keys=True)}]
+    if settings.object_store_endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_store_endpoint})
+    container = {
+        "name": "drift",
+        "image": settings.image,
+        "command": ["python", "-m", "kubeloop.monitoring.job", WORK, "--summary", "/dev/termination-log"],
+        "env": env,
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    if settings.object_store_secret:
+        container["envFrom"] = [{"secretRef": {"name": settings.object_store_secret}}]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": child_metadata(ref, job_name(ref, started), labels),
+        "spec": {
+            "backoffLimit": 1,
+            "activeDeadlineSeconds": DEADLINE_SECONDS,
+            "ttlSecondsAfterFinished": TTL_SECONDS,
+            "template": {
+                "metadata": {"labels": {**owner_labels(ref), **labels}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                    "volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def finished(job: dict) -> bool:
+    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+               for c in job.get("status", {}).get("conditions", []))
+
+
+class KubernetesDriftMonitor(DriftMonitor):
+    def __init__(self, kube: Kube, settings: DriftJobSettings, results: Path,
+                 clock=time.time):  # noqa: ANN001 - () -> float
+        self.kube = kube
+        self.settings = settings
+        self.results = Path(results)
+        self.clock = clock
+
+    def folder(self, ref: ObjectRef) -> Path:
+        return self.results / f"{ref.namespace}-{ref.name}"
+
+    def _jobs(self, ref: ObjectRef) -> list[dict]:
+        """The service's drift Jobs, newest first."""
+        jobs = self.kube.list("batch/v1", "Job", ref.namespace, f"{owner_selector(ref)},{LABEL_PURPOSE}=drift")
+        return sorted(jobs, key=lambda j: j["metadata"].get("creationTimestamp", ""), reverse=True)
+
+    def running(self, ref: ObjectRef) -> bool:
+        return any(not finished(job) for job in self._jobs(ref))
+
+    def start(self, ref: ObjectRef, job: dict) -> None:
+        jobs = self._jobs(ref)
+        if any(not finished(j) for j in jobs):
+            return
+        for old in jobs[KEEP_JOBS - 1:]:
+            self.kube.delete("batch/v1", "Job", old["metadata"]["name"], ref.namespace)
+        try:
+            self.kube.create(build_drift_job(ref, job, self.settings, self.clock()))
+        except KubeError as exc:
+            if exc.status != 409:  # 409: this minute's Job exists already
+                raise
+
+    def latest(self, ref: ObjectRef) -> dict | None:
+        """The newest finished Job's result (kept, so it outlives the Job)."""
+        done = next((j for j in self._jobs(ref) if finished(j)), None)
+        if done is not None:
+            result = self._result(ref, done)
+            if result is not None:
+                self.folder(ref).mkdir(parents=True, exist_ok=True)
+                write_atomic(self.folder(ref) / "latest.json", json.dumps(result))
+        try:
+            return json.loads((self.folder(ref) / "latest.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _result(self, ref: ObjectRef, job: dict) -> dict | None:
+        """The summary the Job's Pod left as its termination message; for a
+        Pod that left none (killed, evicted), what the Job says."""
+        name = job["metadata"]["name"]
+        for pod in self.kube.list("v1", "Pod", ref.namespace, f"job-name={name}"):
+            for status in pod.get("status", {}).get("containerStatuses", []):
+                message = (status.get("state", {}).get("terminated") or {}).get("message")
+                if message:
+                    try:
+                        return json.loads(message)
+                    except ValueError:
+                        return {"error": f"drift Job {name} left an unreadable result", "at": self.clock()}
+        failed = next((c for c in job.get("status", {}).get("conditions", [])
+                       if c.get("type") == "Failed" and c.get("status") == "True"), None)
+        if failed:
+            return {"error": f"drift Job {name} failed: {failed.get('reason')}: {failed.get('message', '')}",
+                    "at": self.clock()}
+        return None
+
+    def forget(self, ref: ObjectRef) -> None:
+        for job in self._jobs(ref):
+            self.kube.delete("batch/v1", "Job", job["metadata"]["name"], ref.namespace)
+        shutil.rmtree(self.folder(ref), ignore_errors=True)
+
