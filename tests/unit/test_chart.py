@@ -287,24 +287,46 @@ def test_the_adapters_queries_are_valid_promql(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_pod_monitor_scrapes_the_serving_pods_metrics_port():
-    """Cluster contract: the PodMonitor's selector picks every serving
-    Deployment's Pods the operator builds, its port is one of their named
-    ports, and its relabelings read labels the Pods carry."""
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A label selector's verdict (matchLabels, and In/Exists expressions)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(e["key"] in labels and (e["operator"] == "Exists" or labels[e["key"]] in e["values"])
+               for e in selector.get("matchExpressions", []))
+
+
+def _scraped_ports(monitor: dict, pod: dict) -> list[str]:
+    """The ports Prometheus scrapes on a Pod: each endpoint whose port the
+    Pod names and whose keep relabelings its labels pass."""
+    labels = pod["metadata"]["labels"]
+    meta = {f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v for k, v in labels.items()}
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
+    scraped = []
+    for endpoint in monitor["podMetricsEndpoints"]:
+        relabelings = endpoint.get("relabelings", [])
+        assert {s for r in relabelings for s in r["sourceLabels"]} <= meta.keys()
+        keep = all(re.fullmatch(r["regex"], ";".join(meta[s] for s in r["sourceLabels"]))
+                   for r in relabelings if r["action"] == "keep")
+        if endpoint["port"] in ports and keep:
+            scraped.append(endpoint["port"])
+    return scraped
+
+
+def test_the_pod_monitor_scrapes_tritons_metrics_port_and_the_routers_metrics():
+    """Cluster contract: the PodMonitor selects every serving Pod the
+    operator builds (Triton per version, and the router in front), scrapes
+    Triton on its metrics port and the router on its one port, never
+    Triton's inference port, and its relabelings read labels the Pods carry."""
     versions = {"primary": (ModelVersion("fraud", "1", "s3://m/1"), 80),
                 "canary": (ModelVersion("fraud", "2", "s3://m/2"), 20)}
-    children = build_children(SERVING, _serving_spec(autoscaling={}), versions, CPU, ServingImages())
-    pods = [c["spec"]["template"] for c in children if c["kind"] == "Deployment"]
+    images = ServingImages(router="kubeloop/runtime:1")
+    children = build_children(SERVING, _serving_spec(autoscaling={}), versions, CPU, images, {"routes": []})
+    pods = {c["metadata"]["name"]: c["spec"]["template"] for c in children if c["kind"] == "Deployment"}
     monitor = next(d for d in render() if d["kind"] == "PodMonitor")["spec"]
-    (endpoint,) = monitor["podMetricsEndpoints"]
     assert monitor["namespaceSelector"] == {"any": True}
-    for pod in pods:
-        labels = pod["metadata"]["labels"]
-        assert monitor["selector"]["matchLabels"].items() <= labels.items()
-        assert all(e["operator"] == "Exists" and e["key"] in labels for e in monitor["selector"]["matchExpressions"])
-        assert endpoint["port"] in {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
-        meta_labels = {f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}" for k in labels}
-        assert {s for r in endpoint["relabelings"] for s in r["sourceLabels"]} <= meta_labels
+    assert all(_selects(monitor["selector"], pod["metadata"]["labels"]) for pod in pods.values())
+    assert {name: _scraped_ports(monitor, pod) for name, pod in pods.items()} == {
+        "fraud-predictor": ["metrics"], "fraud-predictor-canary": ["metrics"], "fraud-router": ["http"]}
     watched = next(d for d in render(*RENDERINGS["namespaced"]) if d["kind"] == "PodMonitor")["spec"]
     assert watched["namespaceSelector"] == {"matchNames": ["ml-team-a", "ml-team-b"]}
 
