@@ -105,7 +105,7 @@ def test_the_buckets_exist_and_wrong_credentials_are_refused(platform):
     """Backend: the platform's real SeaweedFS, through boto3."""
     names = {b["Name"] for b in s3_client(platform).list_buckets()["Buckets"]}
     assert {"mlflow", "requests"} <= names
-    assert platform.env()["KUBELOOP_REQUEST_LOG_URL"] == "s3://requests"
+    assert platform.env()["KUBELOOP_REQUEST_LOG"] == "s3://requests"
     with pytest.raises(ClientError) as refused:
         s3_client(platform, secret="not-the-secret").list_objects_v2(Bucket="mlflow")
     assert refused.value.response["Error"]["Code"] == "SignatureDoesNotMatch"

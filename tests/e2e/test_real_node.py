@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -223,6 +224,7 @@ instance_group [{ kind: KIND_CPU, count: 1 }]
 """
 DOUBLE_MODEL = """
 import os
+import re
 import site
 
 site.addsitedir(os.environ["KUBELOOP_SITE_PACKAGES"])
@@ -282,7 +284,8 @@ def _post(requests, url: str, body: dict) -> dict | None:
     return response.json() if response.status_code == 200 else None
 
 
-def serving_operator(real: RealPlatform, namespace: str, log_dir: Path, front: bool = False) -> OperatorProcess:
+def serving_operator(real: RealPlatform, namespace: str, log_dir: Path, front: bool = False,
+                     **extra: str) -> OperatorProcess:
     """The operator on the host with the kubernetes serving backend (Pods on
     the real node, from kubeloop's own runtime and Triton images) and the
     local one (tritonserver processes here), both on the platform's MLflow;
@@ -296,7 +299,7 @@ def serving_operator(real: RealPlatform, namespace: str, log_dir: Path, front: b
            "KUBELOOP_SERVING_BACKENDS": "kubernetes,local", "KUBELOOP_SERVING_BACKEND": "kubernetes",
            "KUBELOOP_TRITON_IMAGE": triton.ref, "KUBELOOP_TRITON_BACKEND": "python",
            "KUBELOOP_COMPONENTS_IMAGE": runtime.ref, "KUBELOOP_RESYNC_SECONDS": "2",
-           "KUBELOOP_WORK_DIR": str(log_dir / "work")}
+           "KUBELOOP_WORK_DIR": str(log_dir / "work"), **extra}
     op = OperatorProcess(real.platform.kubeconfig, log_dir, env, [namespace]).start()
     op.wait_for_log("Initial authentication has finished", timeout=60)
     return op
@@ -460,7 +463,7 @@ open("/dev/termination-log", "w").write(json.dumps({"roles": roles, "failed": fa
 """
 
 
-def test_the_front_splits_by_request_key_and_mirrors_the_shadow_on_the_real_node(real, tmp_path):
+def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_real_node(real, tmp_path):
     """Cluster path, on the real node: with a router image the kubernetes
     backend puts kubeloop's serving front (the runtime image) in front of one
     Triton Deployment per version. 2,000 keyed requests from a Pod through the
@@ -468,23 +471,36 @@ def test_the_front_splits_by_request_key_and_mirrors_the_shadow_on_the_real_node
     answer comes from the primary or the canary (the shadow never answers a
     caller), and the router mirrored 10% +- 3% to the shadow; status.traffic
     says so. Before: one Service over every Triton Pod, so one canary replica
-    beside one primary took 50%, and the shadow got nothing."""
+    beside one primary took 50%, and the shadow got nothing.
+    The router's Pod logs every answer to the platform's object store
+    (SeaweedFS, through the Secret by reference), and the drift check runs as
+    a Job on the runtime image that reads that log: the operator reports the
+    2,000 rows it counted (more than the service's minRows would need, so no
+    reference is rebuilt: that part is not proven here)."""
     import json
 
+    import boto3
     from mlflow import MlflowClient
 
     namespace = real.namespace()
-    uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+    env = real.platform.env()
+    uri = env["MLFLOW_TRACKING_URI"]
     model = f"{namespace}-front"
     primary, canary, shadow = (register_model(uri, model, seed=seed) for seed in (1, 2, 3))
     registry = MlflowClient(uri)
     registry.set_registered_model_alias(model, "champion", primary)
     registry.set_registered_model_alias(model, "challenger", canary)
-    operator = serving_operator(real, namespace, tmp_path, front=True)
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "request-log", "namespace": namespace},
+                      "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_DRIFT_MONITOR="kubernetes",
+                                KUBELOOP_REQUEST_LOG=env["KUBELOOP_REQUEST_LOG"],
+                                KUBELOOP_OBJECT_STORE_SECRET="request-log",
+                                KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"])
     try:
         real.kube.create(inference_service(namespace, "front", model, resources={"cpu": "200m", "memory": "512Mi"},
                                            canary={"alias": "challenger", "percent": 20},
-                                           shadow={"version": shadow, "percent": 10}))
+                                           shadow={"version": shadow, "percent": 10},
+                                           monitoring={"schedule": "10s", "window": "1h", "minRows": 100000}))
         status = wait_for(lambda: (s := isvc_status(real.kube, namespace, "front")).get("phase") == "Ready"
                           and any(c["type"] == "CanaryReady" and c["status"] == "True" for c in s["conditions"])
                           and s, timeout=420, interval=1, what="the front and its three versions Ready")
@@ -510,6 +526,32 @@ def test_the_front_splits_by_request_key_and_mirrors_the_shadow_on_the_real_node
         assert result["failed"] == 0 and set(result["roles"]) == {"primary", "canary"}
         assert abs(result["roles"]["canary"] / 2000 - 0.20) <= 0.03, result
         assert abs(result["mirrored"] / 2000 - 0.10) <= 0.03, result
+
+        prefix = f"{namespace}-front/"
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name=env["AWS_DEFAULT_REGION"],
+                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+
+        def keys() -> list[str]:
+            return [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="requests", Prefix=prefix)
+                    for o in page.get("Contents", [])]
+
+        def answered(found: list[str]) -> int:
+            return sum(json.loads(line)["role"] != "shadow" for key in found
+                       for line in s3.get_object(Bucket="requests", Key=key)["Body"].read().decode().splitlines())
+
+        found = wait_for(lambda: (k := keys()) and answered(k) >= 2000 and k, timeout=60,
+                         what="2,000 answered requests in the object store")
+        assert answered(found) == 2000
+        assert all(re.fullmatch(rf"{prefix}dt=\d{{4}}-\d\d-\d\d/hour=\d\d/[^/]+\.jsonl", key) for key in found), found
+        drift = wait_for(lambda: (d := isvc_status(real.kube, namespace, "front").get("drift") or {})
+                         .get("rows") == 2000 and d, timeout=180, interval=2,
+                         what="a drift Job counting the 2,000 logged rows")
+        assert "only 2000 logged rows in the window (at least 100000)" in drift["message"]
+        jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift")
+        assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
+                            for j in jobs)
+        print(f"drift Jobs: {[j['metadata']['name'] for j in jobs]}; latest: {drift}")
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()

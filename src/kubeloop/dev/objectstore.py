@@ -71,11 +71,13 @@ def weed_binary() -> str:
     return str(Path(sysconfig.get_path("scripts")) / "weed")
 
 
-def build_server_argv(weed: str, root: Path, ports: dict[str, int], identities: Path) -> list[str]:
+def build_server_argv(weed: str, root: Path, ports: dict[str, int], identities: Path,
+                      address: str = "127.0.0.1") -> list[str]:
     """`weed server` with S3, every listener (HTTP and gRPC of each server)
-    bound to 127.0.0.1 on a port given here, its data and local sockets
-    under root."""
-    argv = [weed, "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    bound to address (loopback, or the real node's address on this machine,
+    so that Pods reach it as they reach MLflow) on a port given here, its
+    data and local sockets under root."""
+    argv = [weed, "server", f"-dir={root / 'data'}", f"-ip={address}", f"-ip.bind={address}",
             "-filer", "-s3", f"-s3.config={identities}"]
     for server in SERVERS:
         argv += [f"-{server}.port={ports[f'seaweedfs-{server}']}",

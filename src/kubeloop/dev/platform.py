@@ -540,8 +540,8 @@ class Platform:
         (root / "data").mkdir(parents=True, exist_ok=True)
         objectstore.write_identities(self.s3_identities, objectstore.generate_credentials())
         self._spawn(state, "seaweedfs", objectstore.build_server_argv(
-            objectstore.weed_binary(), root, state.ports, self.s3_identities))
-        state.urls["KUBELOOP_REQUEST_LOG_URL"] = f"s3://{objectstore.REQUEST_LOG_BUCKET}"
+            objectstore.weed_binary(), root, state.ports, self.s3_identities, self.host_address))
+        state.urls["KUBELOOP_REQUEST_LOG"] = f"s3://{objectstore.REQUEST_LOG_BUCKET}"
 
     def _start_mlflow(self, state: PlatformState) -> None:
         """MLflow's tracking server and model registry on sqlite, with its
@@ -666,7 +666,7 @@ def build_kubeconfig(server: str, ca_file: Path, token: str, user: str) -> dict:
 
 
 def _s3_endpoint(state: PlatformState) -> str:
-    return f"http://127.0.0.1:{state.ports['seaweedfs-s3']}"
+    return f"http://{NODE_IP if state.real_node else '127.0.0.1'}:{state.ports['seaweedfs-s3']}"
 
 
 def _stop(record: processes.ProcessRecord) -> None:

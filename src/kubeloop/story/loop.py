@@ -67,10 +67,13 @@ def prepare(docs: list[dict], namespace: str, model: str, timings: Timings) -> l
 
 def operator_env(platform_env: dict[str, str], feast_repo: Path, work_dir: Path, resync_seconds: float = 3) -> dict:
     """The operator's settings for the loop on the local platform: local
-    pipelines and Triton, the MLflow registry, and the webhooks Alertmanager
-    and MLflow call."""
+    pipelines and Triton, the MLflow registry, the object store's request
+    log, and the webhooks Alertmanager and MLflow call."""
     keys = ("MLFLOW_TRACKING_URI", "KUBELOOP_WEBHOOK_PORT", "KUBELOOP_WEBHOOK_TOKEN_FILE",
-            "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE", "KUBELOOP_MLFLOW_WEBHOOK_URL", "KUBELOOP_PROMETHEUS_TARGETS")
+            "KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE", "KUBELOOP_MLFLOW_WEBHOOK_URL", "KUBELOOP_PROMETHEUS_TARGETS",
+            # Routers log requests to the object store, where the drift job reads them.
+            "KUBELOOP_REQUEST_LOG", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION")
     return {
         **{k: platform_env[k] for k in keys},
         "KUBELOOP_REGISTRY": "mlflow",
