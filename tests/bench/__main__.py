@@ -31,6 +31,7 @@ from kubeloop.dev.platform import Platform  # noqa: E402
 from tests.bench import (  # noqa: E402
     drift_suite,
     features_suite,
+    front_suite,
     operator_suite,
     optimization_suite,
     repeatability_suite,
@@ -40,7 +41,7 @@ from tests.bench import (  # noqa: E402
 
 SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optimization": optimization_suite.run,
           "repeatability": repeatability_suite.run, "serving": serving_suite.run, "drift": drift_suite.run,
-          "features": features_suite.run}
+          "features": features_suite.run, "front": front_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 

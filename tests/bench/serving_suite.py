@@ -11,6 +11,8 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -57,58 +59,67 @@ async def _load(url: str, rows: np.ndarray, concurrency: int, seconds: float) ->
     return latencies
 
 
-def run(context, console: Console, quick: bool = False) -> dict:
+@contextmanager
+def triton_serving(root: Path) -> Iterator[tuple[str, np.ndarray, object]]:
+    """A real tritonserver serving one small model twice: "tuned" (the
+    config generated from its latency profile) and "plain" (no batching);
+    yields its URL, rows to send and the batching plan."""
     runtime = TritonRuntime.discover()
-    seconds = 0.6 if quick else 1.6  # per config and round
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        x, y = synthetic(rows=8000)
-        torch.set_num_threads(1)
-        model = train(x, y, None, None, TrainSettings(epochs=2, batch_size=256)).model
-        spec = OptimizedModelSpec.model_validate({"source": {"name": "bench", "version": "1"}})
-        ctx = BuildContext(model, x, y, spec, root)
-        variant = onnx(ctx)
-        with measuring():
-            profile = {b: (lat.p50.value, lat.p99.value) for b in (1, 8, 32)
-                       for lat in [measure_interleaved({"onnx": variant.predict}, x, b)["onnx"]]}
-        plan = plan_batching(profile, SLO_MS, "cpu", os.cpu_count() or 1)
-        repository = root / "repository"
-        signature = ModelSignature(feature_columns=[f"f{i}" for i in range(N_FEATURES)])
-        write_repository(repository, "tuned", variant.onnx, signature, plan, "python")
-        write_repository(repository, "plain", variant.onnx, signature, None, "python")
-        ports = [processes.free_port() for _ in range(3)]
-        argv = runtime.argv(repository, *ports)
-        argv = [a for a in argv if a != "--model-control-mode=explicit"] + ["--model-control-mode=none"]
-        server = processes.start("tritonserver", argv, root / "logs", env=runtime.env())
-        base = f"http://127.0.0.1:{ports[0]}"
+    x, y = synthetic(rows=8000)
+    torch.set_num_threads(1)
+    model = train(x, y, None, None, TrainSettings(epochs=2, batch_size=256)).model
+    spec = OptimizedModelSpec.model_validate({"source": {"name": "bench", "version": "1"}})
+    variant = onnx(BuildContext(model, x, y, spec, root))
+    with measuring():
+        profile = {b: (lat.p50.value, lat.p99.value) for b in (1, 8, 32)
+                   for lat in [measure_interleaved({"onnx": variant.predict}, x, b)["onnx"]]}
+    plan = plan_batching(profile, SLO_MS, "cpu", os.cpu_count() or 1)
+    repository = root / "repository"
+    signature = ModelSignature(feature_columns=[f"f{i}" for i in range(N_FEATURES)])
+    write_repository(repository, "tuned", variant.onnx, signature, plan, "python")
+    write_repository(repository, "plain", variant.onnx, signature, None, "python")
+    ports = [processes.free_port() for _ in range(3)]
+    argv = runtime.argv(repository, *ports)
+    argv = [a for a in argv if a != "--model-control-mode=explicit"] + ["--model-control-mode=none"]
+    server = processes.start("tritonserver", argv, root / "logs", env=runtime.env())
+    base = f"http://127.0.0.1:{ports[0]}"
+    try:
+        wait_ready([f"{base}/v2/models/{m}/ready" for m in ("tuned", "plain")], server)
+        yield base, x, plan
+    finally:
+        processes.stop(server)
+
+
+def wait_ready(urls: list[str], server: processes.ProcessRecord, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if all(requests.get(f"{base}/v2/models/{m}/ready", timeout=1).status_code == 200
-                           for m in ("tuned", "plain")):
-                        break
-                except requests.RequestException:
-                    pass
-                time.sleep(0.3)
-            else:
-                raise RuntimeError(f"tritonserver not ready:\n{processes.log_tail(server.log)}")
-            results = {"plan": plan.why, "preferred": list(plan.preferred_batch_sizes),
-                       "queue_delay_us": plan.max_queue_delay_us, "instances": plan.instances}
-            repeated: list[Figure] = []
-            for concurrency in (1, 16):
-                with console.status(f"serving: plain and tuned alternating at concurrency {concurrency}"):
-                    rounds = [_round(base, x, concurrency, seconds, r) for r in range(RUNS)]
-                for name in ("plain", "tuned"):
-                    figs = [Figure(f"{name} c{concurrency} {key}", [r[name][key] for r in rounds], unit)
-                            for key, unit in (("requests_per_s", "/s"), ("p50_ms", "ms"), ("p99_ms", "ms"))]
-                    repeated += figs
-                    results[f"{name}_c{concurrency}"] = {f.name.split()[-1]: round(f.median, 2) for f in figs}
-                repeated.append(Figure(f"tuned / plain c{concurrency}",
-                                       [r["tuned"]["requests_per_s"] / r["plain"]["requests_per_s"] for r in rounds],
-                                       "x"))
-        finally:
-            processes.stop(server)
+            if all(requests.get(url, timeout=1).status_code == 200 for url in urls):
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{server.name} not ready:\n{processes.log_tail(server.log)}")
+
+
+def run(context, console: Console, quick: bool = False) -> dict:
+    seconds = 0.6 if quick else 1.6  # per config and round
+    with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, plan):
+        results = {"plan": plan.why, "preferred": list(plan.preferred_batch_sizes),
+                   "queue_delay_us": plan.max_queue_delay_us, "instances": plan.instances}
+        repeated: list[Figure] = []
+        for concurrency in (1, 16):
+            with console.status(f"serving: plain and tuned alternating at concurrency {concurrency}"):
+                rounds = [_round({"plain": f"{base}/v2/models/plain/infer", "tuned": f"{base}/v2/models/tuned/infer"},
+                                 x, concurrency, seconds, r) for r in range(RUNS)]
+            for name in ("plain", "tuned"):
+                figs = [Figure(f"{name} c{concurrency} {key}", [r[name][key] for r in rounds], unit)
+                        for key, unit in (("requests_per_s", "/s"), ("p50_ms", "ms"), ("p99_ms", "ms"))]
+                repeated += figs
+                results[f"{name}_c{concurrency}"] = {f.name.split()[-1]: round(f.median, 2) for f in figs}
+            repeated.append(Figure(f"tuned / plain c{concurrency}",
+                                   [r["tuned"]["requests_per_s"] / r["plain"]["requests_per_s"] for r in rounds],
+                                   "x"))
     table = Table(title=f"Triton: generated config vs no batching (batch-1 requests, medians of {RUNS} alternating "
                         f"rounds of {seconds} s)")
     for column in ("concurrency", "config", "requests/s", "p50 ms", "p99 ms", "throughput ratio"):
@@ -129,11 +140,12 @@ def run(context, console: Console, quick: bool = False) -> dict:
     return results
 
 
-def _round(base: str, x: np.ndarray, concurrency: int, seconds: float, index: int) -> dict:
-    """Both configs under the same load, the order swapped every round."""
+def _round(urls: dict[str, str], x: np.ndarray, concurrency: int, seconds: float, index: int) -> dict:
+    """Each target under the same load, the order reversed every other round."""
     out = {}
-    for name in (("plain", "tuned") if index % 2 == 0 else ("tuned", "plain")):
-        ms = np.array(asyncio.run(_load(f"{base}/v2/models/{name}/infer", x, concurrency, seconds))) * 1000
+    names = list(urls) if index % 2 == 0 else list(reversed(urls))
+    for name in names:
+        ms = np.array(asyncio.run(_load(urls[name], x, concurrency, seconds))) * 1000
         out[name] = {"requests_per_s": len(ms) / seconds, "p50_ms": float(np.percentile(ms, 50)),
                      "p99_ms": float(np.percentile(ms, 99))}
     return out

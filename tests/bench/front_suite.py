@@ -1,0 +1,146 @@
+"""Front suite: the serving front (kubeloop's router, logging every request
+to the platform's object store) against the same Triton called directly, at
+concurrency 1 and 16 with batch-1 requests, the two alternating over rounds;
+and the request log's own rates in the same run: rows per second written to
+the object store against a folder, and the drift job's time to read a
+window's rows back from each."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from kubeloop.dev import processes
+from kubeloop.monitoring.drift import load_requests
+from kubeloop.requestlog import FolderStore, ObjectStore
+from tests.bench.repeat import RUNS, Figure, figures_table, repeat
+from tests.bench.serving_suite import _round, triton_serving, wait_ready
+from tests.support.models import N_FEATURES
+
+COLUMNS = [f"f{i}" for i in range(N_FEATURES)]
+FLUSH_ROWS = 5000
+"""Rows per flush: five seconds of a router answering 1,000 requests a second."""
+
+
+def run(context, console: Console, quick: bool = False) -> dict:
+    env = context.platform.env()
+    seconds = 0.6 if quick else 1.6
+    prefix = f"s3://requests/bench-{uuid.uuid4().hex[:8]}"
+    repeated: list[Figure] = []
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, _plan):
+        router, front = _start_router(Path(tmp), base, f"{prefix}/front", env)
+        try:
+            urls = {"triton": f"{base}/v2/models/tuned/infer", "front": f"{front}/v2/models/tuned/infer"}
+            for concurrency in (1, 16):
+                with console.status(f"front: Triton and the front alternating at concurrency {concurrency}"):
+                    rounds = [_round(urls, x, concurrency, seconds, r) for r in range(RUNS)]
+                for name in urls:
+                    results[f"{name}_c{concurrency}"] = {
+                        key: round(float(np.median([r[name][key] for r in rounds])), 2)
+                        for key in ("requests_per_s", "p50_ms", "p99_ms")}
+                repeated += [
+                    Figure(f"front / Triton throughput c{concurrency}",
+                           [r["front"]["requests_per_s"] / r["triton"]["requests_per_s"] for r in rounds], "x"),
+                    Figure(f"front / Triton p99 c{concurrency}",
+                           [r["front"]["p99_ms"] / r["triton"]["p99_ms"] for r in rounds], "x")]
+        finally:
+            processes.stop(router)
+        results["log"] = _log_rates(Path(tmp), prefix, env, console, quick, repeated)
+    _print(console, results, repeated, seconds)
+    results["repeated"] = {f.name: f.to_json() for f in repeated}
+    return results
+
+
+def _start_router(root: Path, triton: str, request_log: str, env: dict[str, str]):  # noqa: ANN202
+    config = root / "router.json"
+    config.write_text(json.dumps({
+        "service": "bench/front", "model": "tuned", "triton_model": "tuned", "triton_url": triton,
+        "routes": [{"role": "primary", "version": "1", "percent": 100}], "request_log": request_log,
+        "sample_rate": 1.0, "task": "binary", "output": "probability"}))
+    port = processes.free_port()
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+                                        "--port", str(port)], root / "logs", env=_s3_env(env))
+    url = f"http://127.0.0.1:{port}"
+    wait_ready([f"{url}/v2/health/ready"], router)
+    return router, url
+
+
+def _s3_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith("AWS_")}
+
+
+def _records(rows: int) -> list[dict]:
+    values = np.random.default_rng(0).normal(size=(rows, N_FEATURES)).round(4).tolist()
+    now = time.time()
+    return [{"ts": now, "key": f"k{i}", "role": "primary", "version": "1", "features": [row], "outputs": [0.5]}
+            for i, row in enumerate(values)]
+
+
+def _log_rates(root: Path, prefix: str, env: dict[str, str], console: Console, quick: bool,
+               repeated: list[Figure]) -> dict:
+    """Rows/s through each store's write (flush-sized batches), then the
+    drift job's read of a whole window from each."""
+    import os
+
+    os.environ.update(_s3_env(env))  # boto3 reads the platform's endpoint and key from the environment
+    written = _records(20_000 if quick else 100_000)
+    batches = [written[i:i + FLUSH_ROWS] for i in range(0, len(written), FLUSH_ROWS)]
+    stores = {"object store": lambda n: ObjectStore(f"{prefix}/write-{n}"),
+              "folder": lambda n: FolderStore(root / f"write-{n}")}
+
+    def write(index: int) -> dict:
+        rates = {}
+        for name in (list(stores) if index % 2 == 0 else list(reversed(stores))):
+            store = stores[name](index)
+            started = time.perf_counter()
+            for batch in batches:
+                store.write(batch, time.time())
+            rates[f"{name} rows/s"] = len(written) / (time.perf_counter() - started)
+        return rates
+
+    with console.status("front: request-log writes, object store and folder alternating"):
+        runs = repeat(write)
+    for name in stores:
+        repeated.append(Figure(f"log write, {name}", [r[f"{name} rows/s"] for r in runs], "/s"))
+    window = 100_000 if quick else 1_000_000
+    records = _records(window)
+    locations = {"object store": f"{prefix}/window", "folder": str(root / "window")}
+    for name, location in locations.items():
+        store = ObjectStore(location) if name == "object store" else FolderStore(location)
+        with console.status(f"front: writing a {window:,}-row window to the {name}"):
+            for i in range(0, window, FLUSH_ROWS):
+                store.write(records[i:i + FLUSH_ROWS], time.time())
+
+    def read(location: str) -> float:
+        started = time.perf_counter()
+        loaded = load_requests(location, 0, COLUMNS)
+        assert len(loaded) == window, (len(loaded), window)
+        return time.perf_counter() - started
+
+    with console.status(f"front: the drift job reading {window:,} logged rows, repeatedly"):
+        for name, location in locations.items():
+            repeated.append(Figure(f"read {window:,} rows, {name}", repeat(lambda _, loc=location: read(loc)), "s"))
+    return {"rows_written": len(written), "flush_rows": FLUSH_ROWS, "window_rows": window}
+
+
+def _print(console: Console, results: dict, repeated: list[Figure], seconds: float) -> None:
+    table = Table(title=f"The serving front (router, request log to the object store) vs Triton direct "
+                        f"(batch-1 requests, medians of {RUNS} alternating rounds of {seconds} s)")
+    for column in ("concurrency", "target", "requests/s", "p50 ms", "p99 ms"):
+        table.add_column(column)
+    for concurrency in (1, 16):
+        for name in ("triton", "front"):
+            r = results[f"{name}_c{concurrency}"]
+            table.add_row(str(concurrency), name, str(r["requests_per_s"]), str(r["p50_ms"]), str(r["p99_ms"]))
+    console.print(table)
+    console.print(figures_table("front: each figure over the runs (goal: throughput >= 0.8x, p99 <= 1.5x)",
+                                repeated))
