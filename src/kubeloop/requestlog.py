@@ -198,16 +198,18 @@ class ObjectStore:
         return 0
 
     def records(self, since: float = 0.0) -> Iterator[dict]:
-        start = int(since // 3600) * 3600
-        for hour in range(start, int(time.time()) + 1, 3600):
-            for key in self._keys(self._hour(hour)):
-                body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
-                yield from complete_lines(iter(body.splitlines(keepends=True)))
+        # Keys sort by the hour they were written in: one listing that
+        # starts at the window's first hour skips every older object.
+        for key in self._keys(self._hour(since) if since > 0 else None):
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode()
+            yield from complete_lines(iter(body.splitlines(keepends=True)))
 
-    def _keys(self, prefix: str) -> Iterator[str]:
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
-        for page in pages:
-            yield from sorted(item["Key"] for item in page.get("Contents", []))
+    def _keys(self, start_after: str | None) -> Iterator[str]:
+        listing = {"Bucket": self.bucket, "Prefix": f"{self.prefix}/" if self.prefix else ""}
+        if start_after:
+            listing["StartAfter"] = start_after
+        for page in self.client.get_paginator("list_objects_v2").paginate(**listing):
+            yield from (item["Key"] for item in page.get("Contents", []))
 
 
 def open_store(location: str, limits: LogLimits = LogLimits()) -> FolderStore | ObjectStore:
