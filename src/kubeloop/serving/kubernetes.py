@@ -56,15 +56,22 @@ class KubernetesServing(ServingBackend):
             messages.insert(0, f"canary rolled back: {rolled_back}")
         url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
                else f"http://{service_name(request.ref)}.{request.ref.namespace}.svc.cluster.local")
-        front = self.images.router is not None
-        if front:  # the service answers once its router does
+        if self.images.router is not None:  # the service answers once its router does
             ready["primary"] = ready.get("primary", False) and ready.pop("router", False)
+        models = sum(n for role, n in available.items() if role != "router")
+        return ServingState(url=url, ready=ready, ready_replicas=models, message="; ".join(messages),
+                            rolled_back=("canary",) if rolled_back else (), failing=failing,
+                            traffic=self._traffic(versions, available, wanted))
+
+    def _traffic(self, versions: dict, available: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:
+        """The share each role really gets: as asked through the router or a
+        Gateway, else by replica ratio; the shadow's copies only through the router."""
+        front = self.images.router is not None
         requested = {role: percent for role, (_model, percent) in versions.items() if role != "shadow"}
         traffic = effective_split(requested, available, wanted, exact=bool(self.images.gateway) or front)
         if "shadow" in versions:
             traffic["shadow"] = versions["shadow"][1] if front else 0
-        return ServingState(url=url, ready=ready, ready_replicas=sum(n for role, n in available.items() if role != "router"), message="; ".join(messages),
-                            rolled_back=("canary",) if rolled_back else (), failing=failing, traffic=traffic)
+        return traffic
 
     def _router_config(self, request: ServingRequest, versions: dict) -> dict | None:
         """The front's routes for the versions still served (none without a router image)."""
