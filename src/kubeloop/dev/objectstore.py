@@ -15,9 +15,6 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
 
 ARTIFACT_BUCKET = "mlflow"
 REQUEST_LOG_BUCKET = "requests"
@@ -102,8 +99,12 @@ def grpc_socket_files(ports: dict[str, int]) -> list[Path]:
             for server in SERVERS if f"seaweedfs-{server}-grpc" in ports]
 
 
-def client(endpoint: str, credentials: Credentials, attempts: int = 3):
-    """A boto3 S3 client for the store."""
+def client(endpoint: str, credentials: Credentials, attempts: int = 3):  # noqa: ANN201 - boto3's client
+    """A boto3 S3 client for the store. boto3 is imported here: the CLI
+    loads this module, and the operator's image has no boto3."""
+    import boto3
+    from botocore.config import Config
+
     return boto3.client(
         "s3", endpoint_url=endpoint, region_name=REGION,
         aws_access_key_id=credentials.access_key, aws_secret_access_key=credentials.secret_key,
@@ -115,6 +116,8 @@ def client(endpoint: str, credentials: Credentials, attempts: int = 3):
 def answering(endpoint: str, credentials: Credentials) -> bool:
     """Whether the S3 gateway accepts our credentials (it answers once its
     filer and IAM are up)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         client(endpoint, credentials, attempts=1).list_buckets()
         return True
@@ -124,6 +127,8 @@ def answering(endpoint: str, credentials: Credentials) -> bool:
 
 def ensure_buckets(endpoint: str, credentials: Credentials, buckets: tuple[str, ...] = BUCKETS) -> None:
     """Create the buckets; one that exists already is left as it is."""
+    from botocore.exceptions import ClientError
+
     s3 = client(endpoint, credentials)
     for bucket in buckets:
         try:
