@@ -21,7 +21,7 @@ from pathlib import Path
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_atomic
 from kubeloop.monitoring.base import DriftMonitor
-from kubeloop.operator.builders.meta import child_metadata, dns_name, owner_labels, owner_selector
+from kubeloop.operator.builders.meta import child_metadata, dns_name, owner_labels, owner_selector, restricted
 from kubeloop.operator.kube import Kube, KubeError
 
 LABEL_PURPOSE = "kubeloop.dev/purpose"
@@ -62,9 +62,8 @@ def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, start
         "env": env,
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
+    restricted(container)
     if settings.object_store_secret:
         container["envFrom"] = [{"secretRef": {"name": settings.object_store_secret}}]
     return {
@@ -101,6 +100,8 @@ class KubernetesDriftMonitor(DriftMonitor):
         self.settings = settings
         self.results = Path(results)
         self.clock = clock
+        self._kept: dict[str, str] = {}
+        """Service uid -> the Job whose result is kept (read once, not every reconcile)."""
 
     def folder(self, ref: ObjectRef) -> Path:
         return self.results / f"{ref.namespace}-{ref.name}"
@@ -128,11 +129,12 @@ class KubernetesDriftMonitor(DriftMonitor):
     def latest(self, ref: ObjectRef) -> dict | None:
         """The newest finished Job's result (kept, so it outlives the Job)."""
         done = next((j for j in self._jobs(ref) if finished(j)), None)
-        if done is not None:
+        if done is not None and self._kept.get(ref.uid) != done["metadata"]["name"]:
             result = self._result(ref, done)
             if result is not None:
                 self.folder(ref).mkdir(parents=True, exist_ok=True)
                 write_atomic(self.folder(ref) / "latest.json", json.dumps(result))
+                self._kept[ref.uid] = done["metadata"]["name"]
         try:
             return json.loads((self.folder(ref) / "latest.json").read_text())
         except (FileNotFoundError, ValueError):
@@ -160,5 +162,6 @@ class KubernetesDriftMonitor(DriftMonitor):
     def forget(self, ref: ObjectRef) -> None:
         for job in self._jobs(ref):
             self.kube.delete("batch/v1", "Job", job["metadata"]["name"], ref.namespace)
+        self._kept.pop(ref.uid, None)
         shutil.rmtree(self.folder(ref), ignore_errors=True)
 

@@ -34,7 +34,7 @@ from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.placement import PlacementDecision
-from kubeloop.operator.builders.meta import child_metadata, content_hash, dns_name, with_input_hash
+from kubeloop.operator.builders.meta import child_metadata, content_hash, dns_name, restricted, with_input_hash
 from kubeloop.registry.base import ModelVersion
 from kubeloop.serving.base import triton_name
 
@@ -140,14 +140,6 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
     return with_input_hash(deployment)
 
 
-def _restricted(container: dict) -> dict:
-    container["securityContext"] = {
-        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
-    }
-    return container
-
-
 def _puller(model: ModelVersion, images: ServingImages, placement: PlacementDecision) -> dict:
     command = ["kubeloop", "serving", "fetch", f"models:/{model.name}/{model.version}",
                "--repository", MODEL_REPOSITORY, "--backend", images.triton_backend]
@@ -166,7 +158,7 @@ def _puller(model: ModelVersion, images: ServingImages, placement: PlacementDeci
     }
     if images.registry_secret:
         container["envFrom"] = [{"secretRef": {"name": images.registry_secret}}]
-    return _restricted(container)
+    return restricted(container)
 
 
 def _triton(spec: InferenceServiceSpec, model: ModelVersion, images: ServingImages,
@@ -192,7 +184,7 @@ def _triton(spec: InferenceServiceSpec, model: ModelVersion, images: ServingImag
     }
     if placement.env:
         container["env"] = [{"name": k, "value": v} for k, v in sorted(placement.env.items())]
-    return _restricted(container)
+    return restricted(container)
 
 
 def build_service(ref: ObjectRef, role: str = "primary", exact: bool = False) -> dict:
@@ -247,7 +239,7 @@ def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[st
     """Every object an InferenceService needs, for the roles present in
     versions (role -> (model version, traffic percent)); with a router
     configuration (kubeloop.serving.routes), the router in front."""
-    front = images.router is not None and router_config is not None
+    front = router_config is not None
     replicas = planned_replicas(spec, versions.get("canary", (None, 0))[1], exact=bool(images.gateway) or front)
     children: list[dict] = []
     for role, (model, _percent) in versions.items():
@@ -320,7 +312,7 @@ def build_router(ref: ObjectRef, spec: InferenceServiceSpec, config: dict, image
               "app.kubernetes.io/instance": ref.name}
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": child_metadata(ref, router_name(ref)),
                   "data": {"router.json": text}}
-    container = _restricted({
+    container = restricted({
         "name": "router",
         "image": images.router,
         "command": ["python", "-m", "kubeloop.serving.router", "--config", f"{ROUTER_CONFIG_DIR}/router.json",
