@@ -65,6 +65,14 @@ _TYPES = [
                  "customresourcedefinitions", namespaced=False),
     ResourceType("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     ResourceType("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs"),
+    ResourceType("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration",
+                 "mutatingwebhookconfigurations", namespaced=False),
+    ResourceType("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration",
+                 "validatingwebhookconfigurations", namespaced=False),
+    ResourceType("serving.kserve.io/v1beta1", "InferenceService", "inferenceservices"),
+    ResourceType("serving.kserve.io/v1alpha1", "ServingRuntime", "servingruntimes"),
+    ResourceType("serving.kserve.io/v1alpha1", "ClusterStorageContainer", "clusterstoragecontainers",
+                 namespaced=False),
 ] + [ResourceType(k.api_version, k.kind, k.plural) for k in KINDS]
 RESOURCE_TYPES = {(t.api_version, t.kind): t for t in _TYPES}
 

@@ -45,11 +45,16 @@ class Permissions:
     cluster: tuple[Rule, ...]
     gateway: tuple[Rule, ...]
     """Namespaced rules needed only when canaries split traffic through a Gateway (KUBELOOP_GATEWAY)."""
+    kserve: tuple[Rule, ...]
+    """Namespaced rules of the kserve serving backend."""
+    kserve_cluster: tuple[Rule, ...]
+    """Cluster rules of the kserve serving backend."""
 
     def to_wire(self) -> dict:
         return {scope: [r.policy() for r in rules]
                 for scope, rules in (("namespaced", self.namespaced), ("cluster", self.cluster),
-                                     ("gateway", self.gateway))}
+                                     ("gateway", self.gateway), ("kserve", self.kserve),
+                                     ("kserveCluster", self.kserve_cluster))}
 
 
 def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
@@ -87,4 +92,12 @@ def operator_permissions() -> Permissions:
         Rule("", ("pods",), ("list",), "GPU placement: what each node's Pods already hold"),
     )
     gateway = _owned((ROUTES,), ("list", "delete", *APPLY), "canary traffic split by HTTPRoute weights")
-    return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway)
+    kserve = (
+        Rule("serving.kserve.io", ("inferenceservices",), ("get", "list", "delete", *APPLY),
+             "kserve serving: a KServe InferenceService per served version, and its readiness"),
+        Rule("serving.kserve.io", ("servingruntimes",), APPLY, "kserve serving: kubeloop's Triton ServingRuntime"),
+    )
+    kserve_cluster = (Rule("serving.kserve.io", ("clusterstoragecontainers",), APPLY,
+                           "kserve serving: the storage initializer for models:/ URIs"),)
+    return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
+                       kserve_cluster=kserve_cluster)

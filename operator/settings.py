@@ -45,7 +45,7 @@ class OperatorConfig:
     """Pipeline backends to enable (local, kfp, noop)."""
     default_pipeline_backend: str = "local"
     serving_backends: list[str] = field(default_factory=lambda: ["kubernetes"])
-    """Serving backends to enable (kubernetes, local)."""
+    """Serving backends to enable (kubernetes, kserve, local)."""
     default_serving_backend: str = "kubernetes"
     registry: str = "mlflow"
     """mlflow, or memory (an empty in-process registry, for tests and benchmarks)."""

@@ -14,6 +14,7 @@ from kubeloop.pipelines.backends.base import PipelineBackend
 from kubeloop.pipelines.backends.noop import NoopBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
+from kubeloop.serving.kserve import KServeServing
 from kubeloop.serving.kubernetes import KubernetesServing
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
 def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, ServingBackend]:
     backends: dict[str, ServingBackend] = {}
     for name in config.serving_backends:
-        if name == "kubernetes":
+        if name in ("kubernetes", "kserve"):
             images = ServingImages(
                 triton=config.triton_image, triton_backend=config.triton_backend, puller=config.components_image,
                 tracking_uri=config.cluster_tracking_uri or config.tracking_uri or "",
@@ -84,7 +85,7 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                 gateway_domain=config.gateway_domain, router=config.router_image, request_log=config.request_log,
                 object_store_secret=config.object_store_secret, object_store_endpoint=config.object_store_endpoint,
             )
-            backends[name] = KubernetesServing(kube, images)
+            backends[name] = (KubernetesServing if name == "kubernetes" else KServeServing)(kube, images)
         elif name == "local":
             from kubeloop.serving.local import LocalServing
 
@@ -94,7 +95,7 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                                           log_root=config.request_log or str(config.state_dir / "requests"),
                                           targets=config.prometheus_targets)
         else:
-            raise ConfigurationError(f"unknown serving backend {name}; use kubernetes or local")
+            raise ConfigurationError(f"unknown serving backend {name}; use kubernetes, kserve or local")
     return backends
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local platform (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kwok, helm; kubelet, kube-proxy and
-# CoreDNS for the real node) from the tools modules
+# CoreDNS for the real node; KServe's controller manager) from the tools modules
 # beside this script into $KUBELOOP_CACHE/bin/<group>-<version>/. Each group is
 # built once per machine and version: a finished group carries a .complete
 # stamp and is skipped afterwards; two builds of one group wait for each other
@@ -66,6 +66,7 @@ for group in "${groups[@]}"; do
         k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
       ;;
     coredns) build coredns "$COREDNS_VERSION" coredns "-s -w" kubeloop.dev/tools/coredns ;;
+    kserve) build kserve "$KSERVE_VERSION" kserve "-s -w" github.com/kserve/kserve/cmd/manager ;;
     kwok) build kwok "$KWOK_VERSION" kwok "-s -w" sigs.k8s.io/kwok/cmd/kwok ;;
     helm)
       build helm "$HELM_VERSION" helm \

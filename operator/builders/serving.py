@@ -210,9 +210,10 @@ def build_service(ref: ObjectRef, role: str = "primary", exact: bool = False) ->
     }
 
 
-def build_autoscaler(ref: ObjectRef, spec: InferenceServiceSpec) -> dict | None:
+def build_autoscaler(ref: ObjectRef, spec: InferenceServiceSpec, target: str | None = None) -> dict | None:
     """An HPA on a Triton metric served through the custom metrics API (for
-    example by prometheus-adapter): queue time or inference rate per Pod."""
+    example by prometheus-adapter): queue time or inference rate per Pod, of
+    the primary's Deployment (or the one named target)."""
     if spec.autoscaling is None:
         return None
     metric = {"queue-time": "nv_inference_queue_duration_us_per_request",
@@ -223,7 +224,7 @@ def build_autoscaler(ref: ObjectRef, spec: InferenceServiceSpec) -> dict | None:
         "metadata": child_metadata(ref, deployment_name(ref, "primary")),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
-                               "name": deployment_name(ref, "primary")},
+                               "name": target or deployment_name(ref, "primary")},
             "minReplicas": max(1, spec.autoscaling.min_replicas),
             "maxReplicas": spec.autoscaling.max_replicas,
             "metrics": [{"type": "Pods", "pods": {

@@ -25,7 +25,7 @@ import pytest
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev import host
+from kubeloop.dev import host, kserve
 from kubeloop.dev.binaries import binary, repo_root, versions
 from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
 from kubeloop.dev.pki import NODE_NAME
@@ -463,10 +463,15 @@ open("/dev/termination-log", "w").write(json.dumps({"roles": roles, "failed": fa
 """
 
 
-def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_real_node(real, tmp_path):
-    """Cluster path, on the real node: with a router image the kubernetes
-    backend puts kubeloop's serving front (the runtime image) in front of one
-    Triton Deployment per version. 2,000 keyed requests from a Pod through the
+@pytest.mark.parametrize("backend", ["kubernetes", "kserve"])
+def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_real_node(real, tmp_path, backend):
+    """Cluster path, on the real node, for both cluster backends: with a
+    router image the kubernetes backend puts kubeloop's serving front (the
+    runtime image) in front of one Triton Deployment per version; the kserve
+    backend puts it in front of one KServe InferenceService per version,
+    which KServe's real controller (v0.20, running as a Pod on the node)
+    turns into predictor Deployments, its webhook injecting kubeloop's
+    storage initializer. 2,000 keyed requests from a Pod through the
     InferenceService's Service: the 20% canary answers 20% +- 3% of them, every
     answer comes from the primary or the canary (the shadow never answers a
     caller), and the router mirrored 10% +- 3% to the shadow; status.traffic
@@ -492,7 +497,10 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     registry.set_registered_model_alias(model, "challenger", canary)
     real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "request-log", "namespace": namespace},
                       "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    if backend == "kserve":
+        kserve.install(real.platform)
     operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_DRIFT_MONITOR="kubernetes",
+                                KUBELOOP_SERVING_BACKENDS=f"{backend},local", KUBELOOP_SERVING_BACKEND=backend,
                                 KUBELOOP_REQUEST_LOG=env["KUBELOOP_REQUEST_LOG"],
                                 KUBELOOP_OBJECT_STORE_SECRET="request-log",
                                 KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"])
@@ -510,6 +518,8 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         roles = sorted(p["metadata"]["labels"]["kubeloop.dev/role"] for p in real.kube.list(
             "v1", "Pod", namespace, "kubeloop.dev/inferenceservice=front"))
         assert roles == ["canary", "primary", "router", "shadow"]
+        if backend == "kserve":
+            assert_served_by_kserve(real, namespace, "front")
         service = real.kube.get("v1", "Service", "front", namespace)
         rows = [[0.1 * i for i in range(N_FEATURES)]]
         name = f"keyed-{uuid.uuid4().hex[:6]}"
@@ -555,6 +565,24 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
+
+
+def assert_served_by_kserve(real: RealPlatform, namespace: str, name: str) -> None:
+    """Each version is a KServe InferenceService that KServe reports Ready,
+    whose predictor Pod KServe's webhook gave kubeloop's storage initializer
+    (the runtime image, from the ClusterStorageContainer for models:/ URIs)
+    and whose Triton container comes from kubeloop's ServingRuntime."""
+    for role in ("primary", "canary", "shadow"):
+        isvc = real.kube.get("serving.kserve.io/v1beta1", "InferenceService", f"{name}-{role}", namespace)
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in isvc["status"]["conditions"]), isvc["status"]
+        assert isvc["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
+        [predictor] = real.kube.list("v1", "Pod", namespace, f"serving.kserve.io/inferenceservice={name}-{role}")
+        [init] = predictor["spec"]["initContainers"]
+        assert init["name"] == "storage-initializer" and init["image"].startswith("localhost/kubeloop/runtime")
+        assert init["args"][0].startswith("models:/") and init["args"][1] == "/mnt/models"
+        assert predictor["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+        triton = next(c for c in predictor["spec"]["containers"] if c["name"] == "kserve-container")
+        assert triton["image"].startswith("localhost/kubeloop/triton")
 
 
 def _seconds(start: str, end: str) -> int:

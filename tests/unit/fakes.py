@@ -67,7 +67,7 @@ class FakeObjects:
 
     def apply(self, obj: dict) -> dict:
         self.applies += 1
-        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        key = (obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
         merged = {**self.objects.get(key, {}), **obj}
         self.objects[key] = merged
         return merged

@@ -5,6 +5,7 @@ tests/e2e/test_chart.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -201,15 +202,35 @@ def test_the_charts_roles_are_the_operators_permissions():
                for d in bindings for s in d["subjects"])
 
 
+def test_serving_backend_kserve_enables_the_backend_and_grants_kserves_kinds():
+    """Cluster path (chart): serving.backend=kserve makes kserve the default
+    with kubernetes still enabled, and adds KServe's rules to the Roles and
+    the ClusterStorageContainer's to the fleet ClusterRole; the default
+    (kubernetes) grants none of them."""
+    wanted = operator_permissions()
+    docs = render(*RENDERINGS["namespaced"], "--set", "serving.backend=kserve")
+    env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
+    assert (env["KUBELOOP_SERVING_BACKENDS"], env["KUBELOOP_SERVING_BACKEND"]) == ("kserve,kubernetes", "kserve")
+    namespaced = [r.policy() for r in wanted.namespaced + wanted.kserve]
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
+    assert _rules(docs, "ClusterRole") == {
+        "/kubeloop-fleet": [r.policy() for r in wanted.cluster + wanted.kserve_cluster]}
+    default = json.dumps(render(*RENDERINGS["namespaced"]))
+    assert "serving.kserve.io" not in default
+    refused = helm("template", "kubeloop", str(CHART), "-f", str(CI_VALUES), "--set", "serving.backend=kfserving",
+                   check=False)
+    assert refused.returncode != 0 and "backend" in refused.stderr
+
+
 def test_the_permissions_are_least_privilege():
     wanted = operator_permissions()
-    every = wanted.namespaced + wanted.cluster + wanted.gateway
+    every = wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster
     for rule in every:
         assert "*" not in rule.verbs and "*" not in rule.resources and rule.api_group != "*"
         assert not {"secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",
                     "clusterrolebindings", "pods/exec"} & set(rule.resources), rule
         assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule.verbs), rule
-    # Cluster-wide, only reads.
+    # Cluster-wide, only reads (and applying kubeloop's one storage container with KServe).
     assert all(set(rule.verbs) <= {"get", "list", "watch"} for rule in wanted.cluster)
 
 

@@ -24,12 +24,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Files.Get "files/operator-rules.yaml" | fromYaml | toJson -}}
 {{- end -}}
 
-{{/* Rules granted where the custom resources live: namespaced ones, plus the Gateway's when used. */}}
+{{/* Rules granted where the custom resources live: namespaced ones, plus the Gateway's and KServe's when used. */}}
 {{- define "kubeloop.namespacedRules" -}}
 {{- $rules := include "kubeloop.rules" . | fromJson -}}
 {{- $namespaced := $rules.namespaced -}}
 {{- if .Values.serving.gateway.name -}}
 {{- $namespaced = concat $namespaced $rules.gateway -}}
+{{- end -}}
+{{- if eq .Values.serving.backend "kserve" -}}
+{{- $namespaced = concat $namespaced $rules.kserve -}}
 {{- end -}}
 {{- toYaml $namespaced -}}
 {{- end -}}

@@ -230,9 +230,11 @@ class InferenceServiceSpec(KubeModel):
 
     model: ModelRef
     """The registered model, by alias (follows the alias as it moves) or version."""
-    backend: Literal["kubernetes", "local"] | None = None
-    """kubernetes (Deployments on the cluster) or local (tritonserver processes
-    on the operator's machine); omitted means the operator's default."""
+    backend: Literal["kubernetes", "kserve", "local"] | None = None
+    """kubernetes (Deployments on the cluster), kserve (a KServe
+    InferenceService per version, where KServe is installed) or local
+    (tritonserver processes on the operator's machine); omitted means the
+    operator's default."""
     runtime: ServingRuntime = Field(default_factory=ServingRuntime)
     """The model server."""
     resources: ServingResources = Field(default_factory=ServingResources)

@@ -111,6 +111,27 @@ def images(names: Annotated[Optional[list[str]], typer.Argument(
 
 
 @app.command()
+def kserve(state_dir: StateDir = None) -> None:
+    """Install KServe (its v0.20 controller manager, built from its Go
+    module, as a Pod; its CRDs, configuration and webhooks) onto a platform
+    up with --nodes real, for the kserve serving backend. Idempotent."""
+    from kubeloop.dev.kserve import KServeError, install
+
+    platform = Platform(state_dir)
+    state = platform.state()
+    if not state or not state.real_node:
+        console.print("[red]KServe needs the real node:[/red] run `kubeloop dev up --nodes real` first")
+        raise typer.Exit(1)
+    try:
+        with console.status("installing KServe") as status:
+            install(platform, progress=lambda msg: status.update(msg))
+    except KServeError as exc:
+        console.print(f"[red]KServe did not come up:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print("[green]KServe installed[/green]: set KUBELOOP_SERVING_BACKENDS=kserve,... for the operator")
+
+
+@app.command()
 def env(state_dir: StateDir = None) -> None:
     """Print `export` lines for the platform: KUBECONFIG, service URLs, and a
     PATH that puts the pinned kubectl and helm first."""

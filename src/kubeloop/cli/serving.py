@@ -29,6 +29,24 @@ def fetch(
     Console(stderr=True).print(f"wrote {config.parent}")
 
 
+@app.command("storage-initializer")
+def storage_initializer(
+    model_uri: Annotated[str, typer.Argument(help="models:/<name>/<version>")],
+    repository: Annotated[Path, typer.Argument(help="The Triton model repository to write into (/mnt/models).")],
+    tracking_uri: Annotated[str, typer.Option(envvar="MLFLOW_TRACKING_URI", help="The MLflow server.")],
+    backend: Annotated[str, typer.Option(envvar="KUBELOOP_TRITON_BACKEND",
+                                         help="Triton backend the repository is for: onnxruntime or python.")]
+    = "onnxruntime",
+    device: Annotated[str, typer.Option(envvar="KUBELOOP_TRITON_DEVICE",
+                                        help="Where the Pod runs the model: cpu or gpu (its instance group).")]
+    = "cpu",
+) -> None:
+    """`fetch` in KServe's storage-initializer contract (the URI and the
+    destination as arguments): the init container KServe injects into a
+    predictor whose storageUri is a registry URI (ClusterStorageContainer)."""
+    fetch(model_uri, repository, tracking_uri, backend, device or "cpu")
+
+
 @app.command()
 def skew(
     log: Annotated[str, typer.Argument(help="The InferenceService's request log: a folder or an s3:// prefix.")],

@@ -18,6 +18,7 @@ GROUPS = {
     "coredns": ("coredns", "COREDNS_VERSION"),
     "kwok": ("kwok", "KWOK_VERSION"),
     "helm": ("helm", "HELM_VERSION"),
+    "manager": ("kserve", "KSERVE_VERSION"),  # KServe's controller manager
 }
 
 

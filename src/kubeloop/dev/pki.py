@@ -144,6 +144,25 @@ class _Issuer:
         _write_key(key_path, key)
 
 
+def webhook_certificates(directory: Path, dns_names: list[str]) -> tuple[bytes, bytes, bytes]:
+    """A CA of its own and a serving certificate for an admission webhook's
+    Service names: (CA, certificate, key) as PEM, the CA for the webhook
+    configuration's caBundle. Kept in directory, so a second install reuses them."""
+    paths = [directory / name for name in ("ca.crt", "tls.crt", "tls.key")]
+    if not all(p.exists() for p in paths):
+        directory.mkdir(parents=True, exist_ok=True)
+        ca_key = _rsa_key()
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubeloop-webhook-ca")])
+        ca = (_builder(ca_name, ca_name, ca_key.public_key())
+              .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+              .sign(ca_key, hashes.SHA256()))
+        paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        _Issuer(ca_name, ca_key)(paths[1], paths[2], x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]),
+                                 x509.oid.ExtendedKeyUsageOID.SERVER_AUTH, [x509.DNSName(n) for n in dns_names])
+    ca_pem, cert, key = (p.read_bytes() for p in paths)
+    return ca_pem, cert, key
+
+
 def _rsa_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 

@@ -346,6 +346,10 @@ class Platform:
             # The loopback address may not be an Endpoints IP: without the real
             # node nothing reaches the API server through the kubernetes Service.
             f"--endpoint-reconciler-type={'lease' if self.real_node else 'none'}",
+            # Admission webhooks served by Pods (KServe's) are called at a
+            # Pod's address: Service addresses are blackholed on the host, and
+            # kube-proxy's rules apply only after the host's routing.
+            *(["--enable-aggregator-routing=true"] if self.real_node else []),
             f"--audit-policy-file={AUDIT_POLICY}", f"--audit-log-path={self.audit_log}",
             "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             "--profiling=false", "--v=0",

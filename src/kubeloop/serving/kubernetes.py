@@ -82,15 +82,7 @@ class KubernetesServing(ServingBackend):
                                    version_urls=version_urls(request.ref, versions))
 
     def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
-        """With the front, where its routers log: the service's own
-        destination, else a prefix of its own below the operator's."""
-        if self.images.router is None or not spec.request_logging.enabled:
-            return None
-        if spec.request_logging.destination:
-            return spec.request_logging.destination
-        root = self.images.request_log
-        # A folder in a router's Pod would vanish with it: only object storage outlives the Pods.
-        return f"{root.rstrip('/')}/{ref.namespace}-{ref.name}" if root and root.startswith("s3://") else None
+        return front_request_log(self.images, ref, spec)
 
     def _hand_over_replicas(self, desired: dict) -> None:
         """Before kubeloop stops applying a Deployment's replica count (the
@@ -150,8 +142,7 @@ class KubernetesServing(ServingBackend):
             have = available[role] = status.get("availableReplicas", 0) if current else 0
             updated = status.get("updatedReplicas", 0) if current else 0
             ready[role] = have >= want and updated >= want
-            troubles = container_troubles(self.kube.list(
-                "v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))
+            troubles = role_troubles(self.kube, ref, role)
             failing = failing or (not ready[role] and bool(troubles))
             if not ready[role]:
                 messages.append(f"{role}: {have}/{want} replicas available")
@@ -164,3 +155,20 @@ def owns_replicas(deployment: dict, manager: str) -> bool:
     return any(entry.get("manager") == manager and entry.get("operation") == "Apply"
                and "f:replicas" in entry.get("fieldsV1", {}).get("f:spec", {})
                for entry in deployment.get("metadata", {}).get("managedFields", []))
+
+
+def front_request_log(images: ServingImages, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
+    """With the front, where its routers log: the service's own destination,
+    else a prefix of its own below the operator's."""
+    if images.router is None or not spec.request_logging.enabled:
+        return None
+    if spec.request_logging.destination:
+        return spec.request_logging.destination
+    root = images.request_log
+    # A folder in a router's Pod would vanish with it: only object storage outlives the Pods.
+    return f"{root.rstrip('/')}/{ref.namespace}-{ref.name}" if root and root.startswith("s3://") else None
+
+
+def role_troubles(kube: Kube, ref: ObjectRef, role: str) -> list[str]:
+    """What went wrong in the containers of a role's Pods (see container_troubles)."""
+    return container_troubles(kube.list("v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))

@@ -1,0 +1,120 @@
+"""Serving through KServe: each served version is a KServe InferenceService
+(Standard mode, kubeloop's Triton ServingRuntime, storage from the registry),
+owned by kubeloop's InferenceService so that Kubernetes garbage-collects
+them with it; with a router image configured, kubeloop's serving front
+stands in front of the versions' predictors (exact canary split, shadow
+mirroring, request log), as with the kubernetes backend. See
+kubeloop.operator.builders.kserve for what each object holds."""
+
+from __future__ import annotations
+
+from kubeloop.api.refs import ObjectRef
+from kubeloop.operator.builders.kserve import (
+    KSERVE_API, build_inference_services, build_serving_runtime, build_storage_container, kserve_message,
+    kserve_name, kserve_ready, predictor_name, predictor_urls,
+)
+from kubeloop.operator.builders.meta import owner_selector
+from kubeloop.operator.builders.serving import (
+    ServingImages, build_router, build_service, router_name, service_name,
+)
+from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.serving.kubernetes import OWNED, front_request_log, role_troubles
+from kubeloop.serving.routes import build_router_config
+
+KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
+
+
+class KServeServing(ServingBackend):
+    name = "kserve"
+
+    def __init__(self, kube: Kube, images: ServingImages):
+        self.kube = kube
+        self.images = images
+        self._storage_container_applied = False
+
+    def ensure(self, request: ServingRequest) -> ServingState:
+        ref = request.ref
+        versions = {v.role: (v.model, v.percent) for v in request.versions}
+        try:
+            self._ensure_runtime(ref.namespace)
+            desired = build_inference_services(ref, request.spec, versions, request.placement, self.images)
+            if self.images.router is not None:
+                config = build_router_config(request, triton_name(versions["primary"][0].name), "",
+                                             self.request_log(ref, request.spec), roles=set(versions),
+                                             version_urls=predictor_urls(ref, versions))
+                desired += build_router(ref, request.spec, config, self.images) + [build_service(ref, "router")]
+            for obj in desired:
+                self.kube.apply(obj)
+            self._delete_unwanted(ref, desired)
+            ready, available, messages, failing = self._observe(ref, list(versions))
+        except KubeError as exc:
+            if exc.transient:
+                raise ServingUnavailable(str(exc)) from exc
+            raise
+        return ServingState(url=self._url(ref), ready=ready, ready_replicas=sum(available.values()),
+                            message="; ".join(messages), failing=failing, traffic=self._traffic(versions))
+
+    def _url(self, ref: ObjectRef) -> str:
+        name = service_name(ref) if self.images.router is not None else predictor_name(ref, "primary")
+        return f"http://{name}.{ref.namespace}.svc.cluster.local"
+
+    def _traffic(self, versions: dict) -> dict[str, int]:
+        """Through the front, as asked. Without it callers reach the primary's
+        predictor alone: KServe v0.20 neither weights a canary nor mirrors."""
+        if self.images.router is not None:
+            return {role: percent for role, (_model, percent) in versions.items()}
+        return {role: 100 if role == "primary" else 0 for role in versions}
+
+    def _ensure_runtime(self, namespace: str) -> None:
+        """kubeloop's Triton runtime in the namespace, and (once per
+        operator process) the storage container for registry URIs."""
+        self.kube.apply(build_serving_runtime(namespace, self.images))
+        if not self._storage_container_applied:
+            self.kube.apply(build_storage_container(self.images))
+            self._storage_container_applied = True
+
+    def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
+        return front_request_log(self.images, ref, spec)
+
+    def delete(self, ref: ObjectRef) -> None:
+        # ownerReferences make the garbage collector remove every child.
+        return None
+
+    def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
+        """Delete what the InferenceService owns and no longer wants. KServe
+        copies an InferenceService's labels onto the Deployment, Service and
+        HPA it makes, so the owner labels alone would match KServe's
+        children too: only objects owned by kubeloop's InferenceService go."""
+        wanted = {(o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in desired}
+        for api_version, kind in KSERVE_OWNED:
+            for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
+                owners = {o.get("uid") for o in live["metadata"].get("ownerReferences", [])}
+                if ref.uid in owners and (kind, api_version, live["metadata"]["name"]) not in wanted:
+                    self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
+
+    def _observe(self, ref: ObjectRef, roles: list[str]) -> tuple[dict[str, bool], dict[str, int], list[str], bool]:
+        """Per role: KServe's readiness and the predictor's available
+        replicas; what to say; and whether a role's containers die or
+        cannot start."""
+        ready: dict[str, bool] = {}
+        available: dict[str, int] = {}
+        messages: list[str] = []
+        failing = False
+        for role in roles:
+            live = self.kube.get(KSERVE_API, "InferenceService", kserve_name(ref, role), ref.namespace) or {}
+            deployment = self.kube.get("apps/v1", "Deployment", predictor_name(ref, role), ref.namespace) or {}
+            ready[role] = kserve_ready(live)
+            available[role] = deployment.get("status", {}).get("availableReplicas", 0)
+            troubles = role_troubles(self.kube, ref, role)
+            failing = failing or (not ready[role] and bool(troubles))
+            if not ready[role]:
+                messages.append(f"{role}: {kserve_message(live) or 'KServe has not reported Ready'}")
+            messages += [f"{role}: {trouble}" for trouble in troubles]
+        if self.images.router is not None:
+            router = self.kube.get("apps/v1", "Deployment", router_name(ref), ref.namespace) or {}
+            router_up = router.get("status", {}).get("availableReplicas", 0) >= 1
+            ready["primary"] = ready.get("primary", False) and router_up
+            if not router_up:
+                messages.append("router: no replica available")
+        return ready, available, messages, failing
