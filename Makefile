@@ -36,7 +36,7 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
   -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
   | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo crds pipelines lock clean
+.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo demo-cluster crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
@@ -118,6 +118,10 @@ bench: setup
 
 demo: setup
 	$(VENV)/bin/kubeloop demo
+
+# The same story on the cluster path: a real node, KServe, the front and drift Jobs in Pods.
+demo-cluster: setup
+	$(VENV)/bin/kubeloop demo --cluster
 
 crds: python link
 	$(VENV)/bin/kubeloop crds --output charts/kubeloop/crds

@@ -336,7 +336,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
             tags.OUTCOME: json.dumps(outcome, separators=(",", ":")),
             "exported": f"runs:/{run_id}/{EXPORTED}", "triton": f"runs:/{run_id}/triton",
             **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label",
-                                           "threshold", tags.TASK, tags.FEATURE_STORE, tags.FACTORY)
+                                           "threshold", tags.TASK, tags.FEATURE_STORE, tags.FACTORY, tags.REFERENCE)
                if k in source.tags},
             SIGNATURE_TAG: signature.to_json(),
             # Gate evidence: the source's metrics, the winner's own measured

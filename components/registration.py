@@ -17,6 +17,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import pandas as pd
 import torch
 from mlflow import MlflowClient
 
@@ -28,6 +29,7 @@ from kubeloop.components.model import TaskModel, export_onnx, export_torchscript
 from kubeloop.registry import tags
 
 EXPORTED = "exported"
+REFERENCE = "reference/train.parquet"
 
 
 def experiment_name(spec: TrainingJobSpec) -> str:
@@ -103,6 +105,22 @@ def log_training(tracking_uri: str, run_id: str, dataset: DatasetInfo, history: 
         client.set_tag(run_id, key, str(value))
 
 
+def log_reference(tracking_uri: str, run_id: str, features: pd.DataFrame, seed: int = 0) -> None:
+    """The training split's input columns, for the drift job: sampled down
+    to REFERENCE_ROWS (the job compares at most as many)."""
+    if len(features) > tags.REFERENCE_ROWS:
+        features = features.sample(tags.REFERENCE_ROWS, random_state=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(REFERENCE).name
+        features.reset_index(drop=True).to_parquet(path, index=False)
+        MlflowClient(tracking_uri).log_artifact(run_id, str(path), str(Path(REFERENCE).parent))
+
+
+def _reference_tag(client: MlflowClient, run_id: str) -> dict[str, str]:
+    logged = {a.path for a in client.list_artifacts(run_id, str(Path(REFERENCE).parent))}
+    return {tags.REFERENCE: f"runs:/{run_id}/{REFERENCE}"} if REFERENCE in logged else {}
+
+
 def log_evaluation(tracking_uri: str, run_id: str, metrics: dict[str, float], slices: dict[str, dict]) -> None:
     client = MlflowClient(tracking_uri)
     for key, value in metrics.items():
@@ -171,6 +189,7 @@ def register(tracking_uri: str, run_id: str, model: TaskModel, spec: TrainingJob
             tags.TRAINING_SPEC: pinned(spec, dataset).model_dump_json(by_alias=True, exclude_none=True),
             **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in metrics.items() if v == v and k not in ("rows", "positives")},
             **(_champion_tags(champion) if champion else {}),
+            **_reference_tag(client, run_id),
         }
         existing = mlflow.register_model(info.model_uri, spec.model_name, tags=version_tags)
     if spec.promotion and spec.promotion.register_as:

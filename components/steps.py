@@ -81,6 +81,7 @@ def train_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tr
                        progress=lambda r: log.info("epoch %d: loss %.4f, %.0f samples/s", r["epoch"], r["loss"],
                                                    r["samples_per_second"]))
     save_model(result.model, Path(model_dir))
+    registration.log_reference(tracking_uri, run_id, frame[info.feature_columns], seed=job.seed)
     registration.log_training(tracking_uri, run_id, info, result.history, {
         "train.precision": result.precision, "train.device": result.device, "train.processes": processes,
         "train.resumed_from_epoch": result.resumed_from_epoch,

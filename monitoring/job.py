@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,19 +61,36 @@ class DriftJob:
 
 
 def reference_data(job: DriftJob, folder: Path) -> pd.DataFrame:
-    """The training split the served version learned from, rebuilt once from
-    the feature store it was trained on."""
+    """The training split the served version learned from: the sample its
+    training run logged to the registry, else (a version registered before
+    runs logged one) rebuilt from the feature store it was trained on.
+    Cached per version."""
     cached = folder / f"reference-{job.model}-{job.version}.parquet"
     if cached.exists():
         return pd.read_parquet(cached)
     from mlflow import MlflowClient
 
+    from kubeloop.registry import tags
+
+    version = MlflowClient(job.tracking_uri).get_model_version(job.model, job.version)
+    if tags.REFERENCE in version.tags:
+        import mlflow
+
+        path = mlflow.artifacts.download_artifacts(version.tags[tags.REFERENCE], dst_path=str(folder / "download"),
+                                                   tracking_uri=job.tracking_uri)
+        frame = pd.read_parquet(path, columns=job.columns)
+        frame.to_parquet(cached, index=False)
+        shutil.rmtree(folder / "download", ignore_errors=True)
+        return frame
+    return _rebuilt_reference(job, folder, version, cached)
+
+
+def _rebuilt_reference(job: DriftJob, folder: Path, version, cached: Path) -> pd.DataFrame:  # noqa: ANN001 - ModelVersion
     from kubeloop.api.training import TrainingJobSpec
     from kubeloop.components.data import build_dataset, load_split
     from kubeloop.featurestore.store import StoreLocation
     from kubeloop.registry import tags
 
-    version = MlflowClient(job.tracking_uri).get_model_version(job.model, job.version)
     spec = TrainingJobSpec.model_validate_json(version.tags[tags.TRAINING_SPEC])
     staging = folder / "reference-build.parquet"
     info = build_dataset(spec, StoreLocation.resolve(job.feature_store, job.feast_repo).to_json(), staging)

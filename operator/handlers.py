@@ -97,9 +97,18 @@ def _remove(data: dict, loc: tuple) -> str | None:
 
 
 def status_changes(old: dict | None, new: dict) -> dict:
-    """The status fields that changed; removed ones as None, which a merge patch deletes."""
+    """The status fields that changed, as a merge patch: removed ones as
+    None, which the patch deletes, at any depth (a merge patch merges nested
+    objects, so a field dropped from one, like drift.message after a run that
+    evaluated, would otherwise stay)."""
     old = old or {}
-    changes = {key: new[key] for key in new if old.get(key) != new[key]}
+    changes = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        nested = isinstance(value, dict) and isinstance(before, dict)
+        changes[key] = status_changes(before, value) if nested else value
     changes.update({key: None for key in old if key not in new and old[key] is not None})
     return changes
 

@@ -107,35 +107,32 @@ def test_router_and_webhook_metrics_pass_promtool_check_metrics():
         assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-def test_the_drift_job_compares_requests_with_the_training_data_of_the_versions_own_store(
-        feature_repo, job_spec, dataset, tmp_path, monkeypatch):
-    """The local backend's drift job (monitoring/job.py, run in this process)
-    against a real MLflow (sqlite) and Feast: the reference is rebuilt from the
-    store the version's tag names (the job's default repository does not
-    exist), over the columns job.json names, and logged rows of that same
-    training data do not drift."""
+def _run_drift_job(tmp_path, monkeypatch, dataset, version_tags, log_reference: bool = False):  # noqa: ANN001
+    """Register a version with these tags (and the training rows as its run's
+    reference, if asked), log 600 of its training rows as requests, run the
+    job in this process against a real MLflow (sqlite); the job's default
+    Feast repository does not exist."""
     import mlflow
+    import pandas as pd
     from mlflow import MlflowClient
 
-    from kubeloop.components.data import pinned
-    from kubeloop.featurestore.store import StoreLocation
+    from kubeloop.components.registration import log_reference as log_ref
     from kubeloop.monitoring.job import run
-    from kubeloop.registry import tags
 
     monkeypatch.chdir(tmp_path)  # the sqlite store keeps the job's report under ./mlruns
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     info = dataset["info"]
     mlflow.set_tracking_uri(tracking)
+    mlflow.set_experiment("drift-source")  # not the experiment an earlier test's job left active
     with mlflow.start_run() as source_run:
         mlflow.log_param("source", "test")
+    run_id = source_run.info.run_id
+    if log_reference:
+        log_ref(tracking, run_id, pd.DataFrame(dataset["x"], columns=info.feature_columns))
+        version_tags = {**version_tags, "kubeloop.reference": f"runs:/{run_id}/reference/train.parquet"}
     client = MlflowClient(tracking)
     client.create_registered_model("fraud-drift")
-    store = StoreLocation(path=str(feature_repo)).to_json()
-    version = client.create_model_version("fraud-drift", f"runs:/{source_run.info.run_id}/model",
-                                          source_run.info.run_id, tags={
-                                              tags.TRAINING_SPEC: pinned(job_spec, info).model_dump_json(
-                                                  by_alias=True, exclude_none=True),
-                                              tags.FEATURE_STORE: store}).version
+    version = client.create_model_version("fraud-drift", f"runs:/{run_id}/model", run_id, tags=version_tags).version
     rows = dataset["x"][np.random.default_rng(0).choice(len(dataset["x"]), 600, replace=False)]
     log = tmp_path / "requests"
     log.mkdir()
@@ -147,10 +144,39 @@ def test_the_drift_job_compares_requests_with_the_training_data_of_the_versions_
     folder.mkdir()
     (folder / "job.json").write_text(json.dumps({
         "service": "ml/fraud", "model": "fraud-drift", "version": version, "tracking_uri": tracking,
-        "feast_repo": str(tmp_path / "no-such-repository"), "feature_store": store, "request_log": str(log),
+        "feast_repo": str(tmp_path / "no-such-repository"),
+        "feature_store": version_tags.get("kubeloop.feature_store", ""), "request_log": str(log),
         "window_seconds": 3600, "threshold": 0.5, "features": [], "columns": info.feature_columns,
         "min_rows": 100}))
     result = run(folder)
-    assert result["rows"] == 600 and result["reference_rows"] == info.train_rows
+    assert result["rows"] == 600
     assert set(result["scores"]) == set(info.feature_columns) and result["drifted"] is False, result
     assert (folder / f"reference-fraud-drift-{version}.parquet").exists()
+    return result
+
+
+def test_the_drift_job_compares_requests_with_the_training_data_of_the_versions_own_store(
+        feature_repo, job_spec, dataset, tmp_path, monkeypatch):
+    """Local backend's drift job, a version without a logged reference: the
+    reference is rebuilt from the store the version's tag names, over the
+    columns job.json names, and logged rows of that same training data do
+    not drift."""
+    from kubeloop.components.data import pinned
+    from kubeloop.featurestore.store import StoreLocation
+    from kubeloop.registry import tags
+
+    info = dataset["info"]
+    result = _run_drift_job(tmp_path, monkeypatch, dataset, {
+        tags.TRAINING_SPEC: pinned(job_spec, info).model_dump_json(by_alias=True, exclude_none=True),
+        tags.FEATURE_STORE: StoreLocation(path=str(feature_repo)).to_json()})
+    assert result["reference_rows"] == info.train_rows
+
+
+def test_the_drift_job_reads_the_reference_the_training_run_logged_without_a_feature_store(
+        dataset, tmp_path, monkeypatch):
+    """The drift job as a Pod on a cluster runs it (no feature store folder
+    there): the version's kubeloop.reference names the training sample its
+    run logged, and the job reads that from the registry; the version names
+    no feature store at all, so a rebuild would fail."""
+    result = _run_drift_job(tmp_path, monkeypatch, dataset, {}, log_reference=True)
+    assert result["reference_rows"] == len(dataset["x"])

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import DatasetInfo
-from kubeloop.components.registration import register, start_run
+from kubeloop.components.registration import log_reference, register, start_run
 from kubeloop.components.training import TrainSettings, train
 
 N_FEATURES = 18
@@ -34,6 +35,7 @@ def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: st
                        slice_column=None, holdout_start="")
     run = pipeline_run or f"test-{name}-{seed}"
     run_id = start_run(tracking_uri, spec, run, "tests/models", "h", "test")
+    log_reference(tracking_uri, run_id, pd.DataFrame(x, columns=info.feature_columns), seed=seed)
     return register(tracking_uri, run_id, model, spec, info, {"auc": 0.8}, run, "tests/models", "test")["version"]
 
 

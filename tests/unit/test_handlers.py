@@ -185,3 +185,16 @@ def test_a_finished_run_whose_promotion_waits_is_still_resynced():
     assert not _unfinished(done)
     assert not _unfinished({"phase": "Failed", "conditions": [{"type": "ModelRegistered", "status": "Unknown"}]})
     assert _unfinished({"phase": "Running"}) and _unfinished({})
+
+
+def test_status_changes_delete_fields_dropped_at_any_depth():
+    """A drift run that evaluated drops the message a skipped run left: the
+    merge patch must delete drift.message, not merge around it (seen on the
+    real node: a drifted verdict still said 'only 0 logged rows')."""
+    from kubeloop.operator.handlers import status_changes
+
+    old = {"phase": "Ready", "drift": {"rows": 0, "message": "only 0 logged rows", "lastRunAt": "t1"}}
+    new = {"phase": "Ready", "drift": {"rows": 2000, "share": 1.0, "lastRunAt": "t2"}}
+    assert status_changes(old, new) == {"drift": {"rows": 2000, "share": 1.0, "lastRunAt": "t2", "message": None}}
+    assert status_changes(None, new) == new
+    assert status_changes(new, {"phase": "Ready"}) == {"drift": None}

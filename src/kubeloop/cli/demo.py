@@ -41,12 +41,16 @@ def demo(
              "nothing).")] = None,
     namespace: Annotated[str, typer.Option(help="Namespace for the example objects.")] = "kubeloop-demo",
     scale: Annotated[float, typer.Option(help="Multiply every wait (slow machines).")] = 1.0,
+    cluster: Annotated[bool, typer.Option(
+        "--cluster", help="Serve the way a cluster does: a real node, KServe's controller, kubeloop's front and "
+                          "images in Pods, drift checks as Jobs (changes the host, see README).")] = False,
 ) -> None:
     """Run the loop on this machine: train, optimise, serve, drift, alert, retrain, gate, canary, promote."""
     from kubeloop.registry.mlflow import MlflowRegistry, fail_fast
     from kubeloop.story.loop import Loop, StepFailed, Timings, operator_env, prepare
 
-    platform = Platform(state_dir or default_state_dir().parent / "demo")
+    platform = Platform(state_dir or default_state_dir().parent / ("demo-cluster" if cluster else "demo"),
+                        real_node=cluster)
     started = time.monotonic()
 
     def show(title: str, action) -> str:  # noqa: ANN001 - a hop
@@ -67,11 +71,22 @@ def demo(
         _log_to(platform.logs / "demo.log")
         env = platform.env()
         repo = Path(env["KUBELOOP_FEAST_REPO"])
-        show("the kubeloop operator", lambda: _start_operator(platform, operator_env(env, repo, platform.dir / "operator")))
-        fail_fast()
+        settings = operator_env(env, repo, platform.dir / "operator")
         timings = Timings()
         docs = prepare(load_examples(repo_root() / "examples"), namespace, MODEL, timings)
-        loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale)
+        reach = None
+        if cluster:
+            from kubeloop.story.cluster import Endpoints, on_the_real_node, prepare_cluster
+
+            cluster_env: dict[str, str] = {}
+            show("the cluster path: KServe's controller and kubeloop's images on the real node",
+                 lambda: _cluster(platform, namespace, cluster_env, prepare_cluster))
+            settings.update(cluster_env)
+            docs, reach = on_the_real_node(docs), Endpoints(platform.kube())
+        show("the kubeloop operator", lambda: _start_operator(platform, settings))
+        fail_fast()
+        loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale,
+                    reach=reach)
         console.print(f"  [dim]demo timings: drift checked every {timings.schedule} over the last {timings.window}; "
                       f"canary for {timings.canary_duration}[/dim]")
         for title, step in loop.steps():
@@ -94,6 +109,12 @@ def _log_to(path: Path) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     logging.captureWarnings(True)
+
+
+def _cluster(platform: Platform, namespace: str, env: dict[str, str], prepare) -> str:  # noqa: ANN001
+    env.update(prepare(platform, namespace))
+    return (f"KServe v0.20 in namespace kserve; serving backend kserve with the front "
+            f"({env['KUBELOOP_ROUTER_IMAGE']}) and Triton ({env['KUBELOOP_TRITON_IMAGE']}); drift checks as Jobs")
 
 
 def _fresh_platform(platform: Platform) -> str:
@@ -134,6 +155,8 @@ def _summary(platform: Platform, loop, namespace: str, took: float) -> None:  # 
     env, facts = platform.env(), loop.facts
     report = Path(platform.dir / "operator" / "monitoring" / f"{namespace}-{loop.service['metadata']['name']}"
                   / "report.html")
+    if not report.exists():  # the cluster path's drift Jobs keep their reports in MLflow alone
+        report = "-"
     console.print(
         f"\n[bold]The loop closed in {took:.0f} s[/bold]; drift injection to the promoted model serving: "
         f"{facts['injection_to_promoted']:.0f} s.\n\n[bold]Where to look[/bold]\n"

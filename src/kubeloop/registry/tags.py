@@ -37,3 +37,9 @@ FEATURE_STORE = "kubeloop.feature_store"
 optimiser and the drift job rebuild its training data from there."""
 FACTORY = "kubeloop.factory"
 """The PyTorch module factory that built the network (package.module:function)."""
+REFERENCE = "kubeloop.reference"
+"""runs:/ URI of the features the version learned from (Parquet, the
+training split's input columns, at most REFERENCE_ROWS rows): the drift job's
+reference, read from the registry wherever the job runs (a Pod on a cluster
+has no feature store folder)."""
+REFERENCE_ROWS = 50_000

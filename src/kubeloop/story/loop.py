@@ -111,6 +111,9 @@ class Loop:
     """Multiplies every timeout (slow machines)."""
     facts: dict = field(default_factory=dict)
     traffic: Traffic | None = None
+    reach: Callable[[str], str | None] | None = None
+    """Maps the InferenceService's URL to an address this machine reaches
+    (kubeloop.story.cluster.Endpoints on the cluster path); None: as it is."""
 
     def __post_init__(self) -> None:
         self.namespace = self.docs[0]["metadata"]["namespace"]
@@ -197,8 +200,9 @@ class Loop:
             status = self.status("InferenceService")
             if status.get("phase") != "Ready" or status.get("modelVersion") != champion or not status.get("url"):
                 return None
+            base = self.reach(status["url"]) if self.reach else status["url"]
             try:
-                ok = requests.get(f"{status['url']}/v2/health/ready", timeout=2).status_code == 200
+                ok = base is not None and requests.get(f"{base}/v2/health/ready", timeout=2).status_code == 200
             except requests.RequestException:
                 return None
             return status if ok else None
@@ -213,7 +217,7 @@ class Loop:
         columns = self._columns(self.facts["serving"])
         rows = feature_rows(self.feast_repo, self.training_spec, columns,
                             self.reference_end - dt.timedelta(days=7), None)
-        self.traffic = Traffic(self.facts["url"], self.model, rows).start()
+        self.traffic = Traffic(self.facts["url"], self.model, rows, reach=self.reach).start()
         started = time.time()
         wait_until(lambda: sum(self.traffic.answered.values()) >= 20, 30 * self.scale, "answers to the first requests",
                    seen=lambda: f"{self.traffic.failed} failed, the last with {self.traffic.last_error}")

@@ -8,6 +8,7 @@ import uuid
 from collections import Counter, deque
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import requests
@@ -34,8 +35,15 @@ class Traffic:
     its own caller key, so a canary gets its share; which version answered
     is counted."""
 
-    def __init__(self, url: str, model: str, rows: np.ndarray, rate: float = 20.0, batch: int = 4, seed: int = 0):
-        self.url = f"{url}/v2/models/{model}/infer"
+    def __init__(self, url: str, model: str, rows: np.ndarray, rate: float = 20.0, batch: int = 4, seed: int = 0,
+                 reach: Callable[[str], str | None] | None = None):
+        self.url = url
+        self.path = f"/v2/models/{model}/infer"
+        self.reach = reach
+        """Maps url to an address this machine reaches (a Service's endpoint
+        on the cluster path); asked again after a request fails, since the
+        endpoint may have moved (a rolled router Pod)."""
+        self._target: str | None = None
         self.rate = rate
         self.batch = batch
         self.rng = np.random.default_rng(seed)
@@ -83,13 +91,15 @@ class Traffic:
                                 "data": rows.ravel().tolist()}]}
             version, error = None, ""
             try:
-                response = session.post(self.url, json=body, timeout=5, headers={"X-Request-Key": uuid.uuid4().hex})
+                target = self._resolve()
+                response = session.post(target, json=body, timeout=5, headers={"X-Request-Key": uuid.uuid4().hex})
                 if response.status_code == 200:
                     version = response.headers.get("X-Model-Version")
                 else:
                     error = f"HTTP {response.status_code}: {response.text[:200]}"
-            except requests.RequestException as exc:
+            except (requests.RequestException, LookupError) as exc:
                 error = str(exc)
+                self._target = None
             with self._lock:
                 if version:
                     self.answered[version] += 1
@@ -99,3 +109,11 @@ class Traffic:
                     self.last_error = error
             next_at += interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def _resolve(self) -> str:
+        if self._target is None:
+            base = self.reach(self.url) if self.reach else self.url
+            if base is None:
+                raise LookupError(f"no ready endpoint for {self.url}")
+            self._target = base + self.path
+        return self._target
