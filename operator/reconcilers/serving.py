@@ -69,7 +69,8 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
 
     placement = _place(spec, primary, backend_name, ports)
     if not placement.feasible:
-        observations.append(Observation("Placed", "False", "NoFittingCapacity", placement.reason))
+        observations.append(Observation("Placed", "False", "FitsAfterRelayout" if placement.relayout
+                                        else "NoFittingCapacity", placement.reason))
         return Outcome(finish(status, observations, ref.generation, REQUIRED, phase="Failed",
                               placement=_placement_status(placement), **retrained))
     observations.append(Observation("Placed", "True", "Capacity" if not placement.waiting_for_capacity

@@ -285,7 +285,7 @@ def _post(requests, url: str, body: dict) -> dict | None:
 
 
 def serving_operator(real: RealPlatform, namespace: str, log_dir: Path, front: bool = False,
-                     **extra: str) -> OperatorProcess:
+                     kubeconfig: Path | None = None, **extra: str) -> OperatorProcess:
     """The operator on the host with the kubernetes serving backend (Pods on
     the real node, from kubeloop's own runtime and Triton images) and the
     local one (tritonserver processes here), both on the platform's MLflow;
@@ -300,7 +300,7 @@ def serving_operator(real: RealPlatform, namespace: str, log_dir: Path, front: b
            "KUBELOOP_TRITON_IMAGE": triton.ref, "KUBELOOP_TRITON_BACKEND": "python",
            "KUBELOOP_COMPONENTS_IMAGE": runtime.ref, "KUBELOOP_RESYNC_SECONDS": "2",
            "KUBELOOP_WORK_DIR": str(log_dir / "work"), **extra}
-    op = OperatorProcess(real.platform.kubeconfig, log_dir, env, [namespace]).start()
+    op = OperatorProcess(kubeconfig or real.platform.kubeconfig, log_dir, env, [namespace]).start()
     op.wait_for_log("Initial authentication has finished", timeout=60)
     return op
 
@@ -498,9 +498,13 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     registry.set_registered_model_alias(model, "challenger", canary)
     real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "request-log", "namespace": namespace},
                       "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    identity = None
     if backend == "kserve":
         kserve.install(real.platform)
+        identity = charts_identity(real, namespace, tmp_path, "--set", "serving.backend=kserve")
+    started = time.time() - 1
     operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_DRIFT_MONITOR="kubernetes",
+                                kubeconfig=identity[1] if identity else None,
                                 KUBELOOP_SERVING_BACKENDS=f"{backend},local", KUBELOOP_SERVING_BACKEND=backend,
                                 KUBELOOP_REQUEST_LOG=env["KUBELOOP_REQUEST_LOG"],
                                 KUBELOOP_OBJECT_STORE_SECRET="request-log",
@@ -567,6 +571,8 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
                             for j in jobs)
         print(f"drift Jobs: {[j['metadata']['name'] for j in jobs]}; latest: {drift}")
+        if identity:
+            assert_least_privilege(real, identity[0], started, serving="kserve")
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
@@ -623,6 +629,53 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path):
             _delete_inference_services(real.kube, [namespace])
         finally:
             operator.stop()
+
+
+def charts_identity(real: RealPlatform, namespace: str, folder: Path, *values: str) -> tuple[str, Path]:
+    """The chart's ServiceAccount and RBAC (helm template, with these values,
+    watching namespace; not its Deployment: the operator runs here), and a
+    kubeconfig with a token of that account: (user name, kubeconfig)."""
+    import yaml
+
+    from kubeloop.dev.platform import build_kubeconfig
+
+    system = real.namespace()
+    rendered = subprocess.run([str(binary("helm")), "template", "kl", str(CHART), "--namespace", system,
+                               "--kube-version", versions()["KUBERNETES_VERSION"],
+                               "--set", "pipelines.backend=noop", "--set", "webhooks.tokenSecret.name=unused",
+                               "--set", f"mlflow.trackingUri={real.platform.env()['MLFLOW_TRACKING_URI']}",
+                               "--set", f"watchNamespaces={{{namespace}}}", *values],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+    kinds = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+    for doc in (d for d in yaml.safe_load_all(rendered) if d and d["kind"] in kinds):
+        real.kube.apply(doc)
+    account = "kl-kubeloop"
+    token = subprocess.run([str(binary("kubectl")), f"--kubeconfig={real.platform.kubeconfig}", "create", "token",
+                            account, "-n", system, "--duration=1h"],
+                           capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    config = folder / "chart.kubeconfig"
+    config.write_text(yaml.safe_dump(build_kubeconfig(real.kube.server, real.platform.pki.ca_cert, token, account)))
+    return f"system:serviceaccount:{system}:{account}", config
+
+
+def assert_least_privilege(real: RealPlatform, user: str, since: float, serving: str) -> None:
+    """Every request the operator made with the chart's identity was allowed,
+    and each needed a rule the operator's permissions declare."""
+    from kubeloop.operator.permissions import operator_permissions
+    from tests.e2e.test_chart import audit_events, used_permissions
+
+    events = audit_events(real.platform, user, since)
+    assert events, "the audit log holds none of the operator's requests"
+    assert [(e["verb"], e.get("objectRef")) for e in events if e.get("responseStatus", {}).get("code") == 403] == []
+    wanted = operator_permissions()
+    rules = wanted.namespaced + wanted.cluster + ((wanted.kserve + wanted.kserve_cluster) if serving == "kserve" else ())
+    declared = {(r.api_group, resource, verb) for r in rules for resource in r.resources for verb in r.verbs}
+    used = used_permissions(events)
+    assert used <= declared, sorted(used - declared)
+    kserve = {("serving.kserve.io", resource, verb) for resource, verb in (
+        ("inferenceservices", "create"), ("inferenceservices", "get"), ("inferenceservices", "list"),
+        ("servingruntimes", "create"), ("clusterstoragecontainers", "create"))}
+    assert serving != "kserve" or kserve <= used, sorted(kserve - used)
 
 
 def assert_served_by_kserve(real: RealPlatform, namespace: str, name: str) -> None:

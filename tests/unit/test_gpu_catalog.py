@@ -81,3 +81,64 @@ def test_demand_that_cannot_fit_is_refused():
 
     with pytest.raises(LayoutError, match="do not fit"):
         pack(H100, 1, {"3g.40gb": 2, "2g.20gb": 1})
+
+
+A100_40 = gpu_model("NVIDIA-A100-SXM4-40GB")
+A100_80 = gpu_model("NVIDIA-A100-SXM4-80GB")
+H100_NVL = gpu_model("NVIDIA-H100-NVL")
+A30 = gpu_model("NVIDIA-A30")
+
+
+@pytest.mark.parametrize("model, layout, error", [
+    (A100_40, {"1g.5gb": 7}, None),
+    (A100_40, {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}, None),           # mig-parted's all-balanced
+    (A100_40, {"4g.20gb": 1, "3g.20gb": 1}, None),
+    (A100_40, {"1g.10gb": 4}, None),
+    (A100_40, {"1g.10gb": 4, "1g.5gb": 1}, "start slots collide"),       # memory slices all taken
+    (A100_40, {"2g.10gb": 3, "1g.5gb": 2}, "compute slices"),            # 8 compute slices
+    (A100_40, {"4g.20gb": 2}, "compute slices"),
+    (A100_40, {"3g.20gb": 2, "1g.5gb": 1}, "start slots collide"),        # two 3g take all 8 memory slices
+    (A100_40, {"1g.20gb": 1}, "no MIG profile"),                          # an 80GB profile
+    (A100_80, {"3g.40gb": 2}, None),
+    (A100_80, {"3g.40gb": 2, "1g.10gb": 1}, "start slots collide"),
+    (A100_80, {"7g.80gb": 1}, None),
+    (A100_80, {"7g.80gb": 1, "1g.10gb": 1}, "compute slices"),
+    (H100, {"4g.40gb": 1, "2g.20gb": 1, "1g.10gb": 1}, None),
+    (H100, {"3g.40gb": 1, "2g.20gb": 2}, None),                           # 3g at slot 4, the 2g at 0 and 2
+    (H100, {"3g.40gb": 2, "1g.10gb": 1}, "start slots collide"),
+    (H100_NVL, {"3g.47gb": 1, "2g.24gb": 1, "1g.12gb": 2}, None),
+    (H100_NVL, {"1g.24gb": 4, "1g.12gb": 1}, "start slots collide"),
+    (A30, {"2g.12gb": 2}, None),
+    (A30, {"4g.24gb": 1, "1g.6gb": 1}, "compute slices"),
+    (A30, {"2g.12gb": 1, "1g.6gb": 2}, None),
+])
+def test_layouts_follow_nvidias_placement_rules(model, layout, error):
+    """Unit: one GPU's MIG devices against the catalogue's slices and start
+    slots (`nvidia-smi mig -lgipp`), per product."""
+    from kubeloop.gpu.mig import layout_error
+
+    found = layout_error(model, layout)
+    assert (found is None) if error is None else (found is not None and error in found), found
+
+
+@pytest.mark.parametrize("model", [m for m in GPUS if m.mig_profiles], ids=lambda m: m.product)
+def test_every_standard_layout_kubeloop_may_advise_is_valid(model):
+    from kubeloop.gpu.mig import layout_error, standard_configs
+
+    for name, layout in standard_configs(model).items():
+        assert layout_error(model, layout) is None, (name, layout)
+
+
+def test_single_strategy_advice_is_homogeneous():
+    """A node under the MIG single strategy slices every GPU one way: the
+    advice is an all-<profile> layout whose profile holds every demanded
+    instance, never all-balanced or a custom mix."""
+    from kubeloop.gpu.mig import LayoutError, choose_layout
+
+    name, layouts = choose_layout(A100_40, 2, {"1g.5gb": 2, "3g.20gb": 1}, "all-1g.5gb", homogeneous=True)
+    assert name == "all-3g.20gb" and layouts == [{"3g.20gb": 2}] * 2
+    mixed, _ = choose_layout(A100_40, 2, {"1g.5gb": 2, "3g.20gb": 1}, "all-1g.5gb")
+    assert mixed == "all-balanced"  # what the mixed strategy may use
+    assert choose_layout(A100_40, 1, {"1g.5gb": 5}, homogeneous=True)[0] == "all-1g.5gb"
+    with pytest.raises(LayoutError, match="single strategy"):
+        choose_layout(A100_40, 1, {"3g.20gb": 1, "1g.5gb": 2}, homogeneous=True)  # 3 instances, 2 per GPU

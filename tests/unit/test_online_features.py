@@ -169,3 +169,29 @@ def test_the_skew_check_compares_served_rows_with_offline_ones_and_counts_what_d
     assert skewed.by_column == {"b": 1} and "b served 2 offline 2.5" in skewed.examples[0]
     assert not compare("3", ["a", "b"], rows, [None, None]).matches
     assert len(served_rows(records * 50, sample=7)) == 7
+
+
+def test_a_router_pod_gets_no_feature_stores_to_open():
+    """Cluster path (builder): the versions' recorded stores are paths on the
+    operator's machine, which a router Pod cannot open (it would never turn
+    ready: seen on the real node); its routes name none, so it takes feature
+    vectors only."""
+    from kubeloop.api.serving import InferenceServiceSpec
+    from kubeloop.api.signature import TAG
+    from kubeloop.gpu.placement import CPU
+    from kubeloop.registry.base import ModelVersion
+    from kubeloop.registry.tags import FEATURE_STORE
+    from kubeloop.serving.base import ServedVersion, ServingRequest
+    from kubeloop.serving.kubernetes import cluster_router_config
+    from kubeloop.serving.routes import build_router_config
+    from tests.unit.test_builders_serving import REF
+
+    signature = ModelSignature(feature_columns=list(SPEC.columns), feature_views=list(SPEC.views),
+                               entities=list(SPEC.entities), request_columns=list(SPEC.request_columns))
+    version = ModelVersion("m", "3", "runs:/r", tags={TAG: signature.to_json(), FEATURE_STORE: SPEC.store})
+    spec = InferenceServiceSpec.model_validate({"model": {"name": "m", "alias": "champion"}})
+    request = ServingRequest(REF, spec, (ServedVersion("primary", version, 100),), CPU)
+    local = build_router_config(request, "m", "http://127.0.0.1:8000", None)
+    assert local["features"] == {"3": SPEC.to_dict()}
+    pod = cluster_router_config(request, {"primary": (version, 100)}, None, {"3": "http://m-primary"})
+    assert pod["features"] == {} and pod["version_urls"] == {"3": "http://m-primary"}

@@ -102,5 +102,45 @@ def test_suggested_layouts_keep_a_config_that_holds_the_demand_and_replace_one_t
     assert change.suggested not in ("all-balanced", "-") and change.error is None
     assert sum(l.get("4g.40gb", 0) for l in change.layouts) >= 2
     assert sum(l.get("1g.10gb", 0) for l in change.layouts) >= 3
-    too_many = suggest_layouts([(large[0], GiB, 9)], nodes)[0]
-    assert too_many.error and "do not fit" in too_many.error
+    # Nine 4g.40gb slices fit no valid layout of any node: no advice, and the plan says no more than that.
+    assert suggest_layouts([(large[0], GiB, 9)], nodes) == []
+    too_many = plan(large[0], GiB, nodes, replicas=9)
+    assert too_many.relayout is None and "fits after" not in too_many.reason
+
+
+def test_a_model_no_slice_holds_fits_after_a_valid_relayout_and_the_status_says_where():
+    """Unit: 60 GB fits no current slice (the H100's largest is 3g.40gb under
+    all-balanced) but a 7g.80gb slice would: the decision names the node,
+    the layout (valid for the H100, keeping room for what its Pods hold) and
+    what the drain moves."""
+    from kubeloop.gpu.mig import layout_error
+    from kubeloop.gpu.catalog import gpu_model
+
+    nodes = fleet({"gpu-h100-mig-mixed": {"nvidia.com/mig-1g.10gb": 2}})
+    decision = plan(gpu(sharing="mig"), 60 * GiB, nodes)
+    assert not decision.feasible and decision.relayout is not None
+    relayout = decision.relayout
+    assert relayout.node == "gpu-h100-mig-mixed" and relayout.profile == "7g.80gb"
+    assert relayout.moves == {"nvidia.com/mig-1g.10gb": 2}
+    h100 = gpu_model("NVIDIA-H100-80GB-HBM3")
+    assert all(layout_error(h100, layout) is None for layout in relayout.layouts)
+    assert sum(layout.get("7g.80gb", 0) for layout in relayout.layouts) == 1
+    assert sum(layout.get("1g.10gb", 0) for layout in relayout.layouts) >= 2
+    assert (f"fits after relabelling node gpu-h100-mig-mixed to nvidia.com/mig.config={relayout.config}"
+            in decision.reason and "2x nvidia.com/mig-1g.10gb" in decision.reason)
+
+
+def test_a_single_strategy_node_is_advised_a_homogeneous_layout():
+    """Unit: the A100 under the MIG single strategy (all 1g.5gb today) must
+    hold a 15 GiB model: the advice slices all its GPUs as 3g.20gb, not the
+    mixed all-balanced that strategy cannot advertise."""
+    from kubeloop.gpu.placement import suggest_layouts
+
+    nodes = fleet()
+    single = [n for n in nodes if n.labels.get("nvidia.com/mig.strategy") == "single"]
+    assert [n.name for n in single] == ["gpu-a100-mig-single"]
+    request = (gpu(sharing="mig", product="NVIDIA-A100-SXM4-40GB"), 15 * GiB, 1)
+    assert not plan(*request[:2], nodes).feasible
+    [advice] = [layout for layout in suggest_layouts([request], nodes) if layout.node == "gpu-a100-mig-single"]
+    assert advice.error is None and advice.suggested == "all-3g.20gb", advice
+    assert all(layout == {"3g.20gb": 2} for layout in advice.layouts)

@@ -255,3 +255,15 @@ def test_the_drift_job_compares_the_served_versions_signature_columns_from_its_o
     registry.set_alias("fraud", "champion", "1")
     reconcile_inference_service(REF, watched, InferenceServiceStatus(), ports)
     assert monitor.jobs[-1]["feature_store"] == "" and monitor.jobs[-1]["columns"] == []
+
+
+def test_a_model_that_fits_after_a_relayout_says_so_in_its_condition(ports, serving):
+    """Unit (reconciler, fake fleet file): 60 GiB fits no slice the fleet
+    has now, but a re-partitioned H100 would: a reason of its own, naming
+    the node and the layout, and nothing deployed."""
+    out = reconcile_inference_service(REF, spec(gpu={"sharing": "mig", "memoryMib": 60 * 1024}),
+                                      InferenceServiceStatus(), ports)
+    cond = next(c for c in out.status.conditions if c.type == "Placed")
+    assert cond.reason == "FitsAfterRelayout", cond
+    assert "fits after relabelling node gpu-h100-mig-mixed to nvidia.com/mig.config=" in cond.message
+    assert serving.requests == []

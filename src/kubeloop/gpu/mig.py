@@ -99,18 +99,64 @@ def standard_configs(model: GpuModel) -> dict[str, dict[str, int]]:
     return configs
 
 
-def choose_layout(model: GpuModel, gpus: int, demand: dict[str, int],
-                  current: str | None = None) -> tuple[str, list[dict[str, int]]]:
+def layout_error(model: GpuModel, layout: dict[str, int]) -> str | None:
+    """Why one GPU's MIG devices are not a layout NVIDIA allows (an unknown
+    profile, more compute or memory slices than the GPU has, or instances
+    whose allowed start slots collide), or None when they are."""
+    unknown = sorted(name for name in layout if model.profile(name) is None)
+    if unknown:
+        return f"{model.product} has no MIG profile {', '.join(unknown)}"
+    profiles = [model.profile(name) for name, count in layout.items() for _ in range(count)]
+    compute = sum(p.compute_slices for p in profiles)
+    if compute > model.compute_slices:
+        return f"{_show(layout)} needs {compute} compute slices; {model.product} has {model.compute_slices}"
+    if not fits_on_one_gpu(model, profiles):
+        return f"{_show(layout)} cannot be placed on one {model.product}: their allowed start slots collide"
+    return None
+
+
+def _show(layout: dict[str, int]) -> str:
+    return " + ".join(f"{count}x {name}" for name, count in sorted(layout.items()))
+
+
+def choose_layout(model: GpuModel, gpus: int, demand: dict[str, int], current: str | None = None,
+                  homogeneous: bool = False) -> tuple[str, list[dict[str, int]]]:
     """The node's current configuration if it holds the demand, else the
-    first standard one that does, else a custom packing."""
+    first standard one that does, else a custom packing; every layout
+    returned passes layout_error. homogeneous (a node under the MIG single
+    strategy, whose GPUs are all sliced one way): only all-<profile>
+    layouts, with the smallest profile that holds every demanded instance."""
+    if homogeneous:
+        return _homogeneous(model, gpus, demand)
     configs = standard_configs(model)
     order = ([current] if current in configs else []) + [n for n in configs if n != current]
     for name in order:
         layout = configs[name]
         if all(layout.get(profile, 0) * gpus >= count for profile, count in demand.items()):
-            return name, [dict(layout)] * gpus
+            return name, _checked(model, [dict(layout)] * gpus)
     layouts = pack(model, gpus, demand)
-    return config_name(model, layouts), layouts
+    return config_name(model, layouts), _checked(model, layouts)
+
+
+def _homogeneous(model: GpuModel, gpus: int, demand: dict[str, int]) -> tuple[str, list[dict[str, int]]]:
+    wanted = [model.profile(name) for name in demand]
+    if any(p is None for p in wanted):
+        raise LayoutError(f"{model.product} has no MIG profile among {sorted(demand)}")
+    need_mib = max(p.memory_mib for p in wanted)
+    instances = sum(demand.values())
+    for profile in sorted(model.mig_profiles, key=lambda p: (p.memory_mib, p.compute_slices)):
+        if profile.memory_mib >= need_mib and profile.max_per_gpu * gpus >= instances:
+            return f"all-{profile.name}", _checked(model, [{profile.name: profile.max_per_gpu}] * gpus)
+    raise LayoutError(f"{instances} MIG instances {demand} need more than one profile or more GPUs: "
+                      f"the single strategy slices all {gpus} GPU(s) of {model.product} one way")
+
+
+def _checked(model: GpuModel, layouts: list[dict[str, int]]) -> list[dict[str, int]]:
+    for layout in layouts:
+        error = layout_error(model, layout)
+        if error:
+            raise LayoutError(f"kubeloop would advise an invalid layout ({error}); please report this")
+    return layouts
 
 
 def config_name(model: GpuModel, layouts: list[dict[str, int]]) -> str:

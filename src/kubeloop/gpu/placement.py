@@ -84,6 +84,26 @@ class PlacementDecision:
     nodes: tuple[str, ...] = ()
     footprint_mib: int | None = None
     waiting_for_capacity: bool = False
+    relayout: "Relayout | None" = None
+    """Infeasible now, but a valid MIG layout of this node would hold it."""
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """A node whose GPUs, re-partitioned, would hold a request: the
+    mig-parted configuration to label it with, and what the Pods there hold
+    now (the drain moves them; the layout keeps room for them)."""
+
+    node: str
+    config: str
+    layouts: tuple[dict[str, int], ...]
+    profile: str
+    moves: dict[str, int]
+
+    def describe(self) -> str:
+        held = ", ".join(f"{n}x {r}" for r, n in sorted(self.moves.items())) or "nothing"
+        return (f"fits after relabelling node {self.node} to nvidia.com/mig.config={self.config} "
+                f"(a {self.profile} slice; drain the node first, moving what its Pods hold: {held})")
 
 
 CPU = PlacementDecision(True, "cpu", "no GPU requested: served on CPU")
@@ -150,7 +170,7 @@ def plan(gpu: ServingGPU | None, footprint_mib: int | None, nodes: list[NodeInfo
     all_offers = offers(nodes)
     wanted = [o for o in all_offers if _allowed(o, gpu)]
     if not wanted:
-        return _infeasible(f"the fleet has no {_describe_request(gpu)}", need)
+        return _infeasible(f"the fleet has no {_describe_request(gpu)}", need, gpu, nodes, replicas)
     if gpu.sharing == "exclusive":
         fitting = [o for o in wanted if o.memory_mib * gpu.count >= need]
     else:
@@ -159,7 +179,7 @@ def plan(gpu: ServingGPU | None, footprint_mib: int | None, nodes: list[NodeInfo
         largest = max(wanted, key=lambda o: o.memory_mib)
         return _infeasible(
             f"a footprint of {need} MiB does not fit {_describe_request(gpu)}: the largest "
-            f"candidate, {largest.label}, holds {_share_memory(largest, gpu)} MiB", need)
+            f"candidate, {largest.label}, holds {_share_memory(largest, gpu)} MiB", need, gpu, nodes, replicas)
     units = gpu.count if gpu.sharing == "exclusive" else 1
     free = [o for o in fitting if o.free >= units]
     pool = free or fitting
@@ -224,8 +244,65 @@ def _describe_request(gpu: ServingGPU) -> str:
     return "GPU capacity" + product
 
 
-def _infeasible(reason: str, need: int) -> PlacementDecision:
-    return PlacementDecision(False, "cpu", reason, footprint_mib=need)
+def _infeasible(reason: str, need: int, gpu: ServingGPU, nodes: list[NodeInfo], replicas: int) -> PlacementDecision:
+    """Nothing holds the request now; where MIG may serve it, say which
+    re-partitioned node would."""
+    relayout = relayout_for(gpu, need, nodes, replicas) if gpu.sharing in ("mig", "auto") else None
+    if relayout:
+        reason = f"{reason}; {relayout.describe()}"
+    return PlacementDecision(False, "cpu", reason, footprint_mib=need, relayout=relayout)
+
+
+def relayout_for(gpu: ServingGPU, need: int, nodes: list[NodeInfo], replicas: int = 1) -> Relayout | None:
+    """The first MIG node (by name; of the requested product) with a profile
+    that holds the footprint and a valid layout (the node's strategy's: one
+    profile for all GPUs under the single strategy) holding that slice
+    besides every MIG device its Pods hold now."""
+    from kubeloop.gpu.mig import LayoutError, choose_layout
+
+    wanted = gpu.mig.profile if gpu.mig else "auto"
+    for node in sorted(mig_nodes(nodes), key=lambda n: n.name):
+        model = gpu_model(node.labels[PRODUCT_LABEL])
+        if gpu.product and gpu_model(gpu.product) is not model:
+            continue
+        fitting = [p for p in model.mig_profiles if p.memory_mib >= need and wanted in ("auto", p.name)]
+        if not fitting:
+            continue
+        profile = min(fitting, key=lambda p: (p.compute_slices, p.memory_slices))
+        demand = held_mig_devices(node)
+        demand[profile.name] = demand.get(profile.name, 0) + replicas
+        try:
+            config, layouts = choose_layout(model, node_gpus(node), demand, node.labels.get("nvidia.com/mig.config"),
+                                            homogeneous=node.labels.get("nvidia.com/mig.strategy") == "single")
+        except LayoutError:
+            continue
+        moves = {r: n for r, n in node.requested.items() if n and r.startswith("nvidia.com/")}
+        return Relayout(node.name, config, tuple(layouts), profile.name, moves)
+    return None
+
+
+def mig_nodes(nodes: list[NodeInfo]) -> list[NodeInfo]:
+    return [n for n in nodes if n.labels.get("nvidia.com/mig.strategy") and gpu_model(n.labels.get(PRODUCT_LABEL, ""))]
+
+
+def node_gpus(node: NodeInfo) -> int:
+    """Physical GPUs of a MIG node (under the single strategy GFD counts MIG devices)."""
+    labels = node.labels
+    if labels.get("nvidia.com/mig.strategy") == "single":
+        model = gpu_model(labels[PRODUCT_LABEL])
+        per_gpu = model.profile(labels[PRODUCT_LABEL].split("-MIG-", 1)[1]).max_per_gpu
+        return max(1, int(labels.get("nvidia.com/gpu.count", per_gpu)) // per_gpu)
+    return int(labels.get("nvidia.com/gpu.count", "1"))
+
+
+def held_mig_devices(node: NodeInfo) -> dict[str, int]:
+    """MIG profile -> devices the node's Pods hold now."""
+    labels = node.labels
+    if labels.get("nvidia.com/mig.strategy") == "single":
+        held = node.requested.get("nvidia.com/gpu", 0)
+        return {labels[PRODUCT_LABEL].split("-MIG-", 1)[1]: held} if held else {}
+    prefix = "nvidia.com/mig-"
+    return {r.removeprefix(prefix): n for r, n in node.requested.items() if r.startswith(prefix) and n}
 
 
 @dataclass(frozen=True)
@@ -250,7 +327,6 @@ def suggest_layouts(requests: list[tuple[ServingGPU | None, int | None, int]],
     is what re-partitioning should add."""
     from kubeloop.gpu.mig import LayoutError, choose_layout
 
-    mig_nodes = [n for n in nodes if n.labels.get("nvidia.com/mig.strategy") and gpu_model(n.labels.get(PRODUCT_LABEL, ""))]
     by_node: dict[str, dict[str, int]] = {}
     for spec, footprint, replicas in requests:
         if spec is None or spec.sharing not in ("mig", "auto"):
@@ -260,44 +336,24 @@ def suggest_layouts(requests: list[tuple[ServingGPU | None, int | None, int]],
             continue
         if decision.feasible:
             node, profile = decision.nodes[0], decision.profile
+        elif decision.relayout:
+            node, profile = decision.relayout.node, decision.relayout.profile
         else:
-            target = _repartition_target(spec, decision.footprint_mib, mig_nodes)
-            if target is None:
-                continue
-            node, profile = target
+            continue
         counts = by_node.setdefault(node, {})
         counts[profile] = counts.get(profile, 0) + replicas
     out = []
-    for node in mig_nodes:
+    for node in mig_nodes(nodes):
         if node.name not in by_node:
             continue
         labels = node.labels
         model = gpu_model(labels[PRODUCT_LABEL])
         demand = by_node[node.name]
-        if labels.get("nvidia.com/mig.strategy") == "single":
-            per_gpu = model.profile(labels[PRODUCT_LABEL].split("-MIG-", 1)[1]).max_per_gpu
-            gpus = max(1, int(labels.get("nvidia.com/gpu.count", per_gpu)) // per_gpu)
-        else:
-            gpus = int(labels.get("nvidia.com/gpu.count", "1"))
         current = labels.get("nvidia.com/mig.config")
         try:
-            name, layouts = choose_layout(model, gpus, demand, current)
+            name, layouts = choose_layout(model, node_gpus(node), demand, current,
+                                          homogeneous=labels.get("nvidia.com/mig.strategy") == "single")
             out.append(NodeLayout(node.name, model.product, current, name, tuple(layouts), demand))
         except LayoutError as exc:
             out.append(NodeLayout(node.name, model.product, current, "-", (), demand, str(exc)))
     return out
-
-
-def _repartition_target(spec: ServingGPU, need: int, mig_nodes: list[NodeInfo]) -> tuple[str, str] | None:
-    """The first MIG node (of the requested product) whose GPU has a profile
-    that holds the footprint, and the smallest such profile."""
-    wanted = spec.mig.profile if spec.mig else "auto"
-    for node in mig_nodes:
-        model = gpu_model(node.labels[PRODUCT_LABEL])
-        if spec.product and gpu_model(spec.product) is not model:
-            continue
-        fitting = [p for p in model.mig_profiles if p.memory_mib >= need and wanted in ("auto", p.name)]
-        if fitting:
-            best = min(fitting, key=lambda p: (p.compute_slices, p.memory_slices))
-            return node.name, best.name
-    return None

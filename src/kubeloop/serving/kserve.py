@@ -18,9 +18,8 @@ from kubeloop.operator.builders.serving import (
     ServingImages, build_router, build_service, router_name, service_name,
 )
 from kubeloop.operator.kube import Kube, KubeError
-from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
-from kubeloop.serving.kubernetes import OWNED, front_request_log, role_troubles
-from kubeloop.serving.routes import build_router_config
+from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
+from kubeloop.serving.kubernetes import OWNED, cluster_router_config, front_request_log, role_troubles
 
 KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
 
@@ -40,9 +39,8 @@ class KServeServing(ServingBackend):
             self._ensure_runtime(ref.namespace)
             desired = build_inference_services(ref, request.spec, versions, request.placement, self.images)
             if self.images.router is not None:
-                config = build_router_config(request, triton_name(versions["primary"][0].name), "",
-                                             self.request_log(ref, request.spec), roles=set(versions),
-                                             version_urls=predictor_urls(ref, versions))
+                config = cluster_router_config(request, versions, self.request_log(ref, request.spec),
+                                               predictor_urls(ref, versions))
                 desired += build_router(ref, request.spec, config, self.images) + [build_service(ref, "router")]
             for obj in desired:
                 self.kube.apply(obj)

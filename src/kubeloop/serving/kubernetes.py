@@ -77,9 +77,8 @@ class KubernetesServing(ServingBackend):
         """The front's routes for the versions still served (none without a router image)."""
         if self.images.router is None:
             return None
-        return build_router_config(request, triton_name(versions["primary"][0].name), "",
-                                   self.request_log(request.ref, request.spec), roles=set(versions),
-                                   version_urls=version_urls(request.ref, versions))
+        return cluster_router_config(request, versions, self.request_log(request.ref, request.spec),
+                                     version_urls(request.ref, versions))
 
     def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
         return front_request_log(self.images, ref, spec)
@@ -172,3 +171,11 @@ def front_request_log(images: ServingImages, ref: ObjectRef, spec) -> str | None
 def role_troubles(kube: Kube, ref: ObjectRef, role: str) -> list[str]:
     """What went wrong in the containers of a role's Pods (see container_troubles)."""
     return container_troubles(kube.list("v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))
+
+
+def cluster_router_config(request: ServingRequest, versions: dict, request_log: str | None,
+                          urls: dict[str, str]) -> dict:
+    """The routes of a router Pod in front of the versions' Services: feature
+    vectors only (see build_router_config)."""
+    return build_router_config(request, triton_name(versions["primary"][0].name), "", request_log,
+                               roles=set(versions), version_urls=urls, online_features=False)

@@ -14,9 +14,12 @@ from kubeloop.serving.features import FeatureSpec
 
 def build_router_config(request: ServingRequest, triton_model: str, triton_url: str, request_log: str | None,
                         roles: Collection[str] = ("primary", "canary", "shadow"),
-                        version_urls: dict[str, str] | None = None) -> dict:
+                        version_urls: dict[str, str] | None = None, online_features: bool = True) -> dict:
     """Routes (primary and canary by share, shadow mirrored) for the versions
-    of the given roles, what the answers mean, and where requests are logged."""
+    of the given roles, what the answers mean, and where requests are logged;
+    with online_features, what entity requests read from each version's
+    online store (a router in a Pod takes feature vectors only: the stores
+    recorded with the versions are paths on the operator's machine)."""
     by_role = {v.role: v for v in request.versions if v.role in roles}
     canary, shadow = by_role.get("canary"), by_role.get("shadow")
     routes = [{"role": "primary", "version": by_role["primary"].model.version,
@@ -29,7 +32,8 @@ def build_router_config(request: ServingRequest, triton_model: str, triton_url: 
         "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
         "request_log": request_log, "sample_rate": request.spec.request_logging.sample_rate,
         **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
-        "features": feature_specs(list(by_role.values())), "missing": request.spec.features.missing,
+        "features": feature_specs(list(by_role.values())) if online_features else {},
+        "missing": request.spec.features.missing,
         **({"version_urls": version_urls} if version_urls else {}),
     }
 
