@@ -192,3 +192,63 @@ def test_status_reports_the_canary_share_the_replicas_really_give(kube, namespac
                                  {"role": "canary", "version": "2", "percent": 50}]
     canary = next(c for c in status["conditions"] if c["type"] == "CanaryReady")
     assert canary["message"].startswith("version 2 gets 50% of requests (20% asked")
+
+
+def _node(kube, name: str) -> dict:
+    return kube.get("v1", "Node", name)
+
+
+def _relabel(kube, node: str, config: str) -> None:
+    """What a platform engineer does (after draining the node), and the fake
+    fleet's MIG manager applying it."""
+    kube.merge_patch("v1", "Node", node, {"metadata": {"labels": {"nvidia.com/mig.config": config}}})
+    wait_for(lambda: (n := _node(kube, node))["metadata"].get("annotations", {}).get(
+        "kubeloop.dev/mig-config-applied") == config and n, timeout=60, what=f"{node} re-partitioned to {config}")
+
+
+def _gpu_pods_on(kube, node: str) -> list[str]:
+    return [p["metadata"]["name"] for p in kube.list("v1", "Pod") if p["spec"].get("nodeName") == node
+            and any(k.startswith("nvidia.com/") for c in p["spec"]["containers"]
+                    for k in (c.get("resources", {}).get("limits") or {}))]
+
+
+def test_a_model_no_slice_holds_fits_after_a_relayout_and_is_placed_once_the_node_is_relabelled(
+        kube, namespace, model, operator):
+    """Cluster path (kubernetes backend; real API server and scheduler; the
+    fake fleet's MIG manager re-partitions a KWOK node as NVIDIA's mig-manager
+    would). 60 GiB fits no slice of the fleet as it is: the status says it
+    fits after relabelling the H100 node, names a layout that passes the MIG
+    rules, and deploys nothing. The node relabelled to that layout (once no
+    Pod holds its GPUs), the fleet advertises the new slices and the
+    InferenceService is placed on one."""
+    import re
+
+    from kubeloop.gpu.catalog import gpu_model
+    from kubeloop.gpu.mig import layout_error, standard_configs
+
+    node = "gpu-h100-mig-mixed"
+    original = _node(kube, node)["metadata"]["labels"]["nvidia.com/mig.config"]
+    kube.create(isvc(namespace, "big", model, {"sharing": "mig", "memoryMib": 60 * GiB}))
+    placed = wait_for(lambda: next((c for c in ((kube.get(API_VERSION, "InferenceService", "big", namespace) or {})
+                                                .get("status") or {}).get("conditions", [])
+                                    if c["type"] == "Placed"), None), timeout=30, what="a placement verdict")
+    assert placed["status"] == "False" and placed["reason"] == "FitsAfterRelayout", placed
+    config = re.search(rf"relabelling node {node} to nvidia.com/mig.config=(\S+) ", placed["message"]).group(1)
+    h100 = gpu_model("NVIDIA-H100-80GB-HBM3")
+    assert layout_error(h100, standard_configs(h100)[config]) is None
+    assert pods_of(kube, namespace, "big") == []
+    wait_for(lambda: _gpu_pods_on(kube, node) == [], timeout=60, what=f"{node} drained of GPU Pods")
+    try:
+        _relabel(kube, node, config)
+        assert int(_node(kube, node)["status"]["allocatable"].get("nvidia.com/mig-7g.80gb", 0)) >= 1
+        status = wait_for(lambda: (o := kube.get(API_VERSION, "InferenceService", "big", namespace))
+                          and o.get("status", {}).get("phase") == "Ready" and o["status"], timeout=120,
+                          what="big placed and Ready after the relayout")
+        assert status["placement"]["resource"] == "nvidia.com/mig-7g.80gb"
+        pod = wait_for(lambda: next((p for p in pods_of(kube, namespace, "big")
+                                     if p["status"].get("phase") == "Running"), None), timeout=30, what="big running")
+        assert pod["spec"]["nodeName"] == node
+    finally:
+        kube.delete(API_VERSION, "InferenceService", "big", namespace)
+        wait_for(lambda: _gpu_pods_on(kube, node) == [], timeout=60, what=f"{node} drained again")
+        _relabel(kube, node, original)

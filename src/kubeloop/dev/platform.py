@@ -43,7 +43,7 @@ Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
 CORE = ("etcd", "seaweedfs", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-        "prometheus", "alertmanager")
+        "mig-manager", "prometheus", "alertmanager")
 NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
 # KWOK's fake Pods take addresses from the lower half of the Pod range; the
@@ -392,6 +392,10 @@ class Platform:
             # Created with its status in one request, as a kubelet registers a
             # node, so KWOK never sees a node without capacity.
             kube.create(fake)
+        # Re-partitions a fake MIG node when its nvidia.com/mig.config label changes.
+        self._spawn(state, "mig-manager", [sys.executable, "-m", "kubeloop.dev.migmanager",
+                                           f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
+                                           f"--fleet={self.fleet_file}"])
 
         def crds_established() -> bool:
             for kind in KINDS:
