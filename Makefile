@@ -40,6 +40,7 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
+	@echo "make demo-cluster - the same loop on the cluster path (real node, KServe, front, drift Jobs)"
 	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
 	@echo "make bench  - run the benchmarks and print their tables (BENCH=repeatability for one suite)"
 	@echo "make setup  - install everything the above need (done by them when needed)"

@@ -542,6 +542,12 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         assert abs(result["roles"]["canary"] / 2000 - 0.20) <= 0.03, result
         assert abs(result["mirrored"] / 2000 - 0.10) <= 0.03, result
 
+        # The platform's Prometheus scrapes the router and Triton Pods on the real node.
+        assert prometheus_sum(env, 'kubeloop_inference_requests_total{job="kubernetes-pods",pod=~"front-router-.*",'
+                                   'role!="shadow"}', at_least=2000) >= 2000
+        assert prometheus_sum(env, 'nv_inference_request_success{job="kubernetes-pods",inferenceservice="front"}',
+                              at_least=2000) >= 2000
+
         prefix = f"{namespace}-front/"
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name=env["AWS_DEFAULT_REGION"],
                           aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
@@ -629,6 +635,17 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path):
             _delete_inference_services(real.kube, [namespace])
         finally:
             operator.stop()
+
+
+def prometheus_sum(env: dict[str, str], selector: str, at_least: float) -> float:
+    """sum(selector) in the platform's Prometheus, once it reaches at_least."""
+    import requests
+
+    def value() -> float | None:
+        answer = requests.get(f"{env['PROMETHEUS_URL']}/api/v1/query", params={"query": f"sum({selector})"},
+                              timeout=5).json()["data"]["result"]
+        return float(answer[0]["value"][1]) if answer and float(answer[0]["value"][1]) >= at_least else None
+    return wait_for(value, timeout=60, interval=1, what=f"Prometheus scraping {selector}")
 
 
 def charts_identity(real: RealPlatform, namespace: str, folder: Path, *values: str) -> tuple[str, Path]:

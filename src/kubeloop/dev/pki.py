@@ -37,6 +37,7 @@ IDENTITIES = {
     "node": (f"system:node:{NODE_NAME}", "system:nodes"),
     "kube-proxy": ("system:kube-proxy", ""),
     "coredns": ("kubeloop:coredns", ""),
+    "prometheus": ("kubeloop:prometheus", ""),
 }
 
 

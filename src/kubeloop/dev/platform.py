@@ -36,7 +36,7 @@ from kubeloop.dev.binaries import binary, ensure
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
 from kubeloop.dev.images import Image, pause_image
-from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki, create_pki
+from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki
 from kubeloop.operator.kube import Kube, KubeError
 
 Progress = Callable[[str], None]
@@ -44,7 +44,7 @@ KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
 CORE = ("etcd", "seaweedfs", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
         "mig-manager", "prometheus", "alertmanager")
-NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns")
+NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns", "pod-targets")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
 # KWOK's fake Pods take addresses from the lower half of the Pod range; the
 # real node's bridge subnet (host.NODE_CIDR) lies in the upper half.
@@ -392,6 +392,14 @@ class Platform:
             # Created with its status in one request, as a kubelet registers a
             # node, so KWOK never sees a node without capacity.
             kube.create(fake)
+        if self.real_node:  # Prometheus scrapes the real node's Pods that ask for it
+            for obj in prometheus_rbac():
+                kube.apply(obj, field_manager="kubeloop-dev")
+            kubeconfig = self.dir / "prometheus.kubeconfig"
+            write_kubeconfig(kubeconfig, state.urls["KUBELOOP_APISERVER"], self.pki, "prometheus")
+            self._spawn(state, "pod-targets", [
+                sys.executable, "-m", "kubeloop.dev.podtargets", f"--kubeconfig={kubeconfig}",
+                f"--output={self.dir / 'monitoring' / 'targets' / 'pods.json'}", f"--node={NODE_NAME}"])
         # Re-partitions a fake MIG node when its nvidia.com/mig.config label changes.
         self._spawn(state, "mig-manager", [sys.executable, "-m", "kubeloop.dev.migmanager",
                                            f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
@@ -616,7 +624,24 @@ class Platform:
         raise PlatformError(f"{component} not ready after {timeout:.0f} s:\n{processes.log_tail(record.log)}")
 
 
+def prometheus_rbac() -> list[dict]:
+    """Prometheus's identity (kubeloop.dev.podtargets) may list Pods, nothing else."""
+    user = IDENTITIES["prometheus"][0]
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "kubeloop:prometheus"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "kubeloop:prometheus"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubeloop:prometheus"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]},
+    ]
+
+
 def build_prometheus_config(rules: Path, targets: Path, alertmanager_port: int) -> dict:
+    """Prometheus scrapes what registers itself under targets: the operator,
+    local routers and, with the real node, its Pods that ask to be scraped
+    (kubeloop.dev.podtargets)."""
     return {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "rule_files": [str(rules / "*.yaml")],
