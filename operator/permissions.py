@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from kubeloop.api.constants import GROUP
 from kubeloop.api.resources import INFERENCE_SERVICE, KINDS, OPTIMIZED_MODEL, TRAINING_JOB
 from kubeloop.operator.kube import resource_type
-from kubeloop.serving.kubernetes import OWNED, ROUTES
+from kubeloop.serving.kubernetes import CLAIM_TEMPLATES, OWNED, ROUTES
 
 # Server-side apply creates an object that is missing, which RBAC authorises
 # as create as well as patch.
@@ -49,12 +49,14 @@ class Permissions:
     """Namespaced rules of the kserve serving backend."""
     kserve_cluster: tuple[Rule, ...]
     """Cluster rules of the kserve serving backend."""
+    dra: tuple[Rule, ...]
+    """Namespaced rules needed only when GPUs are claimed through DRA (KUBELOOP_GPU_ALLOCATION=dra)."""
 
     def to_wire(self) -> dict:
         return {scope: [r.policy() for r in rules]
                 for scope, rules in (("namespaced", self.namespaced), ("cluster", self.cluster),
                                      ("gateway", self.gateway), ("kserve", self.kserve),
-                                     ("kserveCluster", self.kserve_cluster))}
+                                     ("kserveCluster", self.kserve_cluster), ("dra", self.dra))}
 
 
 def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
@@ -99,5 +101,6 @@ def operator_permissions() -> Permissions:
     )
     kserve_cluster = (Rule("serving.kserve.io", ("clusterstoragecontainers",), APPLY,
                            "kserve serving: the storage initializer for models:/ URIs"),)
+    dra = _owned((CLAIM_TEMPLATES,), ("list", "delete", *APPLY), "serving: the GPU claim templates of the Pods (DRA)")
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
-                       kserve_cluster=kserve_cluster)
+                       kserve_cluster=kserve_cluster, dra=dra)

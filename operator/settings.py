@@ -12,6 +12,7 @@ from kubeloop.version import COMPONENTS_IMAGE
 # The Triton backends a pulled repository can be laid out for (kubeloop.components.triton).
 TRITON_BACKENDS = ("onnxruntime", "python")
 DRIFT_MONITORS = ("local", "kubernetes")
+GPU_ALLOCATIONS = ("device-plugin", "dra")
 
 
 class ConfigurationError(Exception):
@@ -84,6 +85,9 @@ class OperatorConfig:
     gateway: str | None = None
     """namespace/name of a Gateway API Gateway; canaries then split by HTTPRoute weights."""
     gateway_domain: str = "example.com"
+    gpu_allocation: str = "device-plugin"
+    """How serving Pods ask for their GPU slice: device-plugin (extended
+    resources) or dra (a ResourceClaim of NVIDIA's DRA driver's devices)."""
     tensorrt: bool = False
     """Whether the components image has TensorRT (KUBELOOP_TENSORRT=true)."""
     webhook_port: int = 0
@@ -139,6 +143,7 @@ class OperatorConfig:
             registry_secret=get("KUBELOOP_REGISTRY_SECRET"),
             gateway=get("KUBELOOP_GATEWAY"),
             gateway_domain=get("KUBELOOP_GATEWAY_DOMAIN", defaults.gateway_domain),
+            gpu_allocation=get("KUBELOOP_GPU_ALLOCATION", defaults.gpu_allocation),
             tensorrt=get("KUBELOOP_TENSORRT", "false").lower() == "true",
             webhook_port=_number(env, "KUBELOOP_WEBHOOK_PORT", "0"),
             webhook_address=get("KUBELOOP_WEBHOOK_ADDRESS", defaults.webhook_address),
@@ -163,6 +168,10 @@ class OperatorConfig:
         if self.drift_monitor not in DRIFT_MONITORS:
             raise ConfigurationError(f"KUBELOOP_DRIFT_MONITOR={self.drift_monitor!r}: set it to "
                                      f"{' or '.join(DRIFT_MONITORS)} (kubernetes on a cluster)")
+        if self.gpu_allocation not in GPU_ALLOCATIONS:
+            raise ConfigurationError(f"KUBELOOP_GPU_ALLOCATION={self.gpu_allocation!r}: set it to "
+                                     f"{' or '.join(GPU_ALLOCATIONS)} (dra where NVIDIA's DRA driver publishes "
+                                     "the GPUs)")
         if self.webhook_port and not self.webhook_token_file:
             raise ConfigurationError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE: a file with the "
                                      "bearer token Alertmanager sends")

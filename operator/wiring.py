@@ -82,6 +82,7 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                 triton=config.triton_image, triton_backend=config.triton_backend, puller=config.components_image,
                 tracking_uri=config.cluster_tracking_uri or config.tracking_uri or "",
                 registry_secret=config.registry_secret, gateway=config.gateway,
+                gpu_allocation=config.gpu_allocation,
                 gateway_domain=config.gateway_domain, router=config.router_image, request_log=config.request_log,
                 object_store_secret=config.object_store_secret, object_store_endpoint=config.object_store_endpoint,
             )

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
+from kubeloop.gpu.dra import CLAIM, device_request
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.operator.builders.meta import child_metadata, content_hash, dns_name, restricted, with_input_hash
 from kubeloop.registry.base import ModelVersion
@@ -65,6 +66,9 @@ class ServingImages:
     """namespace/name of a Gateway (Gateway API): canaries split by HTTPRoute weights."""
     gateway_domain: str = "example.com"
     """Hostnames of HTTPRoutes: <name>.<namespace>.<domain>."""
+    gpu_allocation: str = "device-plugin"
+    """device-plugin: the slice as an extended resource; dra: as a
+    ResourceClaim from a template (kubeloop.gpu.dra) the scheduler allocates."""
     router: str | None = None
     """The serving front's image (the runtime image holds it): set, each
     InferenceService gets a router Deployment in front of its versions."""
@@ -102,7 +106,8 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
               "app.kubernetes.io/name": "triton", "app.kubernetes.io/instance": ref.name}
     selector = {LABEL_SERVING: ref.name, LABEL_ROLE: role}
     resources = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
-    limits = {**resources, **{k: str(v) for k, v in placement.resources.items()}}
+    claim = claim_template_name(ref, role, placement, images)
+    limits = {**resources, **({} if claim else {k: str(v) for k, v in placement.resources.items()})}
     pod_spec: dict = {
         "automountServiceAccountToken": False,
         "securityContext": {
@@ -118,6 +123,9 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
         pod_spec["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    if claim:
+        pod_spec["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": claim}]
+        pod_spec["containers"][0]["resources"]["claims"] = [{"name": CLAIM}]
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -138,6 +146,25 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
         },
     }
     return with_input_hash(deployment)
+
+
+def claim_template_name(ref: ObjectRef, role: str, placement: PlacementDecision,
+                        images: ServingImages) -> str | None:
+    """With DRA, the name of the role's ResourceClaimTemplate, one per device
+    request (a template's spec cannot change: a new request is a new
+    template, and the Deployment rolls onto it); None otherwise."""
+    request = device_request(placement) if images.gpu_allocation == "dra" else None
+    return dns_name(deployment_name(ref, role), "gpu", content_hash(request, 8)) if request else None
+
+
+def build_claim_template(ref: ObjectRef, role: str, placement: PlacementDecision, images: ServingImages) -> dict | None:
+    """The role's ResourceClaimTemplate (DRA), or None."""
+    name = claim_template_name(ref, role, placement, images)
+    if name is None:
+        return None
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": child_metadata(ref, name, {LABEL_SERVING: ref.name, LABEL_ROLE: role}),
+            "spec": {"spec": {"devices": {"requests": [device_request(placement)]}}}}
 
 
 def _puller(model: ModelVersion, images: ServingImages, placement: PlacementDecision) -> dict:
@@ -245,6 +272,9 @@ def build_children(ref: ObjectRef, spec: InferenceServiceSpec, versions: dict[st
     children: list[dict] = []
     for role, (model, _percent) in versions.items():
         children.append(build_deployment(ref, spec, role, model, replicas[role], placement, images))
+        template = build_claim_template(ref, role, placement, images)
+        if template:
+            children.append(template)
     if front:
         children += build_router(ref, spec, router_config, images)
         children += [build_service(ref, "router")] + [build_service(ref, role, exact=True)

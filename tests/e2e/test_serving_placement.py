@@ -252,3 +252,49 @@ def test_a_model_no_slice_holds_fits_after_a_relayout_and_is_placed_once_the_nod
         kube.delete(API_VERSION, "InferenceService", "big", namespace)
         wait_for(lambda: _gpu_pods_on(kube, node) == [], timeout=60, what=f"{node} drained again")
         _relabel(kube, node, original)
+
+
+# The cases DRA serves (MPS shares stay with the device plugin): each must get
+# the same slice the device-plugin path gets in the test above.
+DRA_CASES = {name: CASES[name] for name in ("mig-8g", "mig-15g", "a100-single", "whole")}
+DRA_TYPE = {"mig-8g": ("mig", "1g.10gb"), "mig-15g": ("mig", "2g.20gb"), "a100-single": ("mig", "1g.5gb"),
+            "whole": ("gpu", None)}
+
+
+def test_through_dra_the_real_scheduler_allocates_the_slice_the_device_plugin_path_gets(
+        platform, kube, namespace, model, start_operator):
+    """Cluster path (kubernetes backend, KUBELOOP_GPU_ALLOCATION=dra; the
+    fake fleet also publishes its GPUs as NVIDIA's DRA driver does:
+    DeviceClasses and a ResourceSlice per node). The planner's choice becomes
+    a ResourceClaimTemplate with a CEL selector on product, profile and
+    memory; the real v1.36 scheduler allocates a device for each Pod's claim,
+    and it is the same kind of slice, on the same node, as the device-plugin
+    path places the same spec on (CASES above)."""
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow",
+                        MLFLOW_TRACKING_URI=platform.env()["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_SERVING_BACKEND="kubernetes",
+                        KUBELOOP_GPU_ALLOCATION="dra")
+    op.wait_for_log("Initial authentication has finished")
+    for name, (gpu, *_rest) in DRA_CASES.items():
+        kube.create(isvc(namespace, name, model, gpu))
+    slices = {s["spec"]["nodeName"]: {d["name"]: d for d in s["spec"]["devices"]}
+              for s in kube.list("resource.k8s.io/v1", "ResourceSlice")}
+    for name, (_gpu, node, _resource, _extra) in DRA_CASES.items():
+        wait_for(lambda name=name: (o := kube.get(API_VERSION, "InferenceService", name, namespace))
+                 and o.get("status", {}).get("phase") == "Ready", timeout=90, what=f"{name} Ready through DRA")
+        pod = wait_for(lambda name=name: next((p for p in pods_of(kube, namespace, name)
+                                               if p["status"].get("phase") == "Running"), None),
+                       timeout=30, what=f"{name} running")
+        assert pod["spec"]["nodeName"] == node, name
+        triton = pod["spec"]["containers"][0]
+        assert triton["resources"]["claims"] == [{"name": "gpu"}]
+        assert not any(k.startswith("nvidia.com/") for k in triton["resources"].get("limits", {})), name
+        claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", claim_name, namespace)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert result["driver"] == "gpu.nvidia.com" and result["pool"] == node, (name, result)
+        device = slices[node][result["device"]]
+        kind, profile = DRA_TYPE[name]
+        assert device["attributes"]["type"]["string"] == kind, (name, device)
+        if profile:
+            assert device["attributes"]["profile"]["string"] == profile, (name, device)

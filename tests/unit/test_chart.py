@@ -222,9 +222,21 @@ def test_serving_backend_kserve_enables_the_backend_and_grants_kserves_kinds():
     assert refused.returncode != 0 and "backend" in refused.stderr
 
 
+def test_gpu_allocation_dra_reaches_the_operator_and_grants_claim_templates_only_then():
+    """Cluster path (chart): serving.gpuAllocation=dra sets KUBELOOP_GPU_ALLOCATION and adds the
+    ResourceClaimTemplates' rules to the Roles; the default grants none."""
+    wanted = operator_permissions()
+    docs = render(*RENDERINGS["namespaced"], "--set", "serving.gpuAllocation=dra")
+    env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
+    assert env["KUBELOOP_GPU_ALLOCATION"] == "dra"
+    namespaced = [r.policy() for r in wanted.namespaced + wanted.dra]
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
+    assert "resourceclaimtemplates" not in json.dumps(render(*RENDERINGS["namespaced"]))
+
+
 def test_the_permissions_are_least_privilege():
     wanted = operator_permissions()
-    every = wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster
+    every = wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster + wanted.dra
     for rule in every:
         assert "*" not in rule.verbs and "*" not in rule.resources and rule.api_group != "*"
         assert not {"secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",

@@ -24,7 +24,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- .Files.Get "files/operator-rules.yaml" | fromYaml | toJson -}}
 {{- end -}}
 
-{{/* Rules granted where the custom resources live: namespaced ones, plus the Gateway's and KServe's when used. */}}
+{{/* Rules granted where the custom resources live: namespaced ones, plus the Gateway's, KServe's and DRA's when used. */}}
 {{- define "kubeloop.namespacedRules" -}}
 {{- $rules := include "kubeloop.rules" . | fromJson -}}
 {{- $namespaced := $rules.namespaced -}}
@@ -33,6 +33,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- if eq .Values.serving.backend "kserve" -}}
 {{- $namespaced = concat $namespaced $rules.kserve -}}
+{{- end -}}
+{{- if eq .Values.serving.gpuAllocation "dra" -}}
+{{- $namespaced = concat $namespaced $rules.dra -}}
 {{- end -}}
 {{- toYaml $namespaced -}}
 {{- end -}}

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kubeloop.gpu.catalog import GpuModel, gpu_model
+from kubeloop.gpu.dra import DRIVER
 from kubeloop.gpu.mig import fits_on_one_gpu
 
 DEFAULT_FLEET = Path(__file__).with_name("fleet.yaml")
@@ -196,3 +197,42 @@ def _gpu_labels_and_capacity(gpu: GpuSpec, model: GpuModel, fleet: Fleet) -> tup
         })
         capacity[profile.resource] = str(gpu.count * per_gpu)
     return labels, capacity
+
+
+def build_resource_slices(nodes: list[NodeSpec]) -> list[dict]:
+    """What NVIDIA's DRA driver would publish for the fleet (pure): one
+    ResourceSlice per node with a GPU, listing its whole GPUs (type gpu) or,
+    on MIG nodes, the MIG devices of the current layout (type mig), with
+    product, profile, index and memory. MPS-shared nodes stay with the device
+    plugin. The fake fleet advertises both ways at once, so either path can
+    place on it; a real node is managed by one or the other."""
+    slices = []
+    for node in nodes:
+        gpu = node.gpu
+        if gpu is None or gpu.sharing:
+            continue
+        model = gpu_model(gpu.product)
+        devices = []
+        for index in range(gpu.count):
+            if gpu.mig is None:
+                devices.append(_device(f"gpu-{index}", "gpu", model.product, index, model.memory_mib))
+                continue
+            for name, count in sorted(gpu.mig.devices.items()):
+                for n in range(count):
+                    device = _device(f"gpu-{index}-mig-{name.replace('.', '-')}-{n}", "mig", model.product, index,
+                                     model.profile(name).memory_mib)
+                    device["attributes"]["profile"] = {"string": name}
+                    devices.append(device)
+        slices.append({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node.name}-{DRIVER}"},
+            "spec": {"driver": DRIVER, "nodeName": node.name,
+                     "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+        })
+    return slices
+
+
+def _device(name: str, kind: str, product: str, index: int, memory_mib: int) -> dict:
+    return {"name": name, "attributes": {"type": {"string": kind}, "productName": {"string": product},
+                                         "index": {"int": index}},
+            "capacity": {"memory": {"value": f"{memory_mib}Mi"}}}

@@ -2,8 +2,9 @@
 node, for KWOK's MIG nodes. When a node's `nvidia.com/mig.config` label
 names a layout other than the one it advertises, it re-partitions the GPUs:
 with no Pod holding a GPU resource there, the node's GFD labels and MIG
-resources are rewritten for the new layout and `nvidia.com/mig.config.state`
-becomes `success`; with Pods still holding them nothing changes and the
+resources (and its ResourceSlice, as DRA publishes the devices) are
+rewritten for the new layout and `nvidia.com/mig.config.state` becomes
+`success`; with Pods still holding them nothing changes and the
 state is `failed` (the node must be drained first, as on a real one).
 Layouts are mig-parted's standard configurations for the product (and, under
 the single strategy, only the homogeneous all-<profile> ones).
@@ -18,7 +19,7 @@ import logging
 import time
 from pathlib import Path
 
-from kubeloop.dev.fleet import Fleet, MigLayout, NodeSpec, build_node, load_fleet
+from kubeloop.dev.fleet import Fleet, MigLayout, NodeSpec, build_node, build_resource_slices, load_fleet
 from kubeloop.gpu.catalog import gpu_model
 from kubeloop.gpu.mig import standard_configs
 
@@ -33,8 +34,8 @@ class RelayoutError(ValueError):
     """The named layout cannot be applied to the node."""
 
 
-def relaid(spec: NodeSpec, fleet: Fleet, config: str) -> dict:
-    """The node as it advertises itself under the named layout (pure)."""
+def relaid_spec(spec: NodeSpec, config: str) -> NodeSpec:
+    """The node's description under the named layout (pure)."""
     model = gpu_model(spec.gpu.product)
     layouts = standard_configs(model)
     if config not in layouts:
@@ -43,7 +44,12 @@ def relaid(spec: NodeSpec, fleet: Fleet, config: str) -> dict:
     if spec.gpu.mig.strategy == "single" and len(devices) != 1:
         raise RelayoutError(f"{config} mixes profiles; the single strategy slices every GPU one way")
     mig = MigLayout(strategy=spec.gpu.mig.strategy, config=config, devices=devices)
-    return build_node(spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"mig": mig})}), fleet)
+    return spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"mig": mig})})
+
+
+def relaid(spec: NodeSpec, fleet: Fleet, config: str) -> dict:
+    """The node as it advertises itself under the named layout (pure)."""
+    return build_node(relaid_spec(spec, config), fleet)
 
 
 def node_patches(live: dict, wanted: dict, config: str) -> tuple[dict, dict]:
@@ -78,13 +84,16 @@ def reconcile(kube, fleet: Fleet) -> None:  # noqa: ANN001 - kubeloop.operator.k
         try:
             if holders:
                 raise RelayoutError(f"Pods still hold its GPUs: {', '.join(sorted(holders))}; drain the node first")
-            metadata, status = node_patches(live, relaid(specs[name], fleet, wanted), wanted)
+            relaid_node = relaid_spec(specs[name], wanted)
+            metadata, status = node_patches(live, build_node(relaid_node, fleet), wanted)
         except RelayoutError as exc:
             if labels.get(STATE_LABEL) != "failed":
                 log.warning("node %s: cannot apply %s: %s", name, wanted, exc)
                 kube.merge_patch("v1", "Node", name, {"metadata": {"labels": {STATE_LABEL: "failed"}}})
             continue
         kube.merge_patch("v1", "Node", name, status, subresource="status")
+        for resource_slice in build_resource_slices([relaid_node]):  # and as DRA publishes them
+            kube.apply(resource_slice, field_manager="kubeloop-dev")
         kube.merge_patch("v1", "Node", name, metadata)
         log.info("node %s: re-partitioned to %s", name, wanted)
 

@@ -33,9 +33,10 @@ import yaml
 from kubeloop.api.resources import KINDS, build_crd
 from kubeloop.dev import dns, host, node, objectstore, processes
 from kubeloop.dev.binaries import binary, ensure
-from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, load_fleet
+from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, build_resource_slices, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
 from kubeloop.dev.images import Image, pause_image
+from kubeloop.gpu.dra import device_classes
 from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki
 from kubeloop.operator.kube import Kube, KubeError
 
@@ -392,6 +393,9 @@ class Platform:
             # Created with its status in one request, as a kubelet registers a
             # node, so KWOK never sees a node without capacity.
             kube.create(fake)
+        # The same GPUs as Dynamic Resource Allocation publishes them.
+        for obj in device_classes() + build_resource_slices(fleet.nodes):
+            kube.apply(obj, field_manager="kubeloop-dev")
         if self.real_node:  # Prometheus scrapes the real node's Pods that ask for it
             for obj in prometheus_rbac():
                 kube.apply(obj, field_manager="kubeloop-dev")

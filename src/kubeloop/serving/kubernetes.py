@@ -23,6 +23,7 @@ from kubeloop.serving.routes import build_router_config
 OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
          ("autoscaling/v2", "HorizontalPodAutoscaler"))
 ROUTES = ("gateway.networking.k8s.io/v1", "HTTPRoute")
+CLAIM_TEMPLATES = ("resource.k8s.io/v1", "ResourceClaimTemplate")
 # Holds a Deployment's replica count while kubeloop lets go of it, until the
 # HPA's first scale takes it over.
 HANDOVER_MANAGER = "kubeloop-handover-to-hpa"
@@ -114,7 +115,8 @@ class KubernetesServing(ServingBackend):
 
     def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
-        for api_version, kind in OWNED + ((ROUTES,) if self.images.gateway else ()):
+        extra = ((ROUTES,) if self.images.gateway else ()) + ((CLAIM_TEMPLATES,) if self.images.gpu_allocation == "dra" else ())
+        for api_version, kind in OWNED + extra:
             for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
                 if (kind, live["metadata"]["name"]) not in wanted:
                     self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
