@@ -54,4 +54,6 @@ def test_the_fleet_publishes_its_mig_devices_and_whole_gpus_but_not_mps_shares()
     assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", d["name"]) for d in h100)
     big = next(d for d in h100 if d["attributes"]["profile"]["string"] == "3g.40gb")
     assert big["attributes"]["type"] == {"string": "mig"} and big["capacity"]["memory"] == {"value": "40320Mi"}
+    assert big["attributes"]["architecture"] == {"string": "hopper"}
+    assert big["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
     assert {d["attributes"]["type"]["string"] for d in slices["gpu-l40s"]["spec"]["devices"]} == {"gpu"}

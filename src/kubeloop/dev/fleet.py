@@ -215,11 +215,11 @@ def build_resource_slices(nodes: list[NodeSpec]) -> list[dict]:
         devices = []
         for index in range(gpu.count):
             if gpu.mig is None:
-                devices.append(_device(f"gpu-{index}", "gpu", model.product, index, model.memory_mib))
+                devices.append(_device(f"gpu-{index}", "gpu", model, index, model.memory_mib))
                 continue
             for name, count in sorted(gpu.mig.devices.items()):
                 for n in range(count):
-                    device = _device(f"gpu-{index}-mig-{name.replace('.', '-')}-{n}", "mig", model.product, index,
+                    device = _device(f"gpu-{index}-mig-{name.replace('.', '-')}-{n}", "mig", model, index,
                                      model.profile(name).memory_mib)
                     device["attributes"]["profile"] = {"string": name}
                     devices.append(device)
@@ -232,7 +232,10 @@ def build_resource_slices(nodes: list[NodeSpec]) -> list[dict]:
     return slices
 
 
-def _device(name: str, kind: str, product: str, index: int, memory_mib: int) -> dict:
-    return {"name": name, "attributes": {"type": {"string": kind}, "productName": {"string": product},
+def _device(name: str, kind: str, model: GpuModel, index: int, memory_mib: int) -> dict:
+    major, minor = model.compute_capability
+    return {"name": name, "attributes": {"type": {"string": kind}, "productName": {"string": model.product},
+                                         "architecture": {"string": model.family},
+                                         "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
                                          "index": {"int": index}},
             "capacity": {"memory": {"value": f"{memory_mib}Mi"}}}
