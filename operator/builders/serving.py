@@ -23,6 +23,10 @@ and calls each version's Triton through a Service of its own.
 
 With autoscaling the HPA owns the primary's replica count: the Deployment is
 applied without `spec.replicas`, so a resync never undoes what the HPA chose.
+
+The GPU slice is an extended resource of NVIDIA's device plugin, or with DRA
+(gpu_allocation "dra") a claim from a ResourceClaimTemplate per version whose
+CEL selector asks for the same slice (kubeloop.gpu.dra).
 """
 
 from __future__ import annotations
