@@ -657,7 +657,10 @@ def charts_identity(real: RealPlatform, namespace: str, folder: Path, *values: s
     from kubeloop.dev.platform import build_kubeconfig
 
     system = real.namespace()
-    rendered = subprocess.run([str(binary("helm")), "template", "kl", str(CHART), "--namespace", system,
+    # A release name of its own: the rendered ClusterRoles are cluster-wide and
+    # outlive the test, and must not collide with a later `helm install` here.
+    release = f"id-{system}"
+    rendered = subprocess.run([str(binary("helm")), "template", release, str(CHART), "--namespace", system,
                                "--kube-version", versions()["KUBERNETES_VERSION"],
                                "--set", "pipelines.backend=noop", "--set", "webhooks.tokenSecret.name=unused",
                                "--set", f"mlflow.trackingUri={real.platform.env()['MLFLOW_TRACKING_URI']}",
@@ -666,7 +669,7 @@ def charts_identity(real: RealPlatform, namespace: str, folder: Path, *values: s
     kinds = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
     for doc in (d for d in yaml.safe_load_all(rendered) if d and d["kind"] in kinds):
         real.kube.apply(doc)
-    account = "kl-kubeloop"
+    account = f"{release}-kubeloop"
     token = subprocess.run([str(binary("kubectl")), f"--kubeconfig={real.platform.kubeconfig}", "create", "token",
                             account, "-n", system, "--duration=1h"],
                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
