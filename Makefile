@@ -15,7 +15,7 @@ BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/node-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/kwok-$(KWOK_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/helm-$(HELM_VERSION)/.complete
-DEBS := prometheus prometheus-alertmanager
+DEBS := prometheus prometheus-alertmanager redis-server
 # The real node (kubeloop dev up --nodes real, and its tests): containerd, runc,
 # CNI plugins, kube-proxy's iptables and conntrack, and the image tools.
 # KUBELOOP_REAL_NODE=0 leaves them out (and the real node's tests skip).

@@ -18,12 +18,15 @@ Repo = Annotated[Path, typer.Option("--repo", envvar="KUBELOOP_FEAST_REPO",
 
 @app.command()
 def init(repo: Repo, days: int = 45, drift: float = 0.0, seed: int = 7,
-         end_days_ago: Annotated[int, typer.Option(help="Leave this many recent days for add-period.")] = 0) -> None:
+         end_days_ago: Annotated[int, typer.Option(help="Leave this many recent days for add-period.")] = 0,
+         redis: Annotated[str, typer.Option(help="Keep the online store in Redis at HOST:PORT (default: sqlite in "
+                                                 "the repository).")] = "") -> None:
     """Create a repository: configuration, generated data, definitions applied."""
     from kubeloop.featurestore.generate import Scenario, default_start
     from kubeloop.featurestore.store import create_repository
 
-    create_repository(repo, Scenario(start=default_start(days + end_days_ago), days=days, drift=drift, seed=seed))
+    create_repository(repo, Scenario(start=default_start(days + end_days_ago), days=days, drift=drift, seed=seed),
+                      redis_address=redis)
     console.print(f"feature repository ready in {repo}")
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import numpy as np
-import pandas as pd
 from feast import Entity, FeatureView, Field, FileSource, RequestSource, ValueType
 from feast.on_demand_feature_view import on_demand_feature_view
 from feast.types import Float32, Float64, Int64, String
@@ -94,20 +92,30 @@ transaction_request = RequestSource(
         Field(name="is_online", dtype=Int64),
         Field(name="is_contactless", dtype=Int64),
     ],
-    mode="pandas",
+    mode="python",
     description="The request's amount and time set against the card's history.",
 )
-def transaction_context(inputs: pd.DataFrame) -> pd.DataFrame:
-    out = pd.DataFrame(index=inputs.index)
-    amount = inputs["amount"].astype("float64")
-    out["log_amount"] = np.log1p(amount)
-    out["amount_to_avg_ratio"] = amount / (inputs["avg_amount_7d"].astype("float64").fillna(0) + 1.0)
-    out["amount_to_limit"] = amount / (inputs["credit_limit"].astype("float64").fillna(0) + 1.0)
-    hour = inputs["hour"].astype("int64")
-    out["is_night"] = ((hour < 6) | (hour >= 23)).astype("int64")
-    out["is_online"] = (inputs["channel"] == "online").astype("int64")
-    out["is_contactless"] = (inputs["channel"] == "contactless").astype("int64")
-    return out
+def transaction_context(inputs: dict[str, list]) -> dict[str, list]:
+    # Python mode, not pandas: Feast then builds no DataFrames for an online
+    # request (2.7 ms of a 3 ms read of one row here), and runs this same
+    # function over the offline rows for training. Feast runs the function's
+    # source on its own, so everything it uses is inside it.
+    import math
+
+    def or_zero(value: float | None) -> float:  # no history: None online, NaN offline; training fills 0
+        return 0.0 if value is None or math.isnan(value) else float(value)
+
+    amount = [float(a) for a in inputs["amount"]]
+    average = [or_zero(v) for v in inputs["avg_amount_7d"]]
+    limit = [or_zero(v) for v in inputs["credit_limit"]]
+    return {
+        "log_amount": [math.log1p(a) for a in amount],
+        "amount_to_avg_ratio": [a / (v + 1.0) for a, v in zip(amount, average, strict=True)],
+        "amount_to_limit": [a / (v + 1.0) for a, v in zip(amount, limit, strict=True)],
+        "is_night": [int(h < 6 or h >= 23) for h in inputs["hour"]],
+        "is_online": [int(c == "online") for c in inputs["channel"]],
+        "is_contactless": [int(c == "contactless") for c in inputs["channel"]],
+    }
 
 
 ENTITIES = [card, merchant]

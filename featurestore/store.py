@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from kubeloop.api.signature import MISSING_VALUE
 from kubeloop.featurestore.freshness import Materialized, StoreNeed
@@ -90,10 +91,21 @@ def open_store(location: StoreLocation | Path | str):  # noqa: ANN201 - feast.Fe
     return FeatureStore(repo_path=str(folder))
 
 
-def create_repository(directory: Path, scenario: Scenario | None = None) -> Path:
-    """A feature repository with generated data, definitions applied."""
+def online_store_config(redis_address: str = "") -> dict:
+    """The online_store section of the example's feature_store.yaml: Redis
+    at host:port, else sqlite in the repository's data folder."""
+    if redis_address:
+        return {"type": "redis", "connection_string": redis_address}
+    return {"type": "sqlite", "path": "data/online.db"}
+
+
+def create_repository(directory: Path, scenario: Scenario | None = None, redis_address: str = "") -> Path:
+    """A feature repository with generated data, definitions applied; its
+    online store in Redis at redis_address (host:port), else sqlite."""
     directory.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(TEMPLATE, directory / "feature_store.yaml")
+    config = yaml.safe_load(TEMPLATE.read_text())
+    config["online_store"] = online_store_config(redis_address)
+    (directory / "feature_store.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     write(scenario or Scenario(start=default_start(45)), directory / "data")
     apply(directory)
     return directory

@@ -22,7 +22,7 @@ from kubeloop.dev import processes
 from kubeloop.monitoring.drift import load_requests
 from kubeloop.requestlog import FolderStore, ObjectStore
 from tests.bench.repeat import RUNS, Figure, figures_table, repeat
-from tests.bench.serving_suite import _round, triton_serving, wait_ready
+from tests.bench.serving_suite import _round, round_medians, triton_serving, wait_ready
 from tests.support.models import N_FEATURES
 
 COLUMNS = [f"f{i}" for i in range(N_FEATURES)]
@@ -44,9 +44,7 @@ def run(context, console: Console, quick: bool = False) -> dict:
                 with console.status(f"front: Triton and the front alternating at concurrency {concurrency}"):
                     rounds = [_round(urls, x, concurrency, seconds, r) for r in range(RUNS)]
                 for name in urls:
-                    results[f"{name}_c{concurrency}"] = {
-                        key: round(float(np.median([r[name][key] for r in rounds])), 2)
-                        for key in ("requests_per_s", "p50_ms", "p99_ms")}
+                    results[f"{name}_c{concurrency}"] = round_medians(rounds, name)
                 repeated += [
                     Figure(f"front / Triton throughput c{concurrency}",
                            [r["front"]["requests_per_s"] / r["triton"]["requests_per_s"] for r in rounds], "x"),

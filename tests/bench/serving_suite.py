@@ -36,11 +36,10 @@ from tests.support.models import N_FEATURES, synthetic
 SLO_MS = 5.0
 
 
-async def _load(url: str, rows: np.ndarray, concurrency: int, seconds: float) -> list[float]:
+async def load_bodies(url: str, bodies: list[str], concurrency: int, seconds: float) -> list[float]:
+    """Latencies of the bodies posted in turn by concurrency callers for seconds."""
     latencies: list[float] = []
     deadline = time.perf_counter() + seconds
-    bodies = [json.dumps({"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "FP32",
-                                      "data": row.tolist()}]}) for row in rows[:512]]
 
     async def worker(offset: int) -> None:
         i = offset
@@ -142,10 +141,30 @@ def run(context, console: Console, quick: bool = False) -> dict:
 
 def _round(urls: dict[str, str], x: np.ndarray, concurrency: int, seconds: float, index: int) -> dict:
     """Each target under the same load, the order reversed every other round."""
+    bodies = vector_bodies(x)
+    return load_round({name: (url, bodies) for name, url in urls.items()}, concurrency, seconds, index)
+
+
+def vector_bodies(x: np.ndarray) -> list[str]:
+    """Batch-1 requests of raw feature vectors."""
+    return [json.dumps({"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "FP32",
+                                    "data": row.tolist()}]}) for row in x[:512]]
+
+
+def load_round(targets: dict[str, tuple[str, list[str]]], concurrency: int, seconds: float, index: int) -> dict:
+    """Each target (URL, bodies) under the same load in turn, the order
+    reversed every other round: requests per second, p50 and p99 ms."""
     out = {}
-    names = list(urls) if index % 2 == 0 else list(reversed(urls))
+    names = list(targets) if index % 2 == 0 else list(reversed(targets))
     for name in names:
-        ms = np.array(asyncio.run(_load(urls[name], x, concurrency, seconds))) * 1000
+        url, bodies = targets[name]
+        ms = np.array(asyncio.run(load_bodies(url, bodies, concurrency, seconds))) * 1000
         out[name] = {"requests_per_s": len(ms) / seconds, "p50_ms": float(np.percentile(ms, 50)),
                      "p99_ms": float(np.percentile(ms, 99))}
     return out
+
+
+def round_medians(rounds: list[dict], name: str, digits: int = 2) -> dict:
+    """One target's figures, each the median over the rounds."""
+    return {key: round(float(np.median([r[name][key] for r in rounds])), digits)
+            for key in ("requests_per_s", "p50_ms", "p99_ms")}

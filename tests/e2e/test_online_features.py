@@ -6,8 +6,9 @@ same entities at the same time gets; an unknown card follows the stated
 policy (training default or 422), counted by view; the skew check finds the
 logged vectors equal to the offline store's.
 
-Backend: local (real tritonserver, router, Feast sqlite online store and file
-offline store, MLflow)."""
+Backend: local (real tritonserver, router, Feast file offline store, MLflow),
+once with Feast's sqlite online store and once with Redis (Debian's
+redis-server, started by the local platform)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import redis
 import requests
 from mlflow import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,15 +59,23 @@ def missing_count(url: str, view: str, policy: str) -> float:
                and s.labels["reason"] == "missing" and s.labels["policy"] == policy)
 
 
-@pytest.fixture
-def fraud(platform, namespace, tmp_path):
-    """A feature repository whose data ends today, materialised with the
-    `kubeloop features materialize` command, and the example's fraud model
-    trained on it and registered as champion."""
+@pytest.fixture(params=["sqlite", "redis"])
+def fraud(request, platform, namespace, tmp_path):
+    """A feature repository whose data ends today, its online store sqlite
+    or the platform's Redis, materialised with the `kubeloop features
+    materialize` command, and the example's fraud model trained on it and
+    registered as champion."""
     uri = platform.env()["MLFLOW_TRACKING_URI"]
-    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5))
+    redis_address = platform.start_redis() if request.param == "redis" else ""
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5),
+                             redis_address=redis_address)
     subprocess.run([sys.executable, "-m", "kubeloop.cli", "features", "materialize", "--repo", str(repo)],
                    check=True, timeout=300)
+    if redis_address:  # the values live in Redis, and nowhere else
+        host, port = redis_address.rsplit(":", 1)
+        with redis.Redis(host=host, port=int(port)) as client:
+            assert client.dbsize() > 1000
+        assert not (repo / "data" / "online.db").exists()
     model = f"{namespace}-fraud"
     version = register_fraud_model(uri, model, repo, tmp_path / "train")
     MlflowClient(uri).set_registered_model_alias(model, "champion", version)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import boto3
 import mlflow
 import psutil
 import pytest
+import redis
+import yaml
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
@@ -20,6 +24,7 @@ from mlflow import MlflowClient
 from kubeloop.api.resources import KINDS
 from kubeloop.dev import objectstore
 from kubeloop.dev.binaries import versions
+from kubeloop.dev.platform import Platform
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -146,3 +151,36 @@ def test_mlflow_keeps_artifacts_in_the_bucket_and_serves_them_back(platform, tmp
         assert (Path(out) / "weights.bin").read_bytes() == payload, uri
     keys = [o["Key"] for o in s3_client(platform).list_objects_v2(Bucket="mlflow")["Contents"]]
     assert any(key.endswith(f"{run.info.run_id}/artifacts/model/weights.bin") for key in keys), keys
+
+
+def test_dev_up_with_redis_keeps_the_example_online_store_in_redis_on_loopback(tmp_path):
+    """Backend: local platform of its own (`kubeloop dev up --online-store
+    redis`): Debian's redis-server runs as a platform process listening on
+    127.0.0.1 only, the example repository's feature_store.yaml names it,
+    `kubeloop features materialize` fills it, and `dev down` stops it."""
+    state_dir = tmp_path / "platform"
+    cli = [sys.executable, "-m", "kubeloop.cli", "dev"]
+    subprocess.run([*cli, "up", "--state-dir", str(state_dir), "--online-store", "redis"], check=True, timeout=300)
+    platform = Platform(state_dir)
+    try:
+        state = platform.state()
+        assert state.online_store == "redis"
+        record = next(p for p in state.processes if p.name == "redis")
+        listening = {c.laddr for c in psutil.Process(record.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN}
+        assert {(a.ip, a.port) for a in listening} == {("127.0.0.1", state.ports["redis"])}
+        repo = Path(platform.env()["KUBELOOP_FEAST_REPO"])
+        config = yaml.safe_load((repo / "feature_store.yaml").read_text())
+        assert config["online_store"] == {"type": "redis", "connection_string": f"127.0.0.1:{state.ports['redis']}"}
+        subprocess.run([sys.executable, "-m", "kubeloop.cli", "features", "materialize", "--repo", str(repo)],
+                       check=True, timeout=300)
+        with redis.Redis(host="127.0.0.1", port=state.ports["redis"]) as client:
+            assert client.dbsize() > 1000
+        assert not (repo / "data" / "online.db").exists()
+        # Asking the running platform for the other store is refused, naming the way out.
+        refused = subprocess.run([*cli, "up", "--state-dir", str(state_dir)], capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode == 1 and "keeps online features in redis" in " ".join(refused.stderr.split())
+    finally:
+        subprocess.run([*cli, "down", "--state-dir", str(state_dir)], check=True, timeout=120)
+    assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == psutil.STATUS_ZOMBIE

@@ -153,3 +153,32 @@ def test_the_kserve_backend_reports_kserves_readiness_and_the_split_through_the_
     bare = KServeServing(FakeObjects(), ServingImages()).ensure(_front_request(replicas=1))
     assert bare.traffic == {"primary": 100, "canary": 0, "shadow": 0}
     assert bare.url == "http://fraud-primary-predictor.ml.svc.cluster.local"
+
+
+def test_a_canary_whose_predictor_rollout_is_stuck_is_rolled_back_on_kserve():
+    """Unit (backend, objects in memory): the Deployment controller says the
+    canary's predictor passed its progress deadline; kubeloop's KServe
+    InferenceService for the canary goes, the front's routes keep the
+    primary, and the state names the reason. A canary still progressing stays."""
+    from kubeloop.serving.kserve import KServeServing
+    from tests.unit.fakes import FakeObjects
+    from tests.unit.test_builders_serving import FRONT, _front_request
+
+    objects = FakeObjects()
+    backend = KServeServing(objects, FRONT)
+    backend.ensure(_front_request(replicas=1))
+    objects.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {
+        "name": "fraud-canary-predictor", "namespace": "ml"}, "spec": {}, "status": {"conditions": [
+            {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}})
+    progressing = backend.ensure(_front_request(replicas=1))
+    assert progressing.rolled_back == () and objects.get(
+        "serving.kserve.io/v1beta1", "InferenceService", "fraud-canary", "ml") is not None
+    objects.set_status("Deployment", "ml", "fraud-canary-predictor", conditions=[
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+         "message": 'ReplicaSet "fraud-canary-predictor-5d9" has timed out progressing.'}])
+    stuck = backend.ensure(_front_request(replicas=1))
+    assert stuck.rolled_back == ("canary",) and "canary rolled back: ReplicaSet" in stuck.message
+    assert objects.get("serving.kserve.io/v1beta1", "InferenceService", "fraud-canary", "ml") is None
+    assert "canary" not in stuck.traffic
+    routes = objects.get("v1", "ConfigMap", "fraud-router", "ml")
+    assert routes is not None and '"canary"' not in str(routes["data"])

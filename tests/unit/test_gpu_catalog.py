@@ -87,6 +87,7 @@ A100_40 = gpu_model("NVIDIA-A100-SXM4-40GB")
 A100_80 = gpu_model("NVIDIA-A100-SXM4-80GB")
 H100_NVL = gpu_model("NVIDIA-H100-NVL")
 A30 = gpu_model("NVIDIA-A30")
+H200 = gpu_model("NVIDIA-H200")
 
 
 @pytest.mark.parametrize("model, layout, error", [
@@ -108,6 +109,14 @@ A30 = gpu_model("NVIDIA-A30")
     (H100, {"3g.40gb": 2, "1g.10gb": 1}, "start slots collide"),
     (H100_NVL, {"3g.47gb": 1, "2g.24gb": 1, "1g.12gb": 2}, None),
     (H100_NVL, {"1g.24gb": 4, "1g.12gb": 1}, "start slots collide"),
+    (H200, {"1g.18gb": 7}, None),
+    (H200, {"1g.35gb": 4}, None),
+    (H200, {"2g.35gb": 3}, None),
+    (H200, {"3g.71gb": 2}, None),
+    (H200, {"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 2}, None),            # as all-balanced elsewhere
+    (H200, {"1g.35gb": 4, "1g.18gb": 1}, "start slots collide"),
+    (H200, {"7g.141gb": 1, "1g.18gb": 1}, "compute slices"),
+    (H200, {"3g.40gb": 1}, "no MIG profile"),                             # an H100 profile
     (A30, {"2g.12gb": 2}, None),
     (A30, {"4g.24gb": 1, "1g.6gb": 1}, "compute slices"),
     (A30, {"2g.12gb": 1, "1g.6gb": 2}, None),

@@ -425,17 +425,20 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
     from aiohttp.test_utils import TestClient, TestServer
 
     from kubeloop.serving import router as module
-    from kubeloop.serving.features import Assembled, FeatureSpec
+    from kubeloop.serving.features import FeatureSpec, Retrieved, ViewInfo
 
     release = threading.Event()
 
     class SlowStore:
+        views = [ViewInfo("card_activity", ("avg_amount_7d",), ("card_id",))]
+
         def __init__(self, spec):  # noqa: ANN001 - FeatureSpec
             pass
 
-        def assemble(self, rows, now, policy):  # noqa: ANN001, ANN202 - OnlineStore's signature
+        def read_many(self, requests):  # noqa: ANN001, ANN202 - OnlineStore's signature
             release.wait(timeout=30)
-            return Assembled(vectors=[[1.0]], problems=[])
+            return [Retrieved({"avg_amount_7d": [1.0]}, {"card_activity": [True]}, {"card_activity": [None]})
+                    for _ in requests]
 
     monkeypatch.setattr(module, "OnlineStore", SlowStore)
     spec = FeatureSpec(store="{}", views=("card_activity",), entities=("card_id",), request_columns=(),

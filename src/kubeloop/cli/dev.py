@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kubeloop.dev.onlinestore import OnlineStoreKind
 from kubeloop.dev.platform import Platform, PlatformError
 
 app = typer.Typer(no_args_is_help=True, help="Run the whole platform on this machine.")
@@ -35,10 +36,14 @@ def up(state_dir: StateDir = None,
        nodes: Annotated[Optional[Nodes], typer.Option(
            help="fake: KWOK's nodes only. real: also one real node (containerd, kubelet, kube-proxy) that runs "
                 "the CPU Pods; changes the host (see README). Default: real if KUBELOOP_REAL_NODE=1.")] = None,
+       online_store: Annotated[OnlineStoreKind, typer.Option(
+           envvar="KUBELOOP_ONLINE_STORE",
+           help="Where the example feature repository keeps online features: sqlite (a file in the repository) "
+                "or redis (Debian's redis-server, started on loopback).")] = OnlineStoreKind.sqlite,
        ) -> None:
     """Start etcd, the Kubernetes control plane and KWOK's fake GPU fleet,
     and with --nodes real a real node beside it."""
-    platform = Platform(state_dir, real_node=(nodes or nodes_from_env()) is Nodes.real)
+    platform = Platform(state_dir, real_node=(nodes or nodes_from_env()) is Nodes.real, online_store=online_store)
     try:
         with console.status("starting the platform") as status:
             platform.up(progress=lambda msg: status.update(msg))

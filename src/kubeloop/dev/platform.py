@@ -31,11 +31,12 @@ import psutil
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
-from kubeloop.dev import dns, host, node, objectstore, processes
+from kubeloop.dev import dns, host, node, objectstore, onlinestore, processes
 from kubeloop.dev.binaries import binary, ensure
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, build_resource_slices, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
 from kubeloop.dev.images import Image, pause_image
+from kubeloop.dev.onlinestore import OnlineStoreKind
 from kubeloop.gpu.dra import device_classes
 from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki
 from kubeloop.operator.kube import Kube, KubeError
@@ -44,7 +45,7 @@ Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
 AUDIT_POLICY = Path(__file__).with_name("audit-policy.yaml")
 CORE = ("etcd", "seaweedfs", "mlflow", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-        "mig-manager", "prometheus", "alertmanager")
+        "mig-manager", "prometheus", "alertmanager", "redis")
 NODE_PROCESSES = ("containerd", "kubelet", "kube-proxy", "coredns", "pod-targets")
 RULES = Path(str(resources.files("kubeloop.monitoring") / "rules"))
 # KWOK's fake Pods take addresses from the lower half of the Pod range; the
@@ -67,11 +68,12 @@ class PlatformState:
     started_at: float = 0.0
     ready_seconds: float = 0.0
     real_node: bool = False
+    online_store: str = OnlineStoreKind.sqlite.value
 
     def to_json(self) -> str:
         return json.dumps({
             "ports": self.ports, "urls": self.urls, "started_at": self.started_at,
-            "ready_seconds": self.ready_seconds, "real_node": self.real_node,
+            "ready_seconds": self.ready_seconds, "real_node": self.real_node, "online_store": self.online_store,
             "processes": [p.to_dict() for p in self.processes],
         }, indent=2)
 
@@ -80,6 +82,7 @@ class PlatformState:
         data = json.loads(text)
         return cls(ports=data["ports"], urls=data["urls"], started_at=data["started_at"],
                    ready_seconds=data.get("ready_seconds", 0.0), real_node=data.get("real_node", False),
+                   online_store=data.get("online_store", OnlineStoreKind.sqlite.value),
                    processes=[processes.ProcessRecord(**p) for p in data["processes"]])
 
 
@@ -94,10 +97,12 @@ class NodeBusy(PlatformError):
 class Platform:
     """The local platform rooted at one state directory."""
 
-    def __init__(self, state_dir: Path | None = None, fleet_file: Path = DEFAULT_FLEET, real_node: bool = False):
+    def __init__(self, state_dir: Path | None = None, fleet_file: Path = DEFAULT_FLEET, real_node: bool = False,
+                 online_store: OnlineStoreKind = OnlineStoreKind.sqlite):
         self.dir = Path(state_dir or default_state_dir()).absolute()
         self.fleet_file = fleet_file
         self.real_node = real_node
+        self.online_store = OnlineStoreKind(online_store)
 
     # -- paths -------------------------------------------------------------
 
@@ -156,6 +161,9 @@ class Platform:
             if self.state().real_node != self.real_node:
                 raise PlatformError(f"the platform in {self.dir} is up {'with' if self.state().real_node else 'without'}"
                                     " a real node; `kubeloop dev down` first to change that")
+            if self.state().online_store != self.online_store.value:
+                raise PlatformError(f"the platform in {self.dir} keeps online features in {self.state().online_store};"
+                                    " `kubeloop dev down` first to change that")
             progress("the platform is already up")
             return self.state()
         if self.dir.exists():
@@ -164,7 +172,7 @@ class Platform:
         if self.real_node:
             self._claim_host(progress)
         started = time.monotonic()
-        state = PlatformState(started_at=time.time(), real_node=self.real_node)
+        state = PlatformState(started_at=time.time(), real_node=self.real_node, online_store=self.online_store.value)
         try:
             if self.real_node:  # first: the servers bind the node's address
                 host.prepare(self.dir)
@@ -547,11 +555,30 @@ class Platform:
         """A Feast repository with generated card-transaction data; its last
         two weeks are left empty, for `kubeloop features add-period`."""
         repo = self.dir / "featurestore"
+        redis = self.start_redis(state) if self.online_store is OnlineStoreKind.redis else ""
         self._spawn(state, "featurestore", [
             sys.executable, "-m", "kubeloop.featurestore.cli", "init", "--repo", str(repo),
-            "--days", "45", "--end-days-ago", "14",
+            "--days", "45", "--end-days-ago", "14", *(["--redis", redis] if redis else []),
         ])
         state.urls["KUBELOOP_FEAST_REPO"] = str(repo)
+
+    def start_redis(self, state: PlatformState | None = None) -> str:
+        """Redis for Feast online stores, started once (on loopback, or with
+        the real node on its address, as MLflow); its host:port."""
+        state = state or self.state()
+        if state is None:
+            raise PlatformError(f"no platform in {self.dir}: `kubeloop dev up` first")
+        bind = NODE_IP if state.real_node else "127.0.0.1"
+        if any(p.name == "redis" and p.running() for p in state.processes):
+            return f"{bind}:{state.ports['redis']}"
+        state.ports["redis"] = processes.free_port()
+        root = self.dir / "redis"
+        root.mkdir(parents=True, exist_ok=True)
+        self._spawn(state, "redis", onlinestore.build_redis_argv(
+            onlinestore.redis_binary(), state.ports["redis"], root, bind))
+        address = f"{bind}:{state.ports['redis']}"
+        self._wait(state, "redis", lambda: onlinestore.answering(address), 30)
+        return address
 
     def _start_objectstore(self, state: PlatformState) -> None:
         """SeaweedFS with an S3 gateway and a new access key; its buckets are

@@ -115,6 +115,19 @@ GPUS: tuple[GpuModel, ...] = (
         ("4g.47gb", 4, 4, 46464, _WHOLE),
         ("7g.94gb", 7, 8, 93184, _WHOLE),
     )),
+    # H200 (141 GB): the profiles and instance counts of NVIDIA's MIG guide and
+    # mig-parted's H200-141GB configurations, on the Hopper slots above. No
+    # per-profile MiB figure was at hand here, so each is the floor of its
+    # name (GB x 10^9 bytes in MiB): a lower bound of what the device has, so
+    # kubeloop never calls a model fitting that does not.
+    GpuModel("NVIDIA-H200", 143771, (9, 0), _profiles(
+        ("1g.18gb", 1, 1, 17166, _ONE),
+        ("1g.35gb", 1, 2, 33378, _ONE_DOUBLE),
+        ("2g.35gb", 2, 2, 33378, _TWO),
+        ("3g.71gb", 3, 4, 67711, _THREE),
+        ("4g.71gb", 4, 4, 67711, _WHOLE),
+        ("7g.141gb", 7, 8, 134468, _WHOLE),
+    )),
     GpuModel("NVIDIA-A30", 24576, (8, 0), _profiles(
         ("1g.6gb", 1, 1, 5836, (0, 1, 2, 3)),
         ("2g.12gb", 2, 2, 11904, (0, 2)),

@@ -94,6 +94,26 @@ class Retrieved:
     timestamps: dict[str, list[float | None]] = field(default_factory=dict)
     """Stored view -> per row, the event time of its value (epoch seconds)."""
 
+    def rows(self, start: int, stop: int) -> "Retrieved":
+        """The answer for rows start..stop-1 only."""
+        def cut(table: dict) -> dict:
+            return {name: column[start:stop] for name, column in table.items()}
+
+        return Retrieved(cut(self.values), cut(self.found), cut(self.timestamps))
+
+
+def concat_rows(requests: Sequence[dict[str, list]]) -> tuple[dict[str, list], list[tuple[int, int]]]:
+    """Several requests' columns (the same columns each) as one set of rows,
+    and where each request's rows lie in it."""
+    joined: dict[str, list] = {name: [] for name in requests[0]}
+    spans = []
+    for request in requests:
+        start = len(next(iter(joined.values())))
+        for name, column in request.items():
+            joined[name].extend(column)
+        spans.append((start, start + len(next(iter(request.values())))))
+    return joined, spans
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -261,10 +281,19 @@ class OnlineStore:
         retrieved = Retrieved(values)
         for view in self._stored:
             result = response.results[position[view.features[0]]]
-            retrieved.found[view.name] = [s != FieldStatus.NOT_FOUND for s in result.statuses]
+            # sqlite answers an unknown entity NOT_FOUND; Feast's Redis store
+            # answers PRESENT with a null value and no event time.
+            retrieved.found[view.name] = [s != FieldStatus.NOT_FOUND and t.seconds > 0
+                                          for s, t in zip(result.statuses, result.event_timestamps, strict=True)]
             retrieved.timestamps[view.name] = [t.seconds + t.nanos / 1e9 if t.seconds else None
                                                for t in result.event_timestamps]
         return retrieved
+
+    def read_many(self, requests: Sequence[dict[str, list]]) -> list[Retrieved]:
+        """Several requests' values in one read of the online store."""
+        joined, spans = concat_rows(requests)
+        retrieved = self.read(joined)
+        return [retrieved.rows(start, stop) for start, stop in spans]
 
     def assemble(self, rows: dict[str, list], now: float, policy: Policy) -> Assembled:
         return assemble(self.spec, self.views, rows, self.read(rows), now, policy)

@@ -58,8 +58,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kubeloop.requestlog import LogLimits, LogStoreError, RequestLog, open_store
-from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, is_entity_request, parse_rows,
-                                       tensor_request)
+from kubeloop.serving.coalescing import Coalescer
+from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, assemble, is_entity_request,
+                                       parse_rows, tensor_request)
 
 log = logging.getLogger("kubeloop.router")
 MAX_MIRRORS = 64
@@ -194,6 +195,9 @@ class Metrics:
                                         "Entity-request rows whose feature view value the online store lacked "
                                         "(reason missing) or held past the view's ttl (stale), by the policy "
                                         "applied.", ["service", "view", "reason", "policy"], registry=self.registry)
+        self.features_refused = Counter("kubeloop_online_features_refused_total",
+                                        "Entity requests refused (503) because too many waited for the online "
+                                        "store.", ["service"], registry=self.registry)
         self.retrieval = Histogram("kubeloop_online_feature_retrieval_seconds",
                                    "Time to read an entity request's features from the online store and "
                                    "assemble its vectors.", ["service"], registry=self.registry,
@@ -223,6 +227,8 @@ class Router:
         self.retrieving = ThreadPoolExecutor(max_workers=1, thread_name_prefix="online-features")
         """Feast's reads block: they run off the event loop (raw tensors keep
         flowing meanwhile), one at a time (one sqlite connection per store)."""
+        self.coalescers: dict[FeatureSpec, Coalescer] = {}
+        """Per store: entity requests waiting for a read are read together."""
 
     # -- plumbing ------------------------------------------------------------
 
@@ -423,19 +429,31 @@ class Router:
         store = await self.online_store(spec)
         started = time.perf_counter()
         try:
-            assembled = await asyncio.get_running_loop().run_in_executor(
-                self.retrieving, store.assemble, columns, time.time(), c.missing)
-        except RequestError as exc:
-            if count:
-                self._count_problems(exc.problems)
+            retrieved = await self._coalescer(spec, store).read(columns)
+        except RequestError:
             raise
         except Exception as exc:  # Feast's errors have no common base; the caller may retry
             log.warning("online feature retrieval failed: %s", exc)
             raise RequestError(503, f"the online feature store cannot be read: {exc}") from exc
+        try:
+            assembled = assemble(spec, store.views, columns, retrieved, time.time(), c.missing)
+        except RequestError as exc:
+            if count:
+                self._count_problems(exc.problems)
+            raise
         self.metrics.retrieval.labels(c.service).observe(time.perf_counter() - started)
         if count:
             self._count_problems(assembled.problems)
         return tensor_request(assembled.vectors, request_id=payload.get("id")), columns, assembled.vectors
+
+    def _coalescer(self, spec: FeatureSpec, store: OnlineStore) -> Coalescer:
+        found = self.coalescers.get(spec)
+        if found is None:
+            service = self.config.service
+            found = self.coalescers[spec] = Coalescer(
+                store.read_many, self.retrieving,
+                on_refused=lambda: self.metrics.features_refused.labels(service).inc())
+        return found
 
     def _count_problems(self, problems: list) -> None:
         c = self.config

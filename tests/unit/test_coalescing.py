@@ -1,0 +1,115 @@
+"""Entity requests waiting for the online store are read together (local
+and cluster routers run the same code; these tests use a fake read)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kubeloop.serving.coalescing import Coalescer
+from kubeloop.serving.features import RequestError, Retrieved, concat_rows
+
+
+def _echo(requests):  # noqa: ANN001, ANN202 - a read_many: each row's value is its card
+    joined, spans = concat_rows(requests)
+    whole = Retrieved({"card": list(joined["card_id"])}, {"v": [True] * len(joined["card_id"])},
+                      {"v": [None] * len(joined["card_id"])})
+    return [whole.rows(a, b) for a, b in spans]
+
+
+def test_rows_are_joined_and_each_request_gets_its_own_back():
+    joined, spans = concat_rows([{"card_id": [1, 2], "hour": [3, 4]}, {"card_id": [5], "hour": [6]}])
+    assert joined == {"card_id": [1, 2, 5], "hour": [3, 4, 6]} and spans == [(0, 2), (2, 3)]
+    parts = _echo([{"card_id": [1, 2]}, {"card_id": [5]}])
+    assert [p.values["card"] for p in parts] == [[1, 2], [5]] and parts[1].found == {"v": [True]}
+
+
+def test_requests_arriving_during_a_read_share_the_next_one():
+    release = threading.Event()
+    calls: list[int] = []
+
+    def read_many(requests):  # noqa: ANN001, ANN202
+        calls.append(len(requests))
+        if len(calls) == 1:
+            release.wait(timeout=10)
+        return _echo(requests)
+
+    async def go():
+        with ThreadPoolExecutor(1) as pool:
+            coalescer = Coalescer(read_many, pool)
+            first = asyncio.ensure_future(coalescer.read({"card_id": [0]}))
+            while not calls:
+                await asyncio.sleep(0.001)
+            rest = [asyncio.ensure_future(coalescer.read({"card_id": [k, k]})) for k in range(1, 9)]
+            await asyncio.sleep(0.01)
+            release.set()
+            return await first, await asyncio.gather(*rest), coalescer.reads
+
+    first, rest, reads = asyncio.run(go())
+    assert calls == [1, 8] and reads == 2
+    assert first.values["card"] == [0] and [r.values["card"] for r in rest] == [[k, k] for k in range(1, 9)]
+
+
+def test_a_read_takes_at_most_max_rows_and_the_rest_wait_for_the_next():
+    calls: list[list[int]] = []
+
+    def read_many(requests):  # noqa: ANN001, ANN202
+        calls.append([len(r["card_id"]) for r in requests])
+        return _echo(requests)
+
+    async def go():
+        with ThreadPoolExecutor(1) as pool:
+            coalescer = Coalescer(read_many, pool, max_rows=4)
+            return await asyncio.gather(*(coalescer.read({"card_id": [k, k, k]}) for k in range(3)))
+
+    answers = asyncio.run(go())
+    assert calls == [[3], [3], [3]] and [a.values["card"] for a in answers] == [[k] * 3 for k in range(3)]
+
+
+def test_a_failed_read_fails_every_request_it_served_and_the_next_read_runs():
+    failures = iter([RuntimeError("redis went away")])
+
+    def read_many(requests):  # noqa: ANN001, ANN202
+        failure = next(failures, None)
+        if failure:
+            raise failure
+        return _echo(requests)
+
+    async def go():
+        with ThreadPoolExecutor(1) as pool:
+            coalescer = Coalescer(read_many, pool)
+            failed = await asyncio.gather(coalescer.read({"card_id": [1]}), coalescer.read({"card_id": [2]}),
+                                          return_exceptions=True)
+            return failed, await coalescer.read({"card_id": [3]})
+
+    failed, later = asyncio.run(go())
+    assert [str(f) for f in failed] == ["redis went away"] * 2 and later.values["card"] == [3]
+
+
+def test_beyond_max_waiting_a_request_is_refused_with_503_and_counted():
+    release, reading = threading.Event(), threading.Event()
+    refused: list[int] = []
+
+    def read_many(requests):  # noqa: ANN001, ANN202
+        reading.set()
+        release.wait(timeout=10)
+        return _echo(requests)
+
+    async def go():
+        with ThreadPoolExecutor(1) as pool:
+            coalescer = Coalescer(read_many, pool, on_refused=lambda: refused.append(1), max_waiting=2)
+            held = [asyncio.ensure_future(coalescer.read({"card_id": [0]}))]
+            await asyncio.to_thread(reading.wait, 10)  # the first is being read
+            held += [asyncio.ensure_future(coalescer.read({"card_id": [k]})) for k in (1, 2)]
+            await asyncio.sleep(0)  # two wait
+            with pytest.raises(RequestError) as error:
+                await coalescer.read({"card_id": [9]})
+            release.set()
+            await asyncio.gather(*held)
+            return error.value
+
+    error = asyncio.run(go())
+    assert error.status == 503 and "2 entity requests already wait" in str(error) and refused == [1]
