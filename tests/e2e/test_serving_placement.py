@@ -7,6 +7,10 @@ import pytest
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.dev.fleet import GpuSpec, NodeSpec, build_node, load_fleet
+from kubeloop.gpu.catalog import gpu_model
+from kubeloop.gpu.dra import device_request, partitionable_slices
+from kubeloop.gpu.placement import PlacementDecision
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -298,3 +302,66 @@ def test_through_dra_the_real_scheduler_allocates_the_slice_the_device_plugin_pa
         assert device["attributes"]["type"]["string"] == kind, (name, device)
         if profile:
             assert device["attributes"]["profile"]["string"] == profile, (name, device)
+
+
+def _partition_pod(namespace: str, name: str, node: str, profile: str) -> list[dict]:
+    """A Pod on node claiming one H200 MIG device of profile, the claim built
+    by kubeloop's DRA request builder from a MIG placement decision."""
+    decision = PlacementDecision(feasible=True, mode="mig", reason="test", resources={f"nvidia.com/mig-{profile}": 1},
+                                 product="NVIDIA-H200", profile=profile)
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name, "namespace": namespace},
+             "spec": {"devices": {"requests": [device_request(decision)]}}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [{"name": "c", "image": "example.invalid/triton:1",
+                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
+    return [claim, pod]
+
+
+def _allocated(kube, namespace: str, name: str) -> str | None:  # noqa: ANN001
+    claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace) or {}
+    results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+    return results[0]["device"] if results else None
+
+
+def test_partitionable_gpus_let_the_scheduler_cut_mig_devices_by_nvidias_rules(platform, kube, namespace):
+    """Cluster path, DRA with partitionable devices (beta in 1.36): a fake
+    H200 node publishes its GPU as a counter set and every profile placement
+    as a device (kubeloop.gpu.dra.partitionable_slices); the real scheduler
+    allocates a 4g.71gb and a 3g.71gb on the one GPU, holds a 1g.18gb back
+    (Unschedulable: no memory slice is left) and allocates it once the 4g's
+    claim is gone, at a start slot inside what the 4g freed."""
+    node = f"h200-{namespace}"
+    model = gpu_model("NVIDIA-H200")
+    spec = NodeSpec(name=node, gpu=GpuSpec(product="NVIDIA-H200", count=1))
+    kube.create(build_node(spec, load_fleet()))
+    slices = partitionable_slices(node, model, 1)
+    try:
+        for obj in slices:
+            kube.apply(obj, field_manager="test")
+        for name, profile in (("big", "4g.71gb"), ("mid", "3g.71gb")):
+            for obj in _partition_pod(namespace, name, node, profile):
+                kube.create(obj)
+        placed = {name: wait_for(lambda name=name: _allocated(kube, namespace, name), timeout=60,
+                                 what=f"{name}'s claim allocated") for name in ("big", "mid")}
+        assert placed == {"big": "gpu-0-4g-71gb-at-0", "mid": "gpu-0-3g-71gb-at-4"}
+        for obj in _partition_pod(namespace, "small", node, "1g.18gb"):
+            kube.create(obj)
+        wait_for(lambda: any(c["type"] == "PodScheduled" and c["status"] == "False" and c["reason"] == "Unschedulable"
+                             for c in (kube.get("v1", "Pod", "small", namespace) or {}).get("status", {})
+                             .get("conditions", [])), timeout=60, what="the 1g.18gb Pod unschedulable")
+        assert _allocated(kube, namespace, "small") is None
+        kube.delete("v1", "Pod", "big", namespace)
+        wait_for(lambda: kube.get("v1", "Pod", "big", namespace) is None, timeout=60, what="the 4g Pod gone")
+        kube.delete("resource.k8s.io/v1", "ResourceClaim", "big", namespace)
+        small = wait_for(lambda: _allocated(kube, namespace, "small"), timeout=120, what="the 1g.18gb allocated")
+        assert small in {f"gpu-0-1g-18gb-at-{s}" for s in range(4)}, small
+        wait_for(lambda: (p := kube.get("v1", "Pod", "small", namespace)) and p["status"].get("phase") == "Running",
+                 timeout=60, what="the 1g.18gb Pod running")
+    finally:
+        for obj in slices:
+            kube.delete("resource.k8s.io/v1", "ResourceSlice", obj["metadata"]["name"])
+        kube.delete("v1", "Node", node)

@@ -57,3 +57,86 @@ def test_the_fleet_publishes_its_mig_devices_and_whole_gpus_but_not_mps_shares()
     assert big["attributes"]["architecture"] == {"string": "hopper"}
     assert big["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
     assert {d["attributes"]["type"]["string"] for d in slices["gpu-l40s"]["spec"]["devices"]} == {"gpu"}
+
+
+def _consumed(device: dict) -> dict[str, int]:
+    return {name: int(c["value"]) for name, c in device["consumesCounters"][0]["counters"].items()}
+
+
+def _fits_together(model, devices: list[dict]) -> bool:  # noqa: ANN001 - GpuModel
+    """What the scheduler computes: the counters the devices consume, summed, within the GPU's."""
+    from kubeloop.gpu.dra import counter_set_counters
+
+    available = {name: int(c["value"]) for name, c in counter_set_counters(model).items()}
+    used: dict[str, int] = {}
+    for device in devices:
+        for name, n in _consumed(device).items():
+            used[name] = used.get(name, 0) + n
+    return all(n <= available[name] for name, n in used.items())
+
+
+def test_partitionable_gpus_are_counter_sets_and_every_profile_placement_a_device():
+    """Unit (pure): one H200 as NVIDIA's DRA driver offers MIG without a
+    fixed layout: a slice with its counter set (8 memory slices, 7 compute),
+    a slice with the whole GPU and every profile at every allowed start."""
+    from kubeloop.gpu.catalog import gpu_model
+    from kubeloop.gpu.dra import partitionable_slices
+
+    h200 = gpu_model("NVIDIA-H200")
+    slices = partitionable_slices("gpu-h200-0", h200, 1)
+    assert [sorted(s["spec"]) for s in slices] == [["driver", "nodeName", "pool", "sharedCounters"],
+                                                   ["devices", "driver", "nodeName", "pool"]]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+    devices = {d["name"]: d for d in slices[1]["spec"]["devices"]}
+    assert len(devices) == 1 + sum(len(p.starts) for p in h200.mig_profiles) == 19
+    assert _consumed(devices["gpu-0-3g-71gb-at-4"]) == {"memory-4": 1, "memory-5": 1, "memory-6": 1, "memory-7": 1,
+                                                         "compute": 3}
+    assert _consumed(devices["gpu-0"]) == {**{f"memory-{s}": 1 for s in range(8)}, "compute": 7}
+    assert devices["gpu-0-1g-18gb-at-6"]["attributes"]["profile"] == {"string": "1g.18gb"}
+
+
+def test_what_the_counters_let_share_a_gpu_is_a_layout_nvidia_allows():
+    """Unit (pure): for every pair of partitions of one GPU, the scheduler's
+    counter arithmetic admits them together only if the catalogue's MIG
+    rules accept that layout; and every standard mig-parted layout can be
+    made of partitions the counters admit together."""
+    from kubeloop.gpu.catalog import gpu_model
+    from kubeloop.gpu.dra import partitionable_slices
+    from kubeloop.gpu.mig import layout_error, standard_configs
+
+    for product in ("NVIDIA-H200", "NVIDIA-A100-SXM4-40GB", "NVIDIA-A30"):
+        model = gpu_model(product)
+        migs = [d for d in partitionable_slices("n", model, 1)[1]["spec"]["devices"]
+                if d["attributes"]["type"]["string"] == "mig"]
+        for a in migs:
+            for b in migs:
+                if a is not b and _fits_together(model, [a, b]):
+                    pa, pb = a["attributes"]["profile"]["string"], b["attributes"]["profile"]["string"]
+                    layout = {pa: 2} if pa == pb else {pa: 1, pb: 1}
+                    assert layout_error(model, layout) is None, (a["name"], b["name"])
+        for name, layout in standard_configs(model).items():
+            assert _admitted(model, migs, [p for p, n in layout.items() for _ in range(n)]), (product, name)
+
+
+def _admitted(model, migs: list[dict], wanted: list[str], taken: tuple = ()) -> bool:  # noqa: ANN001
+    if not wanted:
+        return True
+    for device in migs:
+        if device["attributes"]["profile"]["string"] == wanted[0] and device not in taken \
+                and _fits_together(model, [*taken, device]) and _admitted(model, migs, wanted[1:], (*taken, device)):
+            return True
+    return False
+
+
+def test_many_gpus_spread_over_slices_within_the_apis_limits():
+    from kubeloop.gpu.catalog import gpu_model
+    from kubeloop.gpu.dra import MAX_COUNTER_SETS_PER_SLICE, MAX_DEVICES_PER_SLICE, partitionable_slices
+
+    slices = partitionable_slices("big", gpu_model("NVIDIA-H100-80GB-HBM3"), 9)
+    counters = [s for s in slices if "sharedCounters" in s["spec"]]
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    assert [len(s["spec"]["sharedCounters"]) for s in counters] == [MAX_COUNTER_SETS_PER_SLICE, 1]
+    assert all(len(s["spec"].get("devices", [])) <= MAX_DEVICES_PER_SLICE for s in slices)
+    assert len(devices) == 9 * 19 and len({d["name"] for d in devices}) == len(devices)
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+    assert len({s["metadata"]["name"] for s in slices}) == len(slices)

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kubeloop.gpu.catalog import GpuModel, gpu_model
-from kubeloop.gpu.dra import DRIVER
+from kubeloop.gpu.dra import DRIVER, device_entry
 from kubeloop.gpu.mig import fits_on_one_gpu
 
 DEFAULT_FLEET = Path(__file__).with_name("fleet.yaml")
@@ -215,11 +215,11 @@ def build_resource_slices(nodes: list[NodeSpec]) -> list[dict]:
         devices = []
         for index in range(gpu.count):
             if gpu.mig is None:
-                devices.append(_device(f"gpu-{index}", "gpu", model, index, model.memory_mib))
+                devices.append(device_entry(f"gpu-{index}", "gpu", model, index, model.memory_mib))
                 continue
             for name, count in sorted(gpu.mig.devices.items()):
                 for n in range(count):
-                    device = _device(f"gpu-{index}-mig-{name.replace('.', '-')}-{n}", "mig", model, index,
+                    device = device_entry(f"gpu-{index}-mig-{name.replace('.', '-')}-{n}", "mig", model, index,
                                      model.profile(name).memory_mib)
                     device["attributes"]["profile"] = {"string": name}
                     devices.append(device)
@@ -230,12 +230,3 @@ def build_resource_slices(nodes: list[NodeSpec]) -> list[dict]:
                      "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
         })
     return slices
-
-
-def _device(name: str, kind: str, model: GpuModel, index: int, memory_mib: int) -> dict:
-    major, minor = model.compute_capability
-    return {"name": name, "attributes": {"type": {"string": kind}, "productName": {"string": model.product},
-                                         "architecture": {"string": model.family},
-                                         "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
-                                         "index": {"int": index}},
-            "capacity": {"memory": {"value": f"{memory_mib}Mi"}}}

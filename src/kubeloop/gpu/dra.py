@@ -12,6 +12,7 @@ at least the footprint's memory. MPS shares stay with the device plugin.
 
 from __future__ import annotations
 
+from kubeloop.gpu.catalog import GpuModel
 from kubeloop.gpu.placement import PlacementDecision
 
 DRIVER = "gpu.nvidia.com"
@@ -46,3 +47,63 @@ def device_request(decision: PlacementDecision) -> dict | None:
         "deviceClassName": MIG_CLASS if decision.mode == "mig" else GPU_CLASS,
         "allocationMode": "ExactCount", "count": count,
         "selectors": [{"cel": {"expression": " && ".join(terms)}}]}}
+
+
+MAX_DEVICES_PER_SLICE = 64
+"""resource.k8s.io/v1: a slice whose devices consume counters holds at most 64."""
+MAX_COUNTER_SETS_PER_SLICE = 8
+
+
+def partitionable_slices(node: str, model: GpuModel, gpus: int) -> list[dict]:
+    """A node's GPUs as partitionable devices (DRAPartitionableDevices,
+    beta and on in Kubernetes 1.36), the way NVIDIA's DRA driver offers MIG
+    without a fixed layout (pure). Each GPU is a counter set: one counter
+    per memory slice and one for its compute slices. Each device is a MIG
+    profile at one of its allowed start slots (or the whole GPU), consuming
+    the memory slices it covers and its compute slices, so the scheduler
+    itself only allocates devices that NVIDIA's placement rules let share a
+    GPU, and the GPU is partitioned when a claim is allocated, not
+    beforehand by a relabel and drain."""
+    counter_sets, devices = [], []
+    for index in range(gpus):
+        counter_set = f"gpu-{index}"
+        counter_sets.append({"name": counter_set, "counters": counter_set_counters(model)})
+        whole = device_entry(f"gpu-{index}", "gpu", model, index, model.memory_mib)
+        whole["consumesCounters"] = [{"counterSet": counter_set, "counters": counter_set_counters(model)}]
+        devices.append(whole)
+        for profile in model.mig_profiles:
+            for start in profile.starts:
+                device = device_entry(f"gpu-{index}-{profile.name.replace('.', '-')}-at-{start}", "mig", model, index,
+                                    profile.memory_mib)
+                device["attributes"]["profile"] = {"string": profile.name}
+                device["attributes"]["placementStart"] = {"int": start}
+                device["consumesCounters"] = [{"counterSet": counter_set, "counters": {
+                    **{f"memory-{s}": {"value": "1"} for s in range(start, start + profile.memory_slices)},
+                    "compute": {"value": str(profile.compute_slices)}}}]
+                devices.append(device)
+    pieces = ([{"sharedCounters": counter_sets[k:k + MAX_COUNTER_SETS_PER_SLICE]}
+               for k in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+              + [{"devices": devices[k:k + MAX_DEVICES_PER_SLICE]}
+                 for k in range(0, len(devices), MAX_DEVICES_PER_SLICE)])
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+             "metadata": {"name": f"{node}-{DRIVER}-partitionable-{k}"},
+             "spec": {"driver": DRIVER, "nodeName": node,
+                      "pool": {"name": f"{node}-partitionable", "generation": 1, "resourceSliceCount": len(pieces)},
+                      **piece}}
+            for k, piece in enumerate(pieces)]
+
+
+def counter_set_counters(model: GpuModel) -> dict[str, dict]:
+    """Everything one GPU's counter set holds (what the whole GPU consumes)."""
+    return {**{f"memory-{s}": {"value": "1"} for s in range(model.memory_slices)},
+            "compute": {"value": str(model.compute_slices)}}
+
+
+def device_entry(name: str, kind: str, model: GpuModel, index: int, memory_mib: int) -> dict:
+    """A device as NVIDIA's DRA driver describes it: type, product, architecture, CUDA capability, index, memory."""
+    major, minor = model.compute_capability
+    return {"name": name, "attributes": {"type": {"string": kind}, "productName": {"string": model.product},
+                                         "architecture": {"string": model.family},
+                                         "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
+                                         "index": {"int": index}},
+            "capacity": {"memory": {"value": f"{memory_mib}Mi"}}}
