@@ -99,12 +99,17 @@ def online_store_config(redis_address: str = "") -> dict:
     return {"type": "sqlite", "path": "data/online.db"}
 
 
-def create_repository(directory: Path, scenario: Scenario | None = None, redis_address: str = "") -> Path:
+def create_repository(directory: Path, scenario: Scenario | None = None, redis_address: str = "",
+                      registry: str = "") -> Path:
     """A feature repository with generated data, definitions applied; its
-    online store in Redis at redis_address (host:port), else sqlite."""
+    online store in Redis at redis_address (host:port), else sqlite; its
+    registry at registry (an s3:// URI, for clients elsewhere), else a file
+    in the repository."""
     directory.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_load(TEMPLATE.read_text())
     config["online_store"] = online_store_config(redis_address)
+    if registry:
+        config["registry"] = registry
     (directory / "feature_store.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     write(scenario or Scenario(start=default_start(45)), directory / "data")
     apply(directory)

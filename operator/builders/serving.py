@@ -357,7 +357,9 @@ def build_router(ref: ObjectRef, spec: InferenceServiceSpec, config: dict, image
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 6},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "env": ([{"name": "AWS_ENDPOINT_URL_S3", "value": images.object_store_endpoint}]
+        # Feast's S3 registry reads its endpoint from a variable of its own.
+        "env": ([{"name": name, "value": images.object_store_endpoint}
+                 for name in ("AWS_ENDPOINT_URL_S3", "FEAST_S3_ENDPOINT_URL")]
                 if images.object_store_endpoint else []),
         "volumeMounts": [{"name": "routes", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],

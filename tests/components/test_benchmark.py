@@ -37,8 +37,10 @@ def test_work_is_measured_and_time_off_the_cpu_is_not():
     assert one.p50.beats(three.p50) and one.p99.value < three.p50.value
     assert 2.5 < three.p50.value / one.p50.value < 3.5
     # ms; the wall clock would say 2+ for every call. Under load a woken thread's
-    # own CPU time still grows a little (0.59 ms p99 seen in CI, beside a Go build).
-    assert waits.p50.value < 0.5 and waits.p99.value < 1.0
+    # own CPU time grows in the tail (p99 0.59 ms beside a Go build, 1.65 ms
+    # beside a unit-test run): the median shows the sleep is not counted, and
+    # even the tail stays below what any wall-clock reading would be.
+    assert waits.p50.value < 0.5 and waits.p99.value < 2.0
     assert one.calls == one.rounds * (one.calls // one.rounds) and one.rounds == 10
     assert "thread(s) per runtime" in how
 

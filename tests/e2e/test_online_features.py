@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pandas as pd
 import pytest
 import redis
 import requests
@@ -27,25 +26,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubeloop.api.constants import API_VERSION
 from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.generate import Scenario, default_start
-from kubeloop.featurestore.store import create_repository, feature_view, open_store, point_in_time
+from kubeloop.featurestore.store import create_repository
 from kubeloop.requestlog import request_records
+from tests.support.entities import SENT, entity_request, raw_request, recent_with_offline_vectors
 from tests.support.models import register_fraud_model
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-SENT = ["card_id", "merchant_id", "amount", "hour", "channel"]
 UNKNOWN_CARD = 10**9
-
-
-def entity_request(frame: pd.DataFrame) -> dict:
-    types = {"amount": "FP64", "channel": "BYTES"}
-    return {"inputs": [{"name": c, "shape": [len(frame)], "datatype": types.get(c, "INT64"),
-                        "data": frame[c].tolist()} for c in SENT]}
-
-
-def raw_request(vectors: np.ndarray) -> dict:
-    return {"inputs": [{"name": "features", "shape": list(vectors.shape), "datatype": "FP32",
-                        "data": vectors.tolist()}]}
 
 
 def infer(url: str, model: str, body: dict) -> requests.Response:
@@ -99,19 +87,10 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
 
     # 32 recent transactions as the payment system sends them, now; the
     # offline store's point-in-time vectors for the same entities now.
-    transactions = pd.read_parquet(repo / "data" / "transactions.parquet")
-    sent = transactions.sort_values("event_timestamp").tail(500).sample(32, random_state=3)[SENT]
-    sent = sent.reset_index(drop=True)
     signature = ModelSignature.from_tags(MlflowClient(uri).get_model_version(model, version).tags)
     assert sorted(signature.entities + signature.request_columns) == sorted(SENT)
-    store = open_store(repo)
-    entity_df = sent.assign(event_timestamp=pd.Timestamp.now(tz="UTC"), row=range(len(sent)))
-    offline, _ = point_in_time(store, [feature_view(store, v) for v in signature.feature_views], entity_df)
-    # Cards quiet for longer than card_activity's ttl have no offline row (Feast drops them): compare the rest.
-    offline = offline.sort_values("row")
-    assert len(offline) >= 16, f"only {len(offline)} of 32 transactions have fresh features"
-    sent = sent.iloc[offline["row"].to_numpy()].reset_index(drop=True)
-    vectors = offline[signature.feature_columns].to_numpy(np.float32)
+    sent, vectors = recent_with_offline_vectors(repo, signature)
+    assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
 
     by_entities = infer(url, model, entity_request(sent))
     by_vector = infer(url, model, raw_request(vectors))

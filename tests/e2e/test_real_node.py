@@ -323,12 +323,18 @@ def infer_from_a_pod(real: RealPlatform, namespace: str, url: str, body: dict) -
     reachable only from Pods); the answer comes back as its termination message."""
     import json
 
+    return client_pod_answer(real, namespace, INFER_CLIENT, [url, json.dumps(body)])
+
+
+def client_pod_answer(real: RealPlatform, namespace: str, script: str, args: list[str], timeout: float = 90):
+    """Run a Python client script in a Pod on the real node; what it wrote
+    to its termination message, as JSON."""
+    import json
+
     name = f"client-{uuid.uuid4().hex[:6]}"
-    client = pod(name, namespace, base_image().ref, ["python3", "-c", INFER_CLIENT, url, json.dumps(body)],
-                 restartPolicy="Never")
-    real.kube.create(client)
+    real.kube.create(pod(name, namespace, base_image().ref, ["python3", "-c", script, *args], restartPolicy="Never"))
     done = wait_for(lambda: (p := real.kube.get("v1", "Pod", name, namespace)) and
-                    p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=60, what="the inference client")
+                    p["status"].get("phase") in ("Succeeded", "Failed") and p, timeout=timeout, what="the client Pod")
     terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert done["status"]["phase"] == "Succeeded", terminated
     return json.loads(terminated["message"])
@@ -582,6 +588,108 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
+
+
+def test_entity_requests_through_router_pods_read_a_published_feature_store_on_the_real_node(
+        real, tmp_path, monkeypatch):
+    """Cluster path (kubernetes backend, router Pods from the runtime image,
+    on the real node): the fraud model's feature store is published the way
+    Feast's operator gives clients one, as feature_store.yaml text with its
+    registry in the platform's object store and its online store in the
+    platform's Redis on the node's address, and recorded with the version.
+    The router Pod opens it and answers a request that carries only card,
+    merchant, amount, hour and channel with the probability the raw vector
+    built from the offline store gets; an unknown card gets 422 naming it
+    (policy reject). A store recorded as a repository folder stays out of the
+    Pod (unit-tested)."""
+    import json
+
+    import numpy as np
+    from mlflow import MlflowClient
+
+    from kubeloop.api.signature import ModelSignature
+    from kubeloop.featurestore.generate import Scenario, default_start
+    from kubeloop.featurestore.store import StoreLocation, create_repository, materialize
+    from kubeloop.registry.tags import FEATURE_STORE
+    from tests.support.entities import entity_request, raw_request, recent_with_offline_vectors
+    from tests.support.models import register_fraud_model
+
+    namespace = real.namespace()
+    env = real.platform.env()
+    for name, value in env.items():  # Feast here reads the registry from the object store too
+        if name.startswith(("AWS_", "FEAST_")):
+            monkeypatch.setenv(name, value)
+    uri = env["MLFLOW_TRACKING_URI"]
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5),
+                             redis_address=real.platform.start_redis(),
+                             registry=f"s3://feast/{namespace}/registry.db")
+    materialize(repo)
+    model = f"{namespace}-entities"
+    version = register_fraud_model(uri, model, repo, tmp_path / "train")
+    registry = MlflowClient(uri)
+    registry.set_model_version_tag(model, version, FEATURE_STORE,
+                                   StoreLocation(config=(repo / "feature_store.yaml").read_text()).to_json())
+    registry.set_registered_model_alias(model, "champion", version)
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "object-store", "namespace": namespace},
+                      "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_OBJECT_STORE_SECRET="object-store",
+                                KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"])
+    try:
+        real.kube.create(inference_service(namespace, "entities", model, resources={"cpu": "200m", "memory": "512Mi"},
+                                           features={"missing": "reject"}))
+        wait_for(lambda: isvc_status(real.kube, namespace, "entities").get("phase") == "Ready", timeout=420,
+                 interval=1, what="the InferenceService Ready (its router opened the published store)")
+        signature = ModelSignature.from_tags(registry.get_model_version(model, version).tags)
+        sent, vectors = recent_with_offline_vectors(repo, signature)
+        assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
+        service = real.kube.get("v1", "Service", "entities", namespace)
+        url = f"http://{service['spec']['clusterIP']}/v2/models/{triton_name(model)}/infer"
+        stranger = sent.iloc[:1].assign(card_id=10**9)
+        bodies = [entity_request(sent), raw_request(vectors), entity_request(stranger)]
+        by_entities, by_vector, unknown = answers_from_a_pod(real, namespace, url, bodies)
+        assert by_entities["status"] == 200 and by_vector["status"] == 200, (by_entities, by_vector)
+        served = np.array(json.loads(by_entities["body"])["outputs"][0]["data"], dtype=np.float64).ravel()
+        expected = np.array(json.loads(by_vector["body"])["outputs"][0]["data"], dtype=np.float64).ravel()
+        assert len(served) == len(sent) and len(set(np.round(served, 6))) > 1
+        np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+        assert unknown["status"] == 422 and "card_id=1000000000 is not in the online store" in unknown["body"], unknown
+        router = next(p for p in real.kube.list("v1", "Pod", namespace, "kubeloop.dev/inferenceservice=entities")
+                      if p["metadata"]["labels"]["kubeloop.dev/role"] == "router")
+        assert router["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
+
+
+def answers_from_a_pod(real: RealPlatform, namespace: str, url: str, bodies: list[dict]) -> list[dict]:
+    """POST each body to url from a Pod on the real node; each answer's
+    status and body (4xx included)."""
+    import json
+
+    return client_pod_answer(real, namespace, STATUS_CLIENT, [url, json.dumps(bodies)])
+
+
+# Retries while kube-proxy has not yet programmed the Service's rules; keeps
+# 4xx answers (urllib raises them).
+STATUS_CLIENT = """
+import json, sys, time, urllib.error, urllib.request
+answers = []
+for body in json.loads(sys.argv[2]):
+    for attempt in range(20):
+        request = urllib.request.Request(sys.argv[1], json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answers.append({"status": response.status, "body": response.read().decode()})
+            break
+        except urllib.error.HTTPError as error:
+            answers.append({"status": error.code, "body": error.read().decode()})
+            break
+        except OSError:
+            if attempt == 19:
+                raise
+            time.sleep(0.5)
+open("/dev/termination-log", "w").write(json.dumps(answers))
+"""
 
 
 @pytest.mark.timeout(2700)  # the story's own waits (scaled for a machine shared with Pods) should speak first

@@ -7,9 +7,8 @@ import pytest
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
-from kubeloop.dev.fleet import GpuSpec, NodeSpec, build_node, load_fleet
-from kubeloop.gpu.catalog import gpu_model
-from kubeloop.gpu.dra import device_request, partitionable_slices
+from kubeloop.dev.fleet import GpuSpec, NodeSpec, build_node, build_resource_slices, load_fleet
+from kubeloop.gpu.dra import device_request
 from kubeloop.gpu.placement import PlacementDecision
 from tests.support.waiting import wait_for
 
@@ -329,16 +328,17 @@ def _allocated(kube, namespace: str, name: str) -> str | None:  # noqa: ANN001
 
 def test_partitionable_gpus_let_the_scheduler_cut_mig_devices_by_nvidias_rules(platform, kube, namespace):
     """Cluster path, DRA with partitionable devices (beta in 1.36): a fake
-    H200 node publishes its GPU as a counter set and every profile placement
-    as a device (kubeloop.gpu.dra.partitionable_slices); the real scheduler
+    H200 node of the fleet's partitionable kind publishes its GPU as a
+    counter set and every profile placement as a device (no device-plugin
+    capacity); the real scheduler
     allocates a 4g.71gb and a 3g.71gb on the one GPU, holds a 1g.18gb back
     (Unschedulable: no memory slice is left) and allocates it once the 4g's
     claim is gone, at a start slot inside what the 4g freed."""
     node = f"h200-{namespace}"
-    model = gpu_model("NVIDIA-H200")
-    spec = NodeSpec(name=node, gpu=GpuSpec(product="NVIDIA-H200", count=1))
+    spec = NodeSpec(name=node, gpu=GpuSpec(product="NVIDIA-H200", count=1, partitionable=True))
     kube.create(build_node(spec, load_fleet()))
-    slices = partitionable_slices(node, model, 1)
+    assert not any(k.startswith("nvidia.com/") for k in kube.get("v1", "Node", node)["status"]["capacity"])
+    slices = build_resource_slices([spec])
     try:
         for obj in slices:
             kube.apply(obj, field_manager="test")

@@ -271,7 +271,8 @@ def test_the_router_runs_restricted_with_its_routes_and_the_object_stores_secret
     assert router["image"] == "kubeloop/runtime:1" and router["command"][-2:] == ["--host", "0.0.0.0"]
     assert router["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
     assert router["envFrom"] == [{"secretRef": {"name": "logs-s3"}}]
-    assert router["env"] == [{"name": "AWS_ENDPOINT_URL_S3", "value": "http://s3.storage:8333"}]
+    assert router["env"] == [{"name": name, "value": "http://s3.storage:8333"}
+                             for name in ("AWS_ENDPOINT_URL_S3", "FEAST_S3_ENDPOINT_URL")]
     assert json.loads(config_map["data"]["router.json"]) == config
     assert pod["volumes"][0] == {"name": "routes", "configMap": {"name": "fraud-router"}}
     moved = build_router(REF, spec(), {"routes": [{"role": "primary", "version": "2", "percent": 100}]}, FRONT)[1]

@@ -140,3 +140,26 @@ def test_many_gpus_spread_over_slices_within_the_apis_limits():
     assert len(devices) == 9 * 19 and len({d["name"] for d in devices}) == len(devices)
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
     assert len({s["metadata"]["name"] for s in slices}) == len(slices)
+
+
+def test_a_partitionable_fleet_gpu_is_published_through_dra_only():
+    """Unit (pure): a fleet node whose GPUs are partitionable advertises no
+    device-plugin capacity and is published as counter sets and placements;
+    a fixed MIG layout or sharing cannot be partitionable too."""
+    import pytest
+    from pydantic import ValidationError
+
+    from kubeloop.dev.fleet import GpuSpec, NodeSpec, build_node
+
+    spec = NodeSpec(name="h200-0", gpu=GpuSpec(product="NVIDIA-H200", count=2, partitionable=True))
+    node = build_node(spec, load_fleet())
+    assert not any(k.startswith("nvidia.com/") for k in node["status"]["capacity"])
+    assert node["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] == "false"
+    slices = build_resource_slices([spec])
+    assert [len(s["spec"].get("sharedCounters", [])) for s in slices] == [2, 0]
+    assert len(slices[1]["spec"]["devices"]) == 2 * 19
+    with pytest.raises(ValidationError, match="partitionable"):
+        GpuSpec(product="NVIDIA-L40S", count=1, partitionable=True)
+    with pytest.raises(ValidationError, match="partitionable"):
+        GpuSpec(product="NVIDIA-H200", count=1, partitionable=True,
+                mig={"strategy": "single", "config": "all-1g.18gb", "devices": {"1g.18gb": 7}})

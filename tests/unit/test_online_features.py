@@ -171,11 +171,12 @@ def test_the_skew_check_compares_served_rows_with_offline_ones_and_counts_what_d
     assert len(served_rows(records * 50, sample=7)) == 7
 
 
-def test_a_router_pod_gets_no_feature_stores_to_open():
-    """Cluster path (builder): the versions' recorded stores are paths on the
-    operator's machine, which a router Pod cannot open (it would never turn
-    ready: seen on the real node); its routes name none, so it takes feature
-    vectors only."""
+def test_a_router_pod_opens_only_published_feature_stores():
+    """Cluster path (builder): a store recorded as a repository folder is a
+    path on the operator's machine, which a router Pod cannot open (it would
+    never turn ready: seen on the real node), so its routes name none; a
+    store recorded as feature_store.yaml text (published, as Feast's
+    operator gives clients) is one a Pod can open, and its routes name it."""
     from kubeloop.api.serving import InferenceServiceSpec
     from kubeloop.api.signature import TAG
     from kubeloop.gpu.placement import CPU
@@ -195,3 +196,8 @@ def test_a_router_pod_gets_no_feature_stores_to_open():
     assert local["features"] == {"3": SPEC.to_dict()}
     pod = cluster_router_config(request, {"primary": (version, 100)}, None, {"3": "http://m-primary"})
     assert pod["features"] == {} and pod["version_urls"] == {"3": "http://m-primary"}
+    published = json.dumps({"config": "project: fraud\nregistry: s3://feast/fraud/registry.db\n"})
+    version = ModelVersion("m", "3", "runs:/r", tags={TAG: signature.to_json(), FEATURE_STORE: published})
+    request = ServingRequest(REF, spec, (ServedVersion("primary", version, 100),), CPU)
+    pod = cluster_router_config(request, {"primary": (version, 100)}, None, {"3": "http://m-primary"})
+    assert pod["features"]["3"]["store"] == published

@@ -185,8 +185,10 @@ class Retraining(KubeModel):
 class OnlineFeatures(KubeModel):
     """Requests that carry entity keys and request-time columns instead of
     the feature vector: the serving path reads the rest from the online store
-    of the version's feature store (the views of its signature). Local
-    backend; the Kubernetes backend takes the feature vector only, for now."""
+    of the version's feature store (the views of its signature). The local
+    backend reads any recorded store; router Pods (kubernetes and kserve
+    backends) read stores recorded as a published feature_store.yaml, and
+    take the feature vector only for the others."""
 
     # CEL's duration() knows no days: 1d is spelt out, the rest compared as durations.
     model_config = ConfigDict(
@@ -208,7 +210,8 @@ class OnlineFeatures(KubeModel):
     materialisation), from 1s to 1d; unset, the team keeps its online store
     fresh itself and kubeloop schedules nothing. The lag behind it is
     exported as kubeloop_online_features_lag_seconds;
-    KubeloopOnlineFeaturesStale fires when it exceeds three intervals."""
+    KubeloopOnlineFeaturesStale fires when it exceeds three intervals. Local
+    backend only: on a cluster the team materialises its store."""
 
     @field_validator("materialize_every")
     @classmethod

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kubeloop.gpu.catalog import GpuModel, gpu_model
-from kubeloop.gpu.dra import DRIVER, device_entry
+from kubeloop.gpu.dra import DRIVER, device_entry, partitionable_slices
 from kubeloop.gpu.mig import fits_on_one_gpu
 
 DEFAULT_FLEET = Path(__file__).with_name("fleet.yaml")
@@ -41,6 +41,9 @@ class GpuSpec(_Model):
     count: int = Field(ge=1)
     mig: MigLayout | None = None
     sharing: Sharing | None = None
+    partitionable: bool = False
+    """MIG cut on demand through DRA: NVIDIA's DRA driver manages the node
+    (partitionable devices, no device plugin and no fixed layout)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "GpuSpec":
@@ -49,6 +52,8 @@ class GpuSpec(_Model):
             raise ValueError(f"unknown GPU product {self.product}")
         if self.mig and self.sharing:
             raise ValueError("MPS and time-slicing cannot be layered on MIG")
+        if self.partitionable and (self.mig or self.sharing or not model.mig_profiles):
+            raise ValueError("a partitionable GPU is a MIG-capable one without a fixed MIG layout or sharing")
         if self.mig:
             if not model.mig_profiles:
                 raise ValueError(f"{self.product} has no MIG support")
@@ -144,6 +149,10 @@ def _gpu_labels_and_capacity(gpu: GpuSpec, model: GpuModel, fleet: Fleet) -> tup
         "nvidia.com/cuda.runtime-version.full": fleet.cuda,
     }
     capacity: dict[str, str] = {}
+    if gpu.partitionable:  # the DRA driver publishes it; the device plugin advertises nothing
+        labels.update({"nvidia.com/gpu.deploy.device-plugin": "false", "nvidia.com/gpu.product": model.product,
+                       "nvidia.com/gpu.count": str(gpu.count), "nvidia.com/gpu.memory": str(model.memory_mib)})
+        return labels, capacity
     if gpu.mig is None:
         replicas = gpu.sharing.replicas if gpu.sharing else 1
         shared = replicas > 1
@@ -204,14 +213,19 @@ def build_resource_slices(nodes: list[NodeSpec]) -> list[dict]:
     ResourceSlice per node with a GPU, listing its whole GPUs (type gpu) or,
     on MIG nodes, the MIG devices of the current layout (type mig), with
     product, profile, index and memory. MPS-shared nodes stay with the device
-    plugin. The fake fleet advertises both ways at once, so either path can
-    place on it; a real node is managed by one or the other."""
+    plugin; partitionable GPUs are published as counter sets and every
+    profile placement (kubeloop.gpu.dra.partitionable_slices). The fake
+    fleet advertises its other GPUs both ways at once, so either path can
+    place on them; a real node is managed by one or the other."""
     slices = []
     for node in nodes:
         gpu = node.gpu
         if gpu is None or gpu.sharing:
             continue
         model = gpu_model(gpu.product)
+        if gpu.partitionable:
+            slices += partitionable_slices(node.name, model, gpu.count)
+            continue
         devices = []
         for index in range(gpu.count):
             if gpu.mig is None:

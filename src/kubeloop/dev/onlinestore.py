@@ -30,9 +30,13 @@ def redis_binary() -> str:
 
 
 def build_redis_argv(binary: str, port: int, root: Path, address: str = "127.0.0.1") -> list[str]:
-    """redis-server on address:port only, nothing persisted, bounded memory."""
+    """redis-server on address:port only, nothing persisted, bounded memory.
+    Without a password, Redis's protected mode refuses every client that is
+    not on loopback; on the real node's address (on this machine only, as
+    MLflow's) the Pods are such clients, so it is off there."""
+    protected = "yes" if address == "127.0.0.1" else "no"
     return [binary, "--bind", address, "--port", str(port), "--dir", str(root),
-            "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+            "--save", "", "--appendonly", "no", "--protected-mode", protected,
             "--maxmemory", MAX_MEMORY, "--maxmemory-policy", "noeviction",
             "--daemonize", "no", "--logfile", ""]
 

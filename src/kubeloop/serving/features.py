@@ -47,6 +47,13 @@ class FeatureSpec:
                    request_columns=tuple(signature.request_columns), columns=tuple(signature.feature_columns))
 
     @property
+    def published(self) -> bool:
+        """Whether the store was recorded as feature_store.yaml text (what
+        Feast's operator publishes to clients, openable from any Pod that
+        reaches its registry and online store), not a repository folder."""
+        return "config" in json.loads(self.store)
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         """The columns a caller sends."""
         return (*self.entities, *self.request_columns)

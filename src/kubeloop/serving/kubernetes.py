@@ -177,7 +177,8 @@ def role_troubles(kube: Kube, ref: ObjectRef, role: str) -> list[str]:
 
 def cluster_router_config(request: ServingRequest, versions: dict, request_log: str | None,
                           urls: dict[str, str]) -> dict:
-    """The routes of a router Pod in front of the versions' Services: feature
-    vectors only (see build_router_config)."""
+    """The routes of a router Pod in front of the versions' Services; entity
+    requests only for versions whose feature store was recorded as a
+    published feature_store.yaml (see build_router_config)."""
     return build_router_config(request, triton_name(versions["primary"][0].name), "", request_log,
-                               roles=set(versions), version_urls=urls, online_features=False)
+                               roles=set(versions), version_urls=urls, published_stores_only=True)

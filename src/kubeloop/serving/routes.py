@@ -14,12 +14,13 @@ from kubeloop.serving.features import FeatureSpec
 
 def build_router_config(request: ServingRequest, triton_model: str, triton_url: str, request_log: str | None,
                         roles: Collection[str] = ("primary", "canary", "shadow"),
-                        version_urls: dict[str, str] | None = None, online_features: bool = True) -> dict:
+                        version_urls: dict[str, str] | None = None, published_stores_only: bool = False) -> dict:
     """Routes (primary and canary by share, shadow mirrored) for the versions
-    of the given roles, what the answers mean, and where requests are logged;
-    with online_features, what entity requests read from each version's
-    online store (a router in a Pod takes feature vectors only: the stores
-    recorded with the versions are paths on the operator's machine)."""
+    of the given roles, what the answers mean, where requests are logged, and
+    what entity requests read from each version's online store; with
+    published_stores_only (a router in a Pod) only stores recorded as a
+    published feature_store.yaml, never a repository folder on the
+    operator's machine."""
     by_role = {v.role: v for v in request.versions if v.role in roles}
     canary, shadow = by_role.get("canary"), by_role.get("shadow")
     routes = [{"role": "primary", "version": by_role["primary"].model.version,
@@ -32,7 +33,7 @@ def build_router_config(request: ServingRequest, triton_model: str, triton_url: 
         "shadow": {"role": "shadow", "version": shadow.model.version, "percent": shadow.percent} if shadow else None,
         "request_log": request_log, "sample_rate": request.spec.request_logging.sample_rate,
         **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
-        "features": feature_specs(list(by_role.values())) if online_features else {},
+        "features": feature_specs(list(by_role.values()), published_stores_only),
         "missing": request.spec.features.missing,
         **({"version_urls": version_urls} if version_urls else {}),
     }
@@ -45,13 +46,13 @@ def signature_fields(signature: ModelSignature) -> dict:
             "threshold": signature.threshold if signature.threshold is not None else 0.5}
 
 
-def feature_specs(versions: Sequence[ServedVersion]) -> dict[str, dict]:
+def feature_specs(versions: Sequence[ServedVersion], published_only: bool = False) -> dict[str, dict]:
     """Version -> what its entity requests read from the online store, for
     the versions whose signature names feature views and whose feature store
-    was recorded."""
+    was recorded (with published_only, as feature_store.yaml text)."""
     specs = {}
     for served in versions:
         spec = FeatureSpec.of(ModelSignature.from_tags(served.model.tags), served.model.tags.get(FEATURE_STORE, ""))
-        if spec is not None:
+        if spec is not None and (spec.published or not published_only):
             specs[served.model.version] = spec.to_dict()
     return specs
