@@ -4,8 +4,8 @@ started as a platform process on 127.0.0.1 when chosen.
 
 Redis here is a cache of the offline store that materialisation refills, so
 it persists nothing (no RDB snapshots, no append-only file) and is bounded:
-at its memory limit it refuses writes rather than silently evicting feature
-values, and materialisation reports the refusal.
+at its memory limit it refuses writes (noeviction) rather than silently
+evicting feature values.
 """
 
 from __future__ import annotations

@@ -569,16 +569,14 @@ class Platform:
         if state is None:
             raise PlatformError(f"no platform in {self.dir}: `kubeloop dev up` first")
         bind = NODE_IP if state.real_node else "127.0.0.1"
-        if any(p.name == "redis" and p.running() for p in state.processes):
-            return f"{bind}:{state.ports['redis']}"
-        state.ports["redis"] = processes.free_port()
-        root = self.dir / "redis"
-        root.mkdir(parents=True, exist_ok=True)
-        self._spawn(state, "redis", onlinestore.build_redis_argv(
-            onlinestore.redis_binary(), state.ports["redis"], root, bind))
-        address = f"{bind}:{state.ports['redis']}"
-        self._wait(state, "redis", lambda: onlinestore.answering(address), 30)
-        return address
+        if not any(p.name == "redis" and p.running() for p in state.processes):
+            state.ports["redis"] = processes.free_port()
+            root = self.dir / "redis"
+            root.mkdir(parents=True, exist_ok=True)
+            self._spawn(state, "redis", onlinestore.build_redis_argv(
+                onlinestore.redis_binary(), state.ports["redis"], root, bind))
+            self._wait(state, "redis", lambda: onlinestore.answering(f"{bind}:{state.ports['redis']}"), 30)
+        return f"{bind}:{state.ports['redis']}"
 
     def _start_objectstore(self, state: PlatformState) -> None:
         """SeaweedFS with an S3 gateway and a new access key; its buckets are

@@ -67,9 +67,10 @@ def partitionable_slices(node: str, model: GpuModel, gpus: int) -> list[dict]:
     counter_sets, devices = [], []
     for index in range(gpus):
         counter_set = f"gpu-{index}"
-        counter_sets.append({"name": counter_set, "counters": counter_set_counters(model)})
+        whole_gpu = counter_set_counters(model)
+        counter_sets.append({"name": counter_set, "counters": whole_gpu})
         whole = device_entry(f"gpu-{index}", "gpu", model, index, model.memory_mib)
-        whole["consumesCounters"] = [{"counterSet": counter_set, "counters": counter_set_counters(model)}]
+        whole["consumesCounters"] = [{"counterSet": counter_set, "counters": whole_gpu}]
         devices.append(whole)
         for profile in model.mig_profiles:
             for start in profile.starts:
@@ -77,9 +78,8 @@ def partitionable_slices(node: str, model: GpuModel, gpus: int) -> list[dict]:
                                     profile.memory_mib)
                 device["attributes"]["profile"] = {"string": profile.name}
                 device["attributes"]["placementStart"] = {"int": start}
-                device["consumesCounters"] = [{"counterSet": counter_set, "counters": {
-                    **{f"memory-{s}": {"value": "1"} for s in range(start, start + profile.memory_slices)},
-                    "compute": {"value": str(profile.compute_slices)}}}]
+                device["consumesCounters"] = [{"counterSet": counter_set, "counters": _counters(
+                    range(start, start + profile.memory_slices), profile.compute_slices)}]
                 devices.append(device)
     pieces = ([{"sharedCounters": counter_sets[k:k + MAX_COUNTER_SETS_PER_SLICE]}
                for k in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
@@ -95,8 +95,11 @@ def partitionable_slices(node: str, model: GpuModel, gpus: int) -> list[dict]:
 
 def counter_set_counters(model: GpuModel) -> dict[str, dict]:
     """Everything one GPU's counter set holds (what the whole GPU consumes)."""
-    return {**{f"memory-{s}": {"value": "1"} for s in range(model.memory_slices)},
-            "compute": {"value": str(model.compute_slices)}}
+    return _counters(range(model.memory_slices), model.compute_slices)
+
+
+def _counters(memory_slices: range, compute_slices: int) -> dict[str, dict]:
+    return {**{f"memory-{s}": {"value": "1"} for s in memory_slices}, "compute": {"value": str(compute_slices)}}
 
 
 def device_entry(name: str, kind: str, model: GpuModel, index: int, memory_mib: int) -> dict:

@@ -15,11 +15,13 @@ from kubeloop.operator.builders.kserve import (
 )
 from kubeloop.operator.builders.meta import owner_selector
 from kubeloop.operator.builders.serving import (
-    ServingImages, build_router, build_service, rollout_failed, router_name, service_name,
+    ServingImages, build_router, build_service, router_name, service_name,
 )
 from kubeloop.operator.kube import Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
-from kubeloop.serving.kubernetes import OWNED, cluster_router_config, front_request_log, role_troubles
+from kubeloop.serving.kubernetes import (
+    OWNED, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
+)
 
 KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
 
@@ -36,7 +38,9 @@ class KServeServing(ServingBackend):
         ref = request.ref
         versions = {v.role: (v.model, v.percent) for v in request.versions}
         try:
-            rolled_back = self._failed_canary(request)
+            # KServe makes the canary's predictor Deployment; kubeloop owns its KServe InferenceService.
+            rolled_back = roll_back_stuck_canary(self.kube, request, predictor_name(ref, "canary"),
+                                                 (KSERVE_API, "InferenceService", kserve_name(ref, "canary")))
             if rolled_back:
                 versions.pop("canary")
             self._ensure_runtime(ref.namespace)
@@ -58,20 +62,6 @@ class KServeServing(ServingBackend):
         return ServingState(url=self._url(ref), ready=ready, ready_replicas=sum(available.values()),
                             message="; ".join(messages), rolled_back=("canary",) if rolled_back else (),
                             failing=failing, traffic=self._traffic(versions))
-
-    def _failed_canary(self, request: ServingRequest) -> str | None:
-        """A canary whose predictor rollout passed its progress deadline (the
-        Deployment controller's verdict on what KServe made): kubeloop's KServe
-        InferenceService for it goes, the primary keeps all traffic, and the
-        reason comes back."""
-        if request.version("canary") is None:
-            return None
-        ref = request.ref
-        live = self.kube.get("apps/v1", "Deployment", predictor_name(ref, "canary"), ref.namespace)
-        reason = rollout_failed(live) if live else None
-        if reason:
-            self.kube.delete(KSERVE_API, "InferenceService", kserve_name(ref, "canary"), ref.namespace)
-        return reason
 
     def _url(self, ref: ObjectRef) -> str:
         name = service_name(ref) if self.images.router is not None else predictor_name(ref, "primary")

@@ -39,7 +39,9 @@ class KubernetesServing(ServingBackend):
     def ensure(self, request: ServingRequest) -> ServingState:
         versions = {v.role: (v.model, v.percent) for v in request.versions}
         try:
-            rolled_back = self._failed_canary(request)
+            ref = request.ref
+            rolled_back = roll_back_stuck_canary(self.kube, request, deployment_name(ref, "canary"),
+                                                 ("apps/v1", "Deployment", deployment_name(ref, "canary")))
             if rolled_back:
                 versions.pop("canary")
             desired = build_children(request.ref, request.spec, versions, request.placement, self.images,
@@ -97,17 +99,6 @@ class KubernetesServing(ServingBackend):
             self.kube.apply({"apiVersion": "apps/v1", "kind": "Deployment",
                              "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
                              "spec": {"replicas": live["spec"]["replicas"]}}, field_manager=HANDOVER_MANAGER)
-
-    def _failed_canary(self, request: ServingRequest) -> str | None:
-        """A canary whose rollout passed its progress deadline: its Deployment
-        goes (the primary keeps all traffic) and the reason comes back."""
-        if request.version("canary") is None:
-            return None
-        live = self.kube.get("apps/v1", "Deployment", deployment_name(request.ref, "canary"), request.ref.namespace)
-        reason = rollout_failed(live) if live else None
-        if reason:
-            self.kube.delete("apps/v1", "Deployment", deployment_name(request.ref, "canary"), request.ref.namespace)
-        return reason
 
     def delete(self, ref: ObjectRef) -> None:
         # ownerReferences make the garbage collector remove every child.
@@ -173,6 +164,21 @@ def front_request_log(images: ServingImages, ref: ObjectRef, spec) -> str | None
 def role_troubles(kube: Kube, ref: ObjectRef, role: str) -> list[str]:
     """What went wrong in the containers of a role's Pods (see container_troubles)."""
     return container_troubles(kube.list("v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))
+
+
+def roll_back_stuck_canary(kube: Kube, request: ServingRequest, deployment: str,
+                           owned: tuple[str, str, str]) -> str | None:
+    """A canary whose Deployment passed its progress deadline (the Deployment
+    controller's verdict): what kubeloop owns for it (api version, kind,
+    name) goes, the primary keeps all traffic, and the reason comes back."""
+    if request.version("canary") is None:
+        return None
+    namespace = request.ref.namespace
+    live = kube.get("apps/v1", "Deployment", deployment, namespace)
+    reason = rollout_failed(live) if live else None
+    if reason:
+        kube.delete(*owned, namespace)
+    return reason
 
 
 def cluster_router_config(request: ServingRequest, versions: dict, request_log: str | None,
