@@ -26,23 +26,36 @@ def test_the_interval_covers_the_true_quantile_most_of_the_time():
     for seed in range(trials):
         samples = np.random.default_rng(seed).exponential(size=(20, 100))
         for q in hits:
-            est = quantile_interval(samples, q, resamples=100, seed=seed)
+            est = quantile_interval(samples, q)
             hits[q] += est.low <= true[q] <= est.high
             assert est.low <= est.value <= est.high
     assert hits[0.5] / trials >= 0.9 and hits[0.99] / trials >= 0.9
 
 
-def test_rounds_that_disagree_widen_the_interval():
-    """A slow stretch of rounds (another process on the core) must show in
-    the interval, not hide among many calls as if every call were independent."""
+def test_a_minority_of_disturbed_rounds_moves_neither_figure_nor_interval():
+    """Four rounds in twenty with a slow stretch in their tail (a stalled
+    virtual CPU): pooled over every call the p99 is the stall's; the
+    typical round's p99, and its interval, stay where the other sixteen put it."""
     rng = np.random.default_rng(1)
     steady = rng.normal(1.0, 0.01, size=(20, 200))
-    shifted = steady.copy()
-    shifted[:4] += 0.2
-    flat_only = quantile_interval(shifted.reshape(1, -1), 0.5)  # one round: order statistics alone
+    disturbed = steady.copy()
+    disturbed[:4, :20] += 0.5
+    assert np.quantile(disturbed, 0.99) > 1.4
+    calm, shaken = quantile_interval(steady, 0.99), quantile_interval(disturbed, 0.99)
+    assert shaken.high < 1.1 and abs(shaken.value - calm.value) < 0.01
+
+
+def test_a_shift_in_most_rounds_shows_in_the_interval():
+    """When most rounds are slower the figure follows, and rounds that
+    disagree widen the interval beyond what one pooled round's calls give."""
+    rng = np.random.default_rng(2)
+    shifted = rng.normal(1.0, 0.01, size=(20, 200))
+    shifted[:8] += 0.05
+    shifted[8:12] += 0.2
+    one_round = quantile_interval(shifted.reshape(1, -1), 0.5)
     blocked = quantile_interval(shifted, 0.5)
-    assert blocked.high - blocked.low > 3 * (flat_only.high - flat_only.low)
-    assert quantile_interval(steady, 0.5).spread < 0.01
+    assert blocked.value > 1.04
+    assert blocked.high - blocked.low > 3 * (one_round.high - one_round.low)
 
 
 def test_bad_samples_are_refused():

@@ -149,8 +149,12 @@ class Interval(KubeModel):
 
 class Variant(KubeModel):
     """One measured variant. Latencies are per call at the SLO batch size,
-    timed interleaved with the other variants; on a CPU target by the calling
-    thread's CPU clock (one thread per runtime), on a GPU by the wall clock."""
+    timed interleaved with the other variants over 30 rounds; on a CPU target
+    by the calling thread's CPU clock (one thread per runtime), on a GPU by
+    the wall clock. Calls shorter than half a millisecond are timed in groups
+    that long. Each percentile is that of a typical round (the median over
+    rounds), so a few rounds disturbed by other work on the machine do not
+    decide it."""
 
     technique: str
     """The technique that built it (source is the unmodified model)."""
