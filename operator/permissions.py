@@ -51,12 +51,15 @@ class Permissions:
     """Cluster rules of the kserve serving backend."""
     dra: tuple[Rule, ...]
     """Namespaced rules needed only when GPUs are claimed through DRA (KUBELOOP_GPU_ALLOCATION=dra)."""
+    dra_cluster: tuple[Rule, ...]
+    """Cluster rules needed only with DRA: the fleet's partitionable devices and what claims hold."""
 
     def to_wire(self) -> dict:
         return {scope: [r.policy() for r in rules]
                 for scope, rules in (("namespaced", self.namespaced), ("cluster", self.cluster),
                                      ("gateway", self.gateway), ("kserve", self.kserve),
-                                     ("kserveCluster", self.kserve_cluster), ("dra", self.dra))}
+                                     ("kserveCluster", self.kserve_cluster), ("dra", self.dra),
+                                     ("draCluster", self.dra_cluster))}
 
 
 def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
@@ -102,5 +105,11 @@ def operator_permissions() -> Permissions:
     kserve_cluster = (Rule("serving.kserve.io", ("clusterstoragecontainers",), APPLY,
                            "kserve serving: the storage initializer for models:/ URIs"),)
     dra = _owned((CLAIM_TEMPLATES,), ("list", "delete", *APPLY), "serving: the GPU claim templates of the Pods (DRA)")
+    dra_cluster = (
+        Rule("resource.k8s.io", ("resourceslices",), ("list",),
+             "GPU placement (DRA): the partitionable GPUs NVIDIA's DRA driver publishes"),
+        Rule("resource.k8s.io", ("resourceclaims",), ("list",),
+             "GPU placement (DRA): the devices every namespace's claims hold"),
+    )
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
-                       kserve_cluster=kserve_cluster, dra=dra)
+                       kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster)

@@ -35,7 +35,8 @@ class Ports:
     registry: ModelRegistry
     pipelines: dict[str, PipelineBackend] = field(default_factory=dict)
     serving: dict[str, ServingBackend] = field(default_factory=dict)
-    fleet: Callable[[], list[NodeInfo]] = list
+    fleet: Callable[..., list[NodeInfo]] = lambda excluding=None: []
+    """The GPU fleet as the InferenceService `excluding` sees it: what its own Pods hold counts as free."""
     default_pipeline_backend: str = "local"
     default_serving_backend: str = "kubernetes"
     tracking_ui: str | None = None

@@ -136,7 +136,7 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         registry=build_registry(config),
         pipelines=build_pipeline_backends(config),
         serving=serving,
-        fleet=partial(observe_fleet, kube),
+        fleet=partial(observe_fleet, kube, dra=config.gpu_allocation == "dra"),
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
         tracking_ui=config.tracking_uri,

@@ -67,7 +67,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                                     f"{spec.model.uri} is version {primary.version}"
                                     + (f"; not found: {', '.join(missing)}" if missing else "")))
 
-    placement = _place(spec, primary, backend_name, ports)
+    placement = _place(ref, spec, primary, backend_name, ports)
     if not placement.feasible:
         observations.append(Observation("Placed", "False", "FitsAfterRelayout" if placement.relayout
                                         else "NoFittingCapacity", placement.reason))
@@ -172,11 +172,12 @@ def _deployed(served: ServingState, answering: str | None) -> Observation:
     return Observation("Deployed", "False", "ContainersFailing" if served.failing else "RollingOut", served.message)
 
 
-def _place(spec: InferenceServiceSpec, primary: ModelVersion, backend_name: str, ports: Ports) -> PlacementDecision:
+def _place(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, backend_name: str,
+           ports: Ports) -> PlacementDecision:
     if backend_name == "local":
         return LOCAL
     footprint = primary.tags.get(tags.GPU_MEMORY_MIB)
-    return plan(spec.gpu, int(footprint) if footprint else None, ports.fleet() if spec.gpu else [],
+    return plan(spec.gpu, int(footprint) if footprint else None, ports.fleet(excluding=ref) if spec.gpu else [],
                 replicas=spec.replicas)
 
 

@@ -3,13 +3,17 @@ planner picks the slice, the real kube-scheduler places the Pods."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev.fleet import GpuSpec, NodeSpec, build_node, build_resource_slices, load_fleet
 from kubeloop.gpu.dra import device_request
+from kubeloop.api.refs import ObjectRef
 from kubeloop.gpu.placement import PlacementDecision
+from kubeloop.operator.fleet import observe_fleet
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -335,13 +339,7 @@ def test_partitionable_gpus_let_the_scheduler_cut_mig_devices_by_nvidias_rules(p
     (Unschedulable: no memory slice is left) and allocates it once the 4g's
     claim is gone, at a start slot inside what the 4g freed."""
     node = f"h200-{namespace}"
-    spec = NodeSpec(name=node, gpu=GpuSpec(product="NVIDIA-H200", count=1, partitionable=True))
-    kube.create(build_node(spec, load_fleet()))
-    assert not any(k.startswith("nvidia.com/") for k in kube.get("v1", "Node", node)["status"]["capacity"])
-    slices = build_resource_slices([spec])
-    try:
-        for obj in slices:
-            kube.apply(obj, field_manager="test")
+    with _partitionable_h200(kube, node):
         for name, profile in (("big", "4g.71gb"), ("mid", "3g.71gb")):
             for obj in _partition_pod(namespace, name, node, profile):
                 kube.create(obj)
@@ -361,7 +359,79 @@ def test_partitionable_gpus_let_the_scheduler_cut_mig_devices_by_nvidias_rules(p
         assert small in {f"gpu-0-1g-18gb-at-{s}" for s in range(4)}, small
         wait_for(lambda: (p := kube.get("v1", "Pod", "small", namespace)) and p["status"].get("phase") == "Running",
                  timeout=60, what="the 1g.18gb Pod running")
+
+
+@contextmanager
+def _partitionable_h200(kube, node: str):  # noqa: ANN001
+    """A KWOK node with one H200 that only NVIDIA's DRA driver publishes (as
+    partitionable devices; no device-plugin capacity), gone afterwards."""
+    spec = NodeSpec(name=node, gpu=GpuSpec(product="NVIDIA-H200", count=1, partitionable=True))
+    kube.create(build_node(spec, load_fleet()))
+    assert not any(k.startswith("nvidia.com/") for k in kube.get("v1", "Node", node)["status"]["capacity"])
+    slices = build_resource_slices([spec])
+    try:
+        for obj in slices:
+            kube.apply(obj, field_manager="test")
+        yield
     finally:
         for obj in slices:
             kube.delete("resource.k8s.io/v1", "ResourceSlice", obj["metadata"]["name"])
         kube.delete("v1", "Node", node)
+
+
+def test_the_planner_sees_partitionable_gpus_and_waits_when_their_counters_are_spent(
+        platform, kube, namespace, model, start_operator):
+    """Cluster path (kubernetes backend, KUBELOOP_GPU_ALLOCATION=dra; real
+    v1.36 scheduler; a fake H200 node published only as partitionable DRA
+    devices). The operator reads ResourceSlices and allocated claims: two
+    60 GiB InferenceServices are each planned onto a 3g.71gb partition and
+    the scheduler cuts them at slots 0 and 4; the fleet as each sees it
+    leaves it its own partition; a third finds no 3g.71gb left, and its
+    status says its Pods wait for capacity."""
+    op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow",
+                        MLFLOW_TRACKING_URI=platform.env()["MLFLOW_TRACKING_URI"],
+                        KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_SERVING_BACKEND="kubernetes",
+                        KUBELOOP_GPU_ALLOCATION="dra")
+    op.wait_for_log("Initial authentication has finished")
+    node = f"h200-{namespace}"
+    big = {"sharing": "mig", "product": "NVIDIA-H200", "memoryMib": 60 * GiB}
+    with _partitionable_h200(kube, node):
+        devices = set()
+        for name in ("first", "second"):
+            kube.create(isvc(namespace, name, model, big))
+            status = wait_for(lambda name=name: (o := kube.get(API_VERSION, "InferenceService", name, namespace))
+                              and o.get("status", {}).get("phase") == "Ready" and o["status"], timeout=90,
+                              what=f"{name} Ready on a partition")
+            assert "3g.71gb partition of an NVIDIA-H200" in status["placement"]["reason"], status["placement"]
+            pod = wait_for(lambda name=name: next((p for p in pods_of(kube, namespace, name)
+                                                   if p["status"].get("phase") == "Running"), None),
+                           timeout=30, what=f"{name} running")
+            assert pod["spec"]["nodeName"] == node
+            claim = kube.get("resource.k8s.io/v1", "ResourceClaim",
+                             pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"], namespace)
+            devices.add(claim["status"]["allocation"]["devices"]["results"][0]["device"])
+        assert devices == {"gpu-0-3g-71gb-at-0", "gpu-0-3g-71gb-at-4"}
+        # Each sees its own partition as its own: one 3g.71gb free to it, none to a newcomer.
+        def free(name: str) -> int:
+            ref = ObjectRef("InferenceService", namespace, name, uid="")
+            [seen] = [n for n in observe_fleet(kube, dra=True, excluding=ref) if n.name == node]
+            return seen.partitions.free["3g.71gb"]
+
+        assert (free("first"), free("second"), free("third")) == (1, 1, 0)
+        kube.create(isvc(namespace, "third", model, big))
+        def planned() -> dict | None:
+            status = (kube.get(API_VERSION, "InferenceService", "third", namespace) or {}).get("status") or {}
+            return status if status.get("placement") else None
+
+        status = wait_for(planned, timeout=60, what="third planned")
+        placement = status["placement"]
+        assert "3g.71gb" in placement["reason"] and "no free capacity now" in placement["reason"], placement
+        placed = next(c for c in status["conditions"] if c["type"] == "Placed")
+        assert (placed["status"], placed["reason"]) == ("True", "WaitingForCapacity"), placed
+        wait_for(lambda: any(c["type"] == "PodScheduled" and c["reason"] == "Unschedulable"
+                             for p in pods_of(kube, namespace, "third")
+                             for c in p.get("status", {}).get("conditions", [])),
+                 timeout=60, what="the third's Pod unschedulable")
+        for name in ("first", "second", "third"):
+            kube.delete(API_VERSION, "InferenceService", name, namespace)
+        wait_for(lambda: not kube.list("v1", "Pod", namespace), timeout=60, what="the Pods gone")

@@ -223,27 +223,31 @@ def test_serving_backend_kserve_enables_the_backend_and_grants_kserves_kinds():
 
 
 def test_gpu_allocation_dra_reaches_the_operator_and_grants_claim_templates_only_then():
-    """Cluster path (chart): serving.gpuAllocation=dra sets KUBELOOP_GPU_ALLOCATION and adds the
-    ResourceClaimTemplates' rules to the Roles; the default grants none."""
+    """Cluster path (chart): serving.gpuAllocation=dra sets KUBELOOP_GPU_ALLOCATION, adds the
+    ResourceClaimTemplates' rules to the Roles and the read of ResourceSlices and claims to the
+    fleet's ClusterRole; the default grants none of them."""
     wanted = operator_permissions()
     docs = render(*RENDERINGS["namespaced"], "--set", "serving.gpuAllocation=dra")
     env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
     assert env["KUBELOOP_GPU_ALLOCATION"] == "dra"
     namespaced = [r.policy() for r in wanted.namespaced + wanted.dra]
     assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
-    assert "resourceclaimtemplates" not in json.dumps(render(*RENDERINGS["namespaced"]))
+    assert _rules(docs, "ClusterRole") == {"/kubeloop-fleet": [r.policy() for r in wanted.cluster + wanted.dra_cluster]}
+    default = json.dumps(render(*RENDERINGS["namespaced"]))
+    assert "resourceclaimtemplates" not in default and "resourceslices" not in default
 
 
 def test_the_permissions_are_least_privilege():
     wanted = operator_permissions()
-    every = wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster + wanted.dra
+    every = (wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster + wanted.dra
+             + wanted.dra_cluster)
     for rule in every:
         assert "*" not in rule.verbs and "*" not in rule.resources and rule.api_group != "*"
         assert not {"secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",
                     "clusterrolebindings", "pods/exec"} & set(rule.resources), rule
         assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule.verbs), rule
     # Cluster-wide, only reads (and applying kubeloop's one storage container with KServe).
-    assert all(set(rule.verbs) <= {"get", "list", "watch"} for rule in wanted.cluster)
+    assert all(set(rule.verbs) <= {"get", "list", "watch"} for rule in wanted.cluster + wanted.dra_cluster)
 
 
 def test_the_prometheus_rule_carries_the_alert_templates_verbatim():

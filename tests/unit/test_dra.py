@@ -9,10 +9,10 @@ import re
 from kubeloop.api.serving import ServingGPU
 from kubeloop.dev.fleet import build_resource_slices, load_fleet
 from kubeloop.gpu.dra import MIG_CLASS, device_request
-from kubeloop.gpu.placement import CPU, plan
+from kubeloop.gpu.placement import CPU, NodeInfo, plan
 from kubeloop.operator.builders.serving import ServingImages, build_children
 from tests.unit.test_builders_serving import REF, V1, spec
-from tests.unit.test_placement import GiB, fleet
+from tests.unit.test_placement import GiB, fleet, gpu
 
 
 def test_a_mig_decision_becomes_a_request_for_that_profile_of_that_product_with_the_memory():
@@ -163,3 +163,55 @@ def test_a_partitionable_fleet_gpu_is_published_through_dra_only():
     with pytest.raises(ValidationError, match="partitionable"):
         GpuSpec(product="NVIDIA-H200", count=1, partitionable=True,
                 mig={"strategy": "single", "config": "all-1g.18gb", "devices": {"1g.18gb": 7}})
+
+
+def _partitionable_h200(allocated: set[str] = frozenset(), gpus: int = 1) -> NodeInfo:
+    """The fleet plus one partitionable H200 node, as the operator reads it
+    with DRA: its slices, less the devices named as allocated."""
+    from kubeloop.gpu.catalog import gpu_model
+    from kubeloop.gpu.dra import free_partitions, partitionable_slices
+
+    slices = partitionable_slices("gpu-h200-0", gpu_model("NVIDIA-H200"), gpus)
+    pool = slices[0]["spec"]["pool"]["name"]
+    [(node, partitions)] = free_partitions(slices, {(pool, d) for d in allocated}).items()
+    return NodeInfo(node, {"nvidia.com/gpu.product": "NVIDIA-H200"}, {}, {}, partitions)
+
+
+def test_free_partitions_are_what_the_counters_left_by_allocated_devices_still_admit():
+    """Unit (pure): an empty H200 gives each profile its MIG maximum; with a
+    4g.71gb allocated at slot 0, what is left is the other half (a 3g at 4,
+    three 1g.18gb at 4-6 within the 3 compute slices left), and no whole GPU;
+    a second GPU adds its own."""
+    empty = _partitionable_h200().partitions
+    assert empty.product == "NVIDIA-H200"
+    assert empty.free == {"gpu": 1, "1g.18gb": 7, "1g.35gb": 4, "2g.35gb": 3, "3g.71gb": 2, "4g.71gb": 1,
+                          "7g.141gb": 1}
+    half = _partitionable_h200({"gpu-0-4g-71gb-at-0"}).partitions
+    assert half.free == {"gpu": 0, "1g.18gb": 3, "1g.35gb": 2, "2g.35gb": 1, "3g.71gb": 1, "4g.71gb": 0,
+                         "7g.141gb": 0}
+    two = _partitionable_h200({"gpu-0-3g-71gb-at-4"}, gpus=2).partitions
+    assert two.free["3g.71gb"] == 3 and two.free["7g.141gb"] == 1 and two.free["gpu"] == 1
+
+
+def test_slices_without_counter_sets_are_not_partitionable():
+    from kubeloop.gpu.dra import free_partitions
+
+    assert free_partitions(build_resource_slices(load_fleet().nodes), set()) == {}
+
+
+def test_the_planner_cuts_the_smallest_partition_that_holds_the_model_and_waits_when_none_is_left():
+    """Unit (pure): 60 GiB on H200s holds in a 3g.71gb (the 4g and 7g hold
+    it too, with more of the GPU); the decision is a MIG partition of that
+    node, claimed through DRA by product and profile; once both 3g
+    placements are taken it waits for capacity rather than calling it free.
+    Without partitions (the device-plugin view) no H200 exists."""
+    h200 = gpu(sharing="mig", product="NVIDIA-H200", memoryMib=60 * GiB)
+    decision = plan(h200, None, [*fleet(), _partitionable_h200()])
+    assert decision.feasible and not decision.waiting_for_capacity
+    assert (decision.mode, decision.profile, decision.nodes) == ("mig", "3g.71gb", ("gpu-h200-0",))
+    assert "partition of an NVIDIA-H200 (cut at allocation)" in decision.reason
+    cel = device_request(decision)["exactly"]["selectors"][0]["cel"]["expression"]
+    assert "profile == '3g.71gb'" in cel and "productName == 'NVIDIA-H200'" in cel
+    full = plan(h200, None, [_partitionable_h200({"gpu-0-3g-71gb-at-0", "gpu-0-3g-71gb-at-4"})])
+    assert full.feasible and full.waiting_for_capacity and full.profile == "3g.71gb"
+    assert not plan(h200, None, fleet()).feasible

@@ -17,7 +17,7 @@ from kubeloop.registry.tags import FEATURE_STORE, GPU_MEMORY_MIB as FOOTPRINT_TA
 from kubeloop.registry.base import RegistryUnavailable
 from kubeloop.registry.memory import InMemoryRegistry
 from tests.unit.fakes import RecordingServing
-from tests.unit.test_placement import fleet
+from tests.unit.test_placement import fleet as fake_fleet
 
 REF = ObjectRef("InferenceService", "ml", "fraud", "uid-9", generation=1)
 
@@ -41,6 +41,14 @@ def serving():
     return RecordingServing()
 
 
+def fleet(excluding=None):  # noqa: ANN001, ANN201 - the fleet port: as the object being placed sees it
+    fleet.asked.append(excluding)
+    return fake_fleet()
+
+
+fleet.asked = []
+
+
 @pytest.fixture
 def ports(registry, serving):
     return Ports(registry=registry, serving={"kubernetes": serving}, fleet=fleet)
@@ -51,6 +59,8 @@ def test_ready_with_url_version_and_placement(ports, serving):
     assert out.status.phase == "Ready"
     assert out.status.url == "http://fraud.example" and out.status.model_version == "1"
     assert out.status.placement.resource == "nvidia.com/mig-1g.10gb"
+    # Planned on the fleet as this object sees it: its own Pods' slices count as free.
+    assert fleet.asked[-1] == REF
     request = serving.requests[-1]
     assert [(v.role, v.model.version, v.percent) for v in request.versions] == [("primary", "1", 100)]
 

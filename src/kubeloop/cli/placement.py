@@ -31,6 +31,9 @@ def plan(
     tracking_uri: Annotated[Optional[str], typer.Option(envvar="MLFLOW_TRACKING_URI",
                                                         help="Read measured footprints from this registry.")] = None,
     output: Annotated[Output, typer.Option("--output", "-o", help="text (80 columns), yaml or json.")] = Output.text,
+    gpu_allocation: Annotated[str, typer.Option(envvar="KUBELOOP_GPU_ALLOCATION",
+                                                help="dra: also plan for GPUs published as partitionable "
+                                                     "DRA devices, as the operator does.")] = "device-plugin",
 ) -> None:
     """Plan every InferenceService against the fleet and suggest MIG layouts."""
     from kubeloop.api.resources import INFERENCE_SERVICE
@@ -48,7 +51,7 @@ def plan(
         from kubeloop.registry.mlflow import MlflowRegistry
 
         registry = MlflowRegistry(tracking_uri)
-    report = build_report(objects, observe_fleet(kube), registry, namespace or "default")
+    report = build_report(objects, observe_fleet(kube, dra=gpu_allocation == "dra"), registry, namespace or "default")
     if output is Output.json:
         print(json.dumps(report, indent=2))
     elif output is Output.yaml:

@@ -12,8 +12,10 @@ at least the footprint's memory. MPS shares stay with the device plugin.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from kubeloop.gpu.catalog import GpuModel
-from kubeloop.gpu.placement import PlacementDecision
+from kubeloop.gpu.placement import Partitions, PlacementDecision
 
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"
@@ -110,3 +112,59 @@ def device_entry(name: str, kind: str, model: GpuModel, index: int, memory_mib: 
                                          "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
                                          "index": {"int": index}},
             "capacity": {"memory": {"value": f"{memory_mib}Mi"}}}
+
+
+def free_partitions(slices: list[dict], allocated: set[tuple[str, str]]) -> dict[str, Partitions]:
+    """Node -> Partitions, from the driver's ResourceSlices and the devices
+    claims hold now ((pool, device) pairs): each counter set's counters less
+    what allocated devices consume, then for each profile how many of its
+    devices fit what is left, taken by start slot (NVIDIA's start slots are
+    aligned to the profile's size, so first fit packs them as tightly as
+    any choice would). Nodes without counter sets are not partitionable."""
+    nodes: dict[str, tuple[dict, list[tuple[str, dict]]]] = {}
+    for piece in slices:
+        spec = piece.get("spec", {})
+        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+            continue
+        counters, devices = nodes.setdefault(spec["nodeName"], ({}, []))
+        for counter_set in spec.get("sharedCounters", []):
+            counters[counter_set["name"]] = Counter({k: int(v["value"]) for k, v in counter_set["counters"].items()})
+        devices += [(spec["pool"]["name"], d) for d in spec.get("devices", []) if d.get("consumesCounters")]
+    out = {}
+    for node, (counters, devices) in nodes.items():
+        if not counters or not devices:
+            continue
+        for pool, device in devices:
+            if (pool, device["name"]) in allocated:
+                _consume(counters, device)
+        out[node] = Partitions(devices[0][1]["attributes"]["productName"]["string"], _fitting(counters, devices))
+    return out
+
+
+def _fitting(counters: dict[str, Counter], devices: list[tuple[str, dict]]) -> dict[str, int]:
+    kinds: dict[str, list[dict]] = {}
+    for _pool, device in devices:
+        attributes = device["attributes"]
+        kind = attributes["profile"]["string"] if attributes["type"]["string"] == "mig" else "gpu"
+        kinds.setdefault(kind, []).append(device)
+    free = {}
+    for kind, candidates in kinds.items():
+        left = {name: Counter(c) for name, c in counters.items()}
+        free[kind] = 0
+        for device in sorted(candidates, key=lambda d: d["attributes"].get("placementStart", {}).get("int", 0)):
+            if _fits(left, device):
+                _consume(left, device)
+                free[kind] += 1
+    return free
+
+
+def _fits(counters: dict[str, Counter], device: dict) -> bool:
+    return all(counters.get(use["counterSet"], Counter())[name] >= int(value["value"])
+               for use in device["consumesCounters"] for name, value in use["counters"].items())
+
+
+def _consume(counters: dict[str, Counter], device: dict) -> None:
+    for use in device["consumesCounters"]:
+        held = counters.setdefault(use["counterSet"], Counter())
+        for name, value in use["counters"].items():
+            held[name] -= int(value["value"])

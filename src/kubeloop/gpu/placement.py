@@ -28,6 +28,16 @@ MPS_HEADROOM = 1.1
 
 
 @dataclass(frozen=True)
+class Partitions:
+    """What a node's partitionable GPUs (DRA) can still give: per MIG
+    profile, or "gpu" for a whole GPU, how many more devices the scheduler
+    could allocate beside those claims hold now."""
+
+    product: str
+    free: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """What the planner needs to know about a node."""
 
@@ -36,6 +46,8 @@ class NodeInfo:
     allocatable: dict[str, int]
     requested: dict[str, int] = field(default_factory=dict)
     """Extended resources already requested by Pods on the node."""
+    partitions: Partitions | None = None
+    """Its GPUs as partitionable DRA devices, cut when a claim is allocated."""
 
     def free(self, resource: str) -> int:
         return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
@@ -58,9 +70,13 @@ class Offer:
     free: int
     profile: str | None = None
     replicas: int = 1
+    partitioned: bool = False
+    """A partition of a partitionable GPU, cut when its claim is allocated."""
 
     @property
     def label(self) -> str:
+        if self.mode == "mig" and self.partitioned:
+            return f"a MIG {self.profile} partition of an {self.product} (cut at allocation)"
         if self.mode == "mig":
             return f"MIG {self.profile} of an {self.product}"
         if self.mode == "mps":
@@ -113,6 +129,9 @@ def offers(nodes: list[NodeInfo]) -> list[Offer]:
     """Every kind of GPU capacity in the fleet, one offer per node and kind."""
     found: list[Offer] = []
     for node in nodes:
+        if node.partitions is not None:
+            found += _partition_offers(node.name, node.partitions)
+            continue
         labels = node.labels
         product_label = labels.get(PRODUCT_LABEL, "")
         model = gpu_model(product_label) if product_label else None
@@ -156,6 +175,23 @@ def offers(nodes: list[NodeInfo]) -> list[Offer]:
                 found.append(Offer(
                     "exclusive", node.name, model.product, "nvidia.com/gpu", memory, 1.0,
                     {PRODUCT_LABEL: product_label}, node.free("nvidia.com/gpu")))
+    return found
+
+
+def _partition_offers(node: str, partitions: Partitions) -> list[Offer]:
+    """A partitionable node offers every profile (and the whole GPU) as
+    many times as its free counters allow; the DRA claim selects by product
+    and profile, so no node label narrows it further."""
+    model = gpu_model(partitions.product)
+    if model is None:
+        return []
+    selector = {PRODUCT_LABEL: model.product}
+    found = [Offer("mig", node, model.product, f"nvidia.com/mig-{p.name}", p.memory_mib,
+                   p.compute_slices / model.compute_slices, selector, partitions.free.get(p.name, 0),
+                   profile=p.name, partitioned=True)
+             for p in model.mig_profiles]
+    found.append(Offer("exclusive", node, model.product, "nvidia.com/gpu", model.memory_mib, 1.0, selector,
+                       partitions.free.get("gpu", 0), partitioned=True))
     return found
 
 
