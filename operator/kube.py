@@ -134,15 +134,6 @@ class Kube:
         except kubernetes.config.ConfigException:
             return cls.from_kubeconfig()
 
-    @classmethod
-    def from_token(cls, server: str, token: str, ca_file: str | None) -> "Kube":
-        config = Configuration()
-        config.host = server
-        config.api_key = {"authorization": f"Bearer {token}"}
-        config.ssl_ca_cert = ca_file
-        config.verify_ssl = ca_file is not None
-        return cls(ApiClient(config))
-
     @property
     def server(self) -> str:
         return self._api.configuration.host
@@ -268,9 +259,6 @@ class Kube:
             return self._raw_get("/readyz") == "ok"
         except KubeError:
             return False
-
-    def version(self) -> dict:
-        return self.request("GET", "/version")
 
     def _raw_get(self, path: str) -> str:
         try:

@@ -39,8 +39,6 @@ class Ports:
     """The GPU fleet as the InferenceService `excluding` sees it: what its own Pods hold counts as free."""
     default_pipeline_backend: str = "local"
     default_serving_backend: str = "kubernetes"
-    tracking_ui: str | None = None
-    """Base URL of the tracking server's UI, for links in status."""
     tensorrt: bool = False
     """Whether the optimiser's image has TensorRT (decides which techniques a GPU target may ask for)."""
     objects: Objects | None = None

@@ -139,7 +139,6 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         fleet=partial(observe_fleet, kube, dra=config.gpu_allocation == "dra"),
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
-        tracking_ui=config.tracking_uri,
         tensorrt=config.tensorrt,
         objects=kube,
         monitor=build_monitor(config, kube),

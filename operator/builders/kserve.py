@@ -97,7 +97,7 @@ def build_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, role: st
                    "serving.kserve.io/autoscalerClass": "none" if replicas is not None else "external"}
     return with_input_hash({
         "apiVersion": KSERVE_API, "kind": "InferenceService",
-        "metadata": child_metadata(ref, kserve_name(ref, role), {**own, **images.extra_labels}, annotations),
+        "metadata": child_metadata(ref, kserve_name(ref, role), own, annotations),
         "spec": {"predictor": predictor},
     })
 

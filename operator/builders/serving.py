@@ -32,7 +32,7 @@ CEL selector asks for the same slice (kubeloop.gpu.dra).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
@@ -65,7 +65,6 @@ class ServingImages:
     tracking_uri: str = "http://mlflow.mlflow.svc:5000"
     registry_secret: str | None = None
     """A Secret whose keys (MLFLOW_TRACKING_USERNAME, ...) the puller gets as env."""
-    extra_labels: dict[str, str] = field(default_factory=dict)
     gateway: str | None = None
     """namespace/name of a Gateway (Gateway API): canaries split by HTTPRoute weights."""
     gateway_domain: str = "example.com"
@@ -133,7 +132,7 @@ def build_deployment(ref: ObjectRef, spec: InferenceServiceSpec, role: str, mode
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": child_metadata(ref, deployment_name(ref, role), {**labels, **images.extra_labels}),
+        "metadata": child_metadata(ref, deployment_name(ref, role), labels),
         "spec": {
             **({"replicas": replicas} if replicas is not None else {}),
             "selector": {"matchLabels": selector},
@@ -369,7 +368,7 @@ def build_router(ref: ObjectRef, spec: InferenceServiceSpec, config: dict, image
     total = spec.autoscaling.min_replicas if spec.autoscaling else spec.replicas
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": child_metadata(ref, router_name(ref), {**labels, **images.extra_labels}),
+        "metadata": child_metadata(ref, router_name(ref), labels),
         "spec": {
             "replicas": 1 if total <= 1 else 2,
             "selector": {"matchLabels": {LABEL_SERVING: ref.name, LABEL_ROLE: "router"}},

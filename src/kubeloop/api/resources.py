@@ -168,6 +168,3 @@ def _column(column: PrinterColumn) -> dict:
         out["priority"] = column.priority
     return out
 
-
-def kind_by_plural(plural: str) -> Kind:
-    return next(k for k in KINDS if k.plural == plural)

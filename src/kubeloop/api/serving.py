@@ -12,7 +12,7 @@ from kubeloop.api.optimization import AccuracyBudget, LatencySLO, Technique
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.schema import cel
 from kubeloop.api.times import seconds
-from kubeloop.api.training import TimeWindow, TrainingJobSpec
+from kubeloop.api.training import TrainingJobSpec
 from kubeloop.gpu.catalog import mig_profile_rule
 
 ServingPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
@@ -138,8 +138,6 @@ class DriftMonitoring(KubeModel):
     """How often the drift job runs."""
     window: Duration = "1h"
     """How far back the request log is read."""
-    reference: TimeWindow = Field(default_factory=TimeWindow)
-    """Which training rows of the Feast offline store form the reference."""
     features: list[str] = Field(default_factory=list, max_length=64)
     """Features to compare; empty means every model input."""
     drift_share_threshold: float = Field(default=0.3, gt=0, le=1)
@@ -248,8 +246,6 @@ class InferenceServiceSpec(KubeModel):
     """Replicas when autoscaling is off."""
     autoscaling: Autoscaling | None = None
     """Horizontal autoscaling."""
-    latency_slo: LatencySLO | None = Field(default=None, alias="latencySLO")
-    """The latency the service must meet; guides placement."""
     canary: TrafficSplit | None = None
     """A second version that receives a share of requests."""
     shadow: TrafficSplit | None = None
