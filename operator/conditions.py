@@ -6,11 +6,12 @@ condition and the phase are derived from them, never set by hand.
 
 from __future__ import annotations
 
-import datetime as dt
+import time
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
 from kubeloop.api.base import Condition
+from kubeloop.api.times import iso
 
 Status = Literal["True", "False", "Unknown"]
 
@@ -30,7 +31,7 @@ class Observation:
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return iso(time.time())
 
 
 def merge_conditions(current: Iterable[Condition], observed: Iterable[Observation],

@@ -4,11 +4,10 @@ drift-triggered retrain through to promotion."""
 
 from __future__ import annotations
 
-import datetime as dt
 
 from kubeloop.api.base import ModelRef
 from kubeloop.api.refs import ObjectRef
-from kubeloop.api.times import seconds
+from kubeloop.api.times import iso, seconds
 from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, ServedTraffic, TrafficSplit,
 )
@@ -208,7 +207,7 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
     if latest is None:
         return DriftStatus(message="the first drift job is running"), [
             Observation("DriftMonitored", "Unknown", "FirstRun", "the first drift job is running")]
-    at = dt.datetime.fromtimestamp(latest["at"], dt.timezone.utc).replace(microsecond=0).isoformat()
+    at = iso(latest["at"])
     if "error" in latest or "skipped" in latest:
         message = latest.get("error") or latest["skipped"]
         return DriftStatus(last_run_at=at, rows=latest.get("rows", 0), message=message), [

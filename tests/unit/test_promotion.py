@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import pytest
 
 from kubeloop.api.promotion import MetricGate, PromotionGates, PromotionPolicy
@@ -44,6 +45,8 @@ def test_promotion_and_rollback_are_audited(registry):
     trail = audit_trail(registry, "fraud")
     assert [(e.action, e.by, e.alias, e.version) for e in trail] == [
         ("promote", "alice", "champion", "2"), ("rollback", "bob", "champion", "1")]
+    # One UTC spelling in audit entries and statuses alike (RFC 3339, Z).
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", e.at) for e in trail), [e.at for e in trail]
     assert "kubeloop.promote.champion" in registry.get_version("fraud", "2").tags
     with pytest.raises(LookupError):
         rollback(registry, "fraud", "champion", by="bob", reason="again")

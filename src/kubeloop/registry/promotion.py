@@ -11,7 +11,6 @@ a shared list, so two promotions at once cannot lose each other's entry.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 import uuid
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 from kubeloop.api.promotion import PromotionGates, alias_for
 from kubeloop.api.tasks import LOWER_IS_BETTER, improvement
+from kubeloop.api.times import iso
 from kubeloop.registry.base import ModelRegistry, ModelVersion
 from kubeloop.registry.tags import AUDIT as AUDIT_TAG, AUDIT_PREFIX, CHAMPION_PREFIX, MEETS_SLO, METRIC_PREFIX
 
@@ -119,7 +119,7 @@ def _json(entry: AuditEntry) -> str:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    return iso(time.time())
 
 
 def promote(registry: ModelRegistry, name: str, version: str, to: str, by: str, reason: str,
