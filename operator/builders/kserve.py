@@ -8,8 +8,9 @@ storageUri is the registry's `models:/<name>/<version>`: KServe injects the
 init container of kubeloop's ClusterStorageContainer for such URIs, which
 lays out the version's Triton repository in /mnt/models (KServe's storage
 initializer contract: the URI and the destination as arguments). The GPU
-placement becomes the predictor's resources, node selector, tolerations and
-MPS environment; the device the version runs on reaches the init container
+placement becomes the predictor's resources (or, with DRA, a claim from a
+ResourceClaimTemplate, as for the kubernetes backend), node selector,
+tolerations and MPS environment; the device the version runs on reaches the init container
 through a Pod annotation, so one cluster-wide storage container serves CPU
 and GPU predictors alike.
 
@@ -30,10 +31,12 @@ from __future__ import annotations
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
+from kubeloop.gpu.dra import CLAIM
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.operator.builders.meta import child_metadata, dns_name, restricted, with_input_hash
 from kubeloop.operator.builders.serving import (
-    LABEL_MODEL_VERSION, LABEL_SERVING, METRICS_PORT, ServingImages, build_autoscaler, planned_replicas,
+    LABEL_MODEL_VERSION, LABEL_SERVING, METRICS_PORT, ServingImages, build_autoscaler, build_claim_template,
+    claim_template_name, planned_replicas,
 )
 from kubeloop.registry.base import ModelVersion
 
@@ -67,7 +70,8 @@ def build_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, role: st
     HPA of kubeloop's scales it (see the module's note)."""
     own = {LABEL_SERVING: ref.name, LABEL_ROLE: role, LABEL_MODEL_VERSION: model.version}
     requests = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
-    limits = {**requests, **{k: str(v) for k, v in placement.resources.items()}}
+    claim = claim_template_name(ref, role, placement, images)
+    limits = {**requests, **({} if claim else {k: str(v) for k, v in placement.resources.items()})}
     container = restricted({
         "modelFormat": {"name": "triton"}, "runtime": RUNTIME, "protocolVersion": "v2",
         "storageUri": f"models:/{model.name}/{model.version}",
@@ -93,6 +97,9 @@ def build_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, role: st
         predictor["nodeSelector"] = dict(placement.node_selector)
     if placement.tolerations:
         predictor["tolerations"] = [dict(t) for t in placement.tolerations]
+    if claim:
+        predictor["resourceClaims"] = [{"name": CLAIM, "resourceClaimTemplateName": claim}]
+        container["resources"]["claims"] = [{"name": CLAIM}]
     annotations = {"serving.kserve.io/deploymentMode": "Standard",
                    "serving.kserve.io/autoscalerClass": "none" if replicas is not None else "external"}
     return with_input_hash({
@@ -111,8 +118,9 @@ def build_inference_services(ref: ObjectRef, spec: InferenceServiceSpec,
     replicas = planned_replicas(spec, versions.get("canary", (None, 0))[1], exact=True)
     children = [build_inference_service(ref, spec, role, model, replicas[role], placement, images)
                 for role, (model, _percent) in versions.items()]
+    claims = [build_claim_template(ref, role, placement, images) for role in versions]
     autoscaler = build_autoscaler(ref, spec, target=predictor_name(ref, "primary"))
-    return children + ([autoscaler] if autoscaler else [])
+    return children + [c for c in claims if c] + ([autoscaler] if autoscaler else [])
 
 
 def build_serving_runtime(namespace: str, images: ServingImages) -> dict:

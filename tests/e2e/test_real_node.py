@@ -661,6 +661,45 @@ def test_entity_requests_through_router_pods_read_a_published_feature_store_on_t
         operator.stop()
 
 
+def test_kserve_predictors_claim_their_gpu_slice_through_dra_from_the_real_scheduler(real, tmp_path):
+    """Cluster path (kserve backend, KUBELOOP_GPU_ALLOCATION=dra): the
+    predictor kubeloop asks KServe for carries a claim from kubeloop's
+    ResourceClaimTemplate and no extended resource; KServe's real controller
+    (v0.20, a Pod on the real node) passes the claim through to its
+    Deployment, and the real v1.36 scheduler puts the Pod on the fake fleet's
+    H100 with a 1g.10gb MIG device allocated: the slice the kubernetes
+    backend gets for the same spec (tests/e2e/test_serving_placement.py)."""
+    from mlflow import MlflowClient
+
+    namespace = real.namespace()
+    uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+    model = f"{namespace}-dra"
+    MlflowClient(uri).set_registered_model_alias(model, "champion", register_model(uri, model, seed=1))
+    kserve.install(real.platform)
+    operator = serving_operator(real, namespace, tmp_path, KUBELOOP_SERVING_BACKENDS="kserve",
+                                KUBELOOP_SERVING_BACKEND="kserve", KUBELOOP_GPU_ALLOCATION="dra")
+    try:
+        real.kube.create(inference_service(namespace, "gpu", model, resources={"cpu": "100m", "memory": "256Mi"},
+                                           gpu={"sharing": "mig", "memoryMib": 8 * 1024}))
+        pod = wait_for(lambda: next((p for p in real.kube.list("v1", "Pod", namespace,
+                                                               "serving.kserve.io/inferenceservice=gpu-primary")
+                                     if p["status"].get("phase") == "Running"), None),
+                       timeout=300, interval=1, what="the KServe predictor Pod running on a GPU node")
+        assert pod["spec"]["nodeName"] == "gpu-h100-mig-mixed"
+        triton = next(c for c in pod["spec"]["containers"] if c["name"] == "kserve-container")
+        assert triton["resources"]["claims"] == [{"name": "gpu"}]
+        assert not any(k.startswith("nvidia.com/") for k in triton["resources"].get("limits", {}))
+        [claim_status] = pod["status"]["resourceClaimStatuses"]
+        claim = real.kube.get("resource.k8s.io/v1", "ResourceClaim", claim_status["resourceClaimName"], namespace)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        devices = {d["name"]: d for s in real.kube.list("resource.k8s.io/v1", "ResourceSlice")
+                   if s["spec"].get("nodeName") == "gpu-h100-mig-mixed" for d in s["spec"].get("devices", [])}
+        assert devices[result["device"]]["attributes"]["profile"]["string"] == "1g.10gb", result
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
+
+
 def answers_from_a_pod(real: RealPlatform, namespace: str, url: str, bodies: list[dict]) -> list[dict]:
     """POST each body to url from a Pod on the real node; each answer's
     status and body (4xx included)."""

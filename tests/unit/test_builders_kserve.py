@@ -55,6 +55,26 @@ def test_gpu_placement_becomes_the_predictors_resources_selector_tolerations_env
     assert predictor["annotations"][DEVICE_ANNOTATION] == "gpu"
 
 
+def test_with_dra_each_predictor_claims_its_slice_from_a_template_of_its_own():
+    """Unit (builder): KUBELOOP_GPU_ALLOCATION=dra on the kserve backend: no
+    extended resource; the predictor's Pod claims from a ResourceClaimTemplate
+    per version holding the planner's device request."""
+    from kubeloop.gpu.dra import device_request
+
+    decision = plan(ServingGPU(sharing="mig"), 8 * 1024, fleet())
+    children = build_inference_services(REF, spec(), {"primary": (V1, 80), "canary": (V2, 20)}, decision,
+                                        ServingImages(gpu_allocation="dra"))
+    templates = {c["metadata"]["name"]: c for c in children if c["kind"] == "ResourceClaimTemplate"}
+    assert len(templates) == 2
+    for isvc in (c for c in children if c["kind"] == "InferenceService"):
+        predictor = isvc["spec"]["predictor"]
+        [claim] = predictor["resourceClaims"]
+        assert templates[claim["resourceClaimTemplateName"]]["spec"]["spec"]["devices"]["requests"] == [
+            device_request(decision)]
+        assert predictor["model"]["resources"]["claims"] == [{"name": claim["name"]}]
+        assert not any(k.startswith("nvidia.com/") for k in predictor["model"]["resources"]["limits"])
+
+
 def test_autoscaling_leaves_the_count_to_kubeloops_hpa_on_the_triton_metric():
     s = spec(autoscaling={"minReplicas": 2, "maxReplicas": 6, "metric": "queue-time", "target": 500})
     children = build_inference_services(REF, s, {"primary": (V1, 100)}, CPU, ServingImages())

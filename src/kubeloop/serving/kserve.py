@@ -20,7 +20,7 @@ from kubeloop.operator.builders.serving import (
 from kubeloop.operator.kube import Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
 from kubeloop.serving.kubernetes import (
-    OWNED, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
+    CLAIM_TEMPLATES, OWNED, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
 )
 
 KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
@@ -95,7 +95,8 @@ class KServeServing(ServingBackend):
         HPA it makes, so the owner labels alone would match KServe's
         children too: only objects owned by kubeloop's InferenceService go."""
         wanted = {(o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in desired}
-        for api_version, kind in KSERVE_OWNED:
+        claims = (CLAIM_TEMPLATES,) if self.images.gpu_allocation == "dra" else ()
+        for api_version, kind in KSERVE_OWNED + claims:
             for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
                 owners = {o.get("uid") for o in live["metadata"].get("ownerReferences", [])}
                 if ref.uid in owners and (kind, api_version, live["metadata"]["name"]) not in wanted:
