@@ -7,7 +7,9 @@ scheduler allocates a device that matches it.
 
 The same decision drives both paths, so a model lands on the same kind of
 slice either way: the MIG profile (or whole GPU) of the chosen product, with
-at least the footprint's memory. MPS shares stay with the device plugin.
+at least the footprint's memory. MPS shares stay with the device plugin:
+NVIDIA's DRA driver shares a GPU through MPS only among the Pods of one
+claim, not between services as the device plugin's MPS replicas do.
 """
 
 from __future__ import annotations
