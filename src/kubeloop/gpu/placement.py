@@ -180,8 +180,9 @@ def offers(nodes: list[NodeInfo]) -> list[Offer]:
 
 def _partition_offers(node: str, partitions: Partitions) -> list[Offer]:
     """A partitionable node offers every profile (and the whole GPU) as
-    many times as its free counters allow; the DRA claim selects by product
-    and profile, so no node label narrows it further."""
+    many times as its free counters allow. The claim's selector names the
+    product and profile; the node selector only the product, as GPU Feature
+    Discovery labels it."""
     model = gpu_model(partitions.product)
     if model is None:
         return []
