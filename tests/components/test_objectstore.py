@@ -34,7 +34,8 @@ def seaweed(tmp_path):
         yield SimpleNamespace(platform=platform, state=state, record=record, endpoint=endpoint,
                               credentials=credentials)
     finally:
-        processes.stop(record, timeout=1)
+        # As `dev down` does: weed is killed, and the socket files it leaves in /tmp go too.
+        platform.down()
 
 
 def test_dev_down_stops_seaweedfs_at_once_and_leaves_no_socket(seaweed):
