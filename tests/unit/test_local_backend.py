@@ -78,7 +78,10 @@ def test_the_worker_and_its_steps_never_inherit_the_operators_prometheus_folder(
     run = backend.submit(request(30))
     try:
         pid = wait_for(lambda: read_state(backend.run_dir(run.run_id)).get("pid"))
-        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        # Read once the worker's environment is there: CI once read it empty (a process not yet
+        # or no longer running its program shows none).
+        environ = wait_for(lambda: open(f"/proc/{pid}/environ", "rb").read(), timeout=10,
+                           what=f"worker {pid}'s environment").split(b"\0")
         assert not [v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
         assert b"PYTHONUNBUFFERED=1" in environ
         # Steps wait out an MLflow restart instead of failing the run in seconds.
