@@ -108,7 +108,7 @@ test: setup lint
 	$(PREBUILD_IMAGES)
 	$(PY) -m pytest tests
 
-test-unit: python link
+test-unit: python link binaries
 	$(PY) -m pytest tests/unit
 
 test-e2e: setup

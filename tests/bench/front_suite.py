@@ -1,12 +1,15 @@
 """Front suite: the serving front (kubeloop's router, logging every request
 to the platform's object store) against the same Triton called directly, at
 concurrency 1 and 16 with batch-1 requests, the two alternating over rounds;
-and the request log's own rates in the same run: rows per second written to
-the object store against a folder, and the drift job's time to read a
-window's rows back from each."""
+the CPU each process spends per request at concurrency 16 (on a machine
+whose cores the load generator, the front and Triton share, that decides
+the throughput ratio); and the request log's own rates in the same run: rows
+per second written to the object store against a folder, and the drift
+job's time to read a window's rows back from each."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import tempfile
@@ -15,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -22,7 +26,7 @@ from kubeloop.dev import processes
 from kubeloop.monitoring.drift import load_requests
 from kubeloop.requestlog import FolderStore, ObjectStore
 from tests.bench.repeat import RUNS, Figure, figures_table, repeat
-from tests.bench.serving_suite import _round, round_medians, triton_serving, wait_ready
+from tests.bench.serving_suite import _round, load_bodies, round_medians, triton_serving, vector_bodies, wait_ready
 from tests.support.models import N_FEATURES
 
 COLUMNS = [f"f{i}" for i in range(N_FEATURES)]
@@ -50,12 +54,38 @@ def run(context, console: Console, quick: bool = False) -> dict:
                            [r["front"]["requests_per_s"] / r["triton"]["requests_per_s"] for r in rounds], "x"),
                     Figure(f"front / Triton p99 c{concurrency}",
                            [r["front"]["p99_ms"] / r["triton"]["p99_ms"] for r in rounds], "x")]
+            with console.status("front: CPU per request at concurrency 16"):
+                repeated += _cpu_per_request(urls, x, router, seconds)
         finally:
             processes.stop(router)
         results["log"] = _log_rates(Path(tmp), prefix, env, console, quick, repeated)
     _print(console, results, repeated, seconds)
     results["repeated"] = {f.name: f.to_json() for f in repeated}
     return results
+
+
+def _cpu_per_request(urls: dict[str, str], x: np.ndarray, router, seconds: float) -> list[Figure]:  # noqa: ANN001
+    """CPU microseconds per request of the load generator, the router and
+    Triton (with its Python backend's stub processes), each target in turn
+    over the rounds."""
+    me = psutil.Process()
+    triton = next(p for p in me.children() if p.name() == "tritonserver")
+    who = {"load generator": [me], "router": [psutil.Process(router.pid)],
+           "Triton": [triton, *triton.children(recursive=True)]}
+    spent: dict[str, list[float]] = {}
+    for index in range(RUNS):
+        for target in (list(urls) if index % 2 == 0 else list(reversed(urls))):
+            before = {name: _cpu(procs) for name, procs in who.items()}
+            answered = len(asyncio.run(load_bodies(urls[target], vector_bodies(x), 16, seconds)))
+            for name, procs in who.items():
+                if target == "front" or name != "router":
+                    used = (_cpu(procs) - before[name]) / answered * 1e6
+                    spent.setdefault(f"CPU per request c16, {name} ({target} path)", []).append(used)
+    return [Figure(name, values, "us") for name, values in spent.items()]
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
 def _start_router(root: Path, triton: str, request_log: str, env: dict[str, str]):  # noqa: ANN202

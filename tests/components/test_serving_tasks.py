@@ -180,27 +180,14 @@ def test_the_router_in_front_of_triton_counts_and_logs_class_probabilities(trito
     tritonserver serving the fetched multiclass version: the caller gets
     [batch, C]; the router counts the most probable classes and logs each
     row's class probabilities."""
-    import json
-    import sys
-
     from prometheus_client.parser import text_string_to_metric_families
 
     from kubeloop.requestlog import request_records
-    from kubeloop.serving.routes import signature_fields
 
     url, models, version = triton
     signature = MODELS["multiclass"][0]
-    port = processes.free_port()
-    config = tmp_path / "router.json"
-    config.write_text(json.dumps({
-        "service": "ml/faults", "model": FETCHED, "triton_model": FETCHED, "triton_url": url,
-        "routes": [{"role": "primary", "version": version, "percent": 100}], "request_log": str(tmp_path / "log"),
-        "sample_rate": 1.0, **signature_fields(signature)}))
-    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
-                                        "--port", str(port)], tmp_path / "logs")
-    base = f"http://127.0.0.1:{port}"
+    router, base = _start_router(url, version, tmp_path)
     try:
-        wait_for(lambda: _ok(f"{base}/v2/health/ready"), timeout=30, what="the router ready")
         rows = np.random.default_rng(11).normal(0, 2, (8, N_INPUTS)).astype(np.float32)
         body = {"inputs": [{"name": "features", "shape": [8, N_INPUTS], "datatype": "FP32", "data": rows.tolist()}]}
         answer = requests.post(f"{base}/v2/models/{FETCHED}/infer", json=body, timeout=30)
@@ -220,6 +207,77 @@ def test_the_router_in_front_of_triton_counts_and_logs_class_probabilities(trito
         processes.stop(router)
     (record,) = records
     assert record["features"] == rows.tolist() and np.allclose(record["outputs"], expected, atol=1e-4)
+
+
+def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_rows(triton, tmp_path):
+    """Local backend: 96 callers at once, with one to three rows each, through
+    the router process to the real tritonserver. Requests that arrive while
+    a call is under way share the next one; each caller still gets the
+    model's answer for its own rows, with its own id, and a request Triton
+    must judge alone (it chooses its outputs) is answered as sent."""
+    import asyncio
+
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, models, version = triton
+    rng = np.random.default_rng(5)
+    requests_rows = [rng.normal(0, 2, (1 + k % 3, N_INPUTS)).astype(np.float32) for k in range(96)]
+
+    async def call_all(base: str) -> list[dict]:
+        async with aiohttp.ClientSession() as session:
+            async def call(k: int, rows: np.ndarray, **extra) -> dict:
+                body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
+                                    "data": rows.tolist()}], **({"id": f"r{k}"} if k % 2 else {}), **extra}
+                async with session.post(f"{base}/v2/models/{FETCHED}/infer", json=body) as answer:
+                    assert answer.status == 200, await answer.text()
+                    return await answer.json()
+            alone = call(-1, requests_rows[0], outputs=[{"name": "probabilities"}])
+            return await asyncio.gather(alone, *(call(k, rows) for k, rows in enumerate(requests_rows)))
+
+    router, base = _start_router(url, version, tmp_path)
+    try:
+        answers = asyncio.run(call_all(base))
+        metrics = requests.get(f"{base}/metrics", timeout=5).text
+    finally:
+        processes.stop(router)
+    with torch.no_grad():
+        expected = [models[FETCHED](torch.from_numpy(rows)).numpy() for rows in requests_rows]
+    alone, answers = answers[0], answers[1:]
+    assert np.allclose(alone["outputs"][0]["data"], expected[0].ravel(), atol=1e-4)
+    for k, (answer, want) in enumerate(zip(answers, expected, strict=True)):
+        (output,) = answer["outputs"]
+        assert output["shape"] == [len(want), 4] and np.allclose(output["data"], want.ravel(), atol=1e-4)
+        assert answer.get("id") == (f"r{k}" if k % 2 else None)
+    calls = {s.name: s.value for family in text_string_to_metric_families(metrics) for s in family.samples
+             if s.name.startswith("kubeloop_triton_call_requests")}
+    assert calls["kubeloop_triton_call_requests_sum"] == 96
+    assert calls["kubeloop_triton_call_requests_count"] < 96
+
+
+def _start_router(url: str, version: str, tmp_path: Path):  # noqa: ANN202 - the router's process and its URL
+    """The router process as the local backend starts it, its config carrying
+    the multiclass version's signature."""
+    import json
+    import sys
+
+    from kubeloop.serving.routes import signature_fields
+
+    port = processes.free_port()
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({
+        "service": "ml/faults", "model": FETCHED, "triton_model": FETCHED, "triton_url": url,
+        "routes": [{"role": "primary", "version": version, "percent": 100}], "request_log": str(tmp_path / "log"),
+        "sample_rate": 1.0, **signature_fields(MODELS["multiclass"][0])}))
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+                                        "--port", str(port)], tmp_path / "logs")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ok(f"{base}/v2/health/ready"), timeout=30, what="the router ready")
+    except BaseException:
+        processes.stop(router)
+        raise
+    return router, base
 
 
 def _ok(url: str) -> bool:

@@ -1,5 +1,7 @@
-"""Entity requests waiting for the online store are read together (local
-and cluster routers run the same code; these tests use a fake read)."""
+"""Requests waiting for a call are served together: entity requests
+waiting for the online store (a fake read in a thread, as the router runs
+Feast's) and requests of one kind only (local and cluster routers run the
+same code)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,12 @@ def _echo(requests):  # noqa: ANN001, ANN202 - a read_many: each row's value is 
     whole = Retrieved({"card": list(joined["card_id"])}, {"v": [True] * len(joined["card_id"])},
                       {"v": [None] * len(joined["card_id"])})
     return [whole.rows(a, b) for a, b in spans]
+
+
+def _reading(read_many, pool, **limits) -> Coalescer:  # noqa: ANN001 - how the router reads a store
+    loop = asyncio.get_running_loop()
+    return Coalescer(lambda requests: loop.run_in_executor(pool, read_many, requests),
+                     rows=lambda columns: len(columns["card_id"]), waiting_for="the online store", **limits)
 
 
 def test_rows_are_joined_and_each_request_gets_its_own_back():
@@ -39,14 +47,14 @@ def test_requests_arriving_during_a_read_share_the_next_one():
 
     async def go():
         with ThreadPoolExecutor(1) as pool:
-            coalescer = Coalescer(read_many, pool)
-            first = asyncio.ensure_future(coalescer.read({"card_id": [0]}))
+            coalescer = _reading(read_many, pool)
+            first = asyncio.ensure_future(coalescer.submit({"card_id": [0]}))
             while not calls:
                 await asyncio.sleep(0.001)
-            rest = [asyncio.ensure_future(coalescer.read({"card_id": [k, k]})) for k in range(1, 9)]
+            rest = [asyncio.ensure_future(coalescer.submit({"card_id": [k, k]})) for k in range(1, 9)]
             await asyncio.sleep(0.01)
             release.set()
-            return await first, await asyncio.gather(*rest), coalescer.reads
+            return await first, await asyncio.gather(*rest), coalescer.calls
 
     first, rest, reads = asyncio.run(go())
     assert calls == [1, 8] and reads == 2
@@ -62,8 +70,8 @@ def test_a_read_takes_at_most_max_rows_and_the_rest_wait_for_the_next():
 
     async def go():
         with ThreadPoolExecutor(1) as pool:
-            coalescer = Coalescer(read_many, pool, max_rows=4)
-            return await asyncio.gather(*(coalescer.read({"card_id": [k, k, k]}) for k in range(3)))
+            coalescer = _reading(read_many, pool, max_rows=4)
+            return await asyncio.gather(*(coalescer.submit({"card_id": [k, k, k]}) for k in range(3)))
 
     answers = asyncio.run(go())
     assert calls == [[3], [3], [3]] and [a.values["card"] for a in answers] == [[k] * 3 for k in range(3)]
@@ -80,10 +88,10 @@ def test_a_failed_read_fails_every_request_it_served_and_the_next_read_runs():
 
     async def go():
         with ThreadPoolExecutor(1) as pool:
-            coalescer = Coalescer(read_many, pool)
-            failed = await asyncio.gather(coalescer.read({"card_id": [1]}), coalescer.read({"card_id": [2]}),
+            coalescer = _reading(read_many, pool)
+            failed = await asyncio.gather(coalescer.submit({"card_id": [1]}), coalescer.submit({"card_id": [2]}),
                                           return_exceptions=True)
-            return failed, await coalescer.read({"card_id": [3]})
+            return failed, await coalescer.submit({"card_id": [3]})
 
     failed, later = asyncio.run(go())
     assert [str(f) for f in failed] == ["redis went away"] * 2 and later.values["card"] == [3]
@@ -100,16 +108,41 @@ def test_beyond_max_waiting_a_request_is_refused_with_503_and_counted():
 
     async def go():
         with ThreadPoolExecutor(1) as pool:
-            coalescer = Coalescer(read_many, pool, on_refused=lambda: refused.append(1), max_waiting=2)
-            held = [asyncio.ensure_future(coalescer.read({"card_id": [0]}))]
+            coalescer = _reading(read_many, pool, on_refused=lambda: refused.append(1), max_waiting=2)
+            held = [asyncio.ensure_future(coalescer.submit({"card_id": [0]}))]
             await asyncio.to_thread(reading.wait, 10)  # the first is being read
-            held += [asyncio.ensure_future(coalescer.read({"card_id": [k]})) for k in (1, 2)]
+            held += [asyncio.ensure_future(coalescer.submit({"card_id": [k]})) for k in (1, 2)]
             await asyncio.sleep(0)  # two wait
             with pytest.raises(RequestError) as error:
-                await coalescer.read({"card_id": [9]})
+                await coalescer.submit({"card_id": [9]})
             release.set()
             await asyncio.gather(*held)
             return error.value
 
     error = asyncio.run(go())
-    assert error.status == 503 and "2 entity requests already wait" in str(error) and refused == [1]
+    assert error.status == 503 and "2 requests already wait for the online store" in str(error) and refused == [1]
+
+
+def test_a_call_carries_one_kind_of_request_in_the_order_they_came():
+    calls: list[list[str]] = []
+
+    async def go():
+        opened = asyncio.Event()
+
+        async def serve_many(items):  # noqa: ANN001, ANN202
+            calls.append(items)
+            await opened.wait()
+            return [item.upper() for item in items]
+
+        coalescer = Coalescer(serve_many, rows=len, waiting_for="Triton", kind=lambda item: item[0])
+        first = asyncio.ensure_future(coalescer.submit("a1"))
+        while not calls:
+            await asyncio.sleep(0)
+        rest = [asyncio.ensure_future(coalescer.submit(item)) for item in ("a2", "a3", "b1", "a4")]
+        await asyncio.sleep(0)
+        opened.set()
+        return await first, await asyncio.gather(*rest)
+
+    first, rest = asyncio.run(go())
+    assert calls == [["a1"], ["a2", "a3"], ["b1"], ["a4"]]
+    assert (first, rest) == ("A1", ["A2", "A3", "B1", "A4"])

@@ -17,8 +17,22 @@ from kubeloop.serving.router import Route, RouterConfig, _features, bucket, disa
 ROUTES = (Route("primary", "1", 80), Route("canary", "2", 20))
 
 
-def test_the_same_key_always_reaches_the_same_version():
-    assert {pick(ROUTES, "caller-42").version for _ in range(20)} == {pick(ROUTES, "caller-42").version}
+def test_the_same_key_reaches_the_same_version_in_every_router_process():
+    """Router replicas (and a restarted router) must agree: the draw may not
+    depend on Python's per-process string hashing."""
+    import subprocess
+    import sys
+
+    keys = [f"caller-{i}" for i in range(200)]
+    here = [pick(ROUTES, k).role for k in keys]
+    code = ("import json, sys; from kubeloop.serving.router import Route, pick; "
+            "routes = (Route('primary', '1', 80), Route('canary', '2', 20)); "
+            "print(json.dumps([pick(routes, k).role for k in json.load(sys.stdin)]))")
+    for seed in ("1", "2"):
+        there = subprocess.run([sys.executable, "-c", code], input=json.dumps(keys), capture_output=True, text=True,
+                               check=True, env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout
+        assert json.loads(there) == here
+    assert 0 < here.count("canary") < len(keys)
 
 
 def test_shares_follow_the_percents():

@@ -1,80 +1,100 @@
-"""Entity requests that arrive while the online store is being read wait,
-and the next read serves all of them at once.
+"""Requests that arrive while a call is under way wait, and the next call
+serves all of them at once.
 
-One read of 32 rows costs about twice a read of one (Feast's per-call work
-dominates), and reads run one at a time off the event loop, so under
-concurrent callers reading each request on its own queues them behind each
-other. Nothing waits on a timer: a lone request is read at once, and a read
-takes whatever arrived during the previous one.
+The router makes two kinds of calls whose cost is mostly per call, not per
+row: reads of a Feast online store (one read of 32 rows costs about twice a
+read of one) and Triton requests (the HTTP work of the router and of Triton
+dominates a small model's compute). Under concurrent callers, making each
+request's call on its own queues them behind each other. Nothing waits on a
+timer: a lone request is served at once, and a call takes whatever arrived
+during the previous one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from concurrent.futures import Executor
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
-from kubeloop.serving.features import RequestError, Retrieved
+from kubeloop.serving.features import RequestError
 
-ReadMany = Callable[[Sequence[dict[str, list]]], list[Retrieved]]
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
-MAX_ROWS_PER_READ = 256
+MAX_ROWS_PER_CALL = 256
 MAX_WAITING = 1024
-"""Requests waiting for a read; beyond it a request is refused (503), counted."""
+"""Requests waiting for a call; beyond it a request is refused (503), counted."""
 
 
-class Coalescer:
-    """Reads one online store for many waiting requests at a time."""
+class Coalescer(Generic[Item, Result]):
+    """Serves the requests waiting for one resource, many at a time, one call
+    at a time. serve_many answers a list of items in order; an exception it
+    raises is every item's. A call carries items of one kind only, in the
+    order they came."""
 
-    def __init__(self, read_many: ReadMany, executor: Executor, on_refused: Callable[[], None] = lambda: None,
-                 max_rows: int = MAX_ROWS_PER_READ, max_waiting: int = MAX_WAITING):
-        self.read_many = read_many
-        self.executor = executor
+    def __init__(self, serve_many: Callable[[list[Item]], Awaitable[list[Result]]], rows: Callable[[Item], int],
+                 waiting_for: str, kind: Callable[[Item], Hashable] = lambda _: None,
+                 on_refused: Callable[[], None] = lambda: None, max_rows: int = MAX_ROWS_PER_CALL,
+                 max_waiting: int = MAX_WAITING, max_calls: int = 1):
+        self.serve_many = serve_many
+        self.rows = rows
+        self.waiting_for = waiting_for
+        self.kind = kind
         self.on_refused = on_refused
         self.max_rows = max_rows
         self.max_waiting = max_waiting
-        self.waiting: deque[tuple[dict[str, list], asyncio.Future]] = deque()
-        self.reads = 0
-        """Reads made so far (each serving one or more requests)."""
-        self._reader: asyncio.Task | None = None
+        self.max_calls = max_calls
+        """Calls under way at once."""
+        self.waiting: deque[tuple[Item, asyncio.Future]] = deque()
+        self.calls = 0
+        """Calls made so far (each serving one or more requests)."""
+        self.under_way: set[asyncio.Task] = set()
 
-    async def read(self, rows: dict[str, list]) -> Retrieved:
+    async def submit(self, item: Item) -> Result:
         if len(self.waiting) >= self.max_waiting:
             self.on_refused()
-            raise RequestError(503, f"{self.max_waiting} entity requests already wait for the online store: "
+            raise RequestError(503, f"{self.max_waiting} requests already wait for {self.waiting_for}: "
                                     "retry, or add router replicas")
         answer = asyncio.get_running_loop().create_future()
-        self.waiting.append((rows, answer))
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.create_task(self._read_waiting())
+        self.waiting.append((item, answer))
+        self._start_calls()
         return await answer
 
-    def _take(self) -> list[tuple[dict[str, list], asyncio.Future]]:
-        """Waiting requests for one read: at least one, then as many as fit max_rows."""
+    def _start_calls(self) -> None:
+        # A call takes its requests when it starts, so requests submitted in
+        # one turn of the event loop share it.
+        while len(self.under_way) < min(self.max_calls, len(self.waiting)):
+            call = asyncio.create_task(self._serve())
+            self.under_way.add(call)
+            call.add_done_callback(self._finished)
+
+    def _finished(self, call: asyncio.Task) -> None:
+        self.under_way.discard(call)
+        self._start_calls()
+
+    def _take(self) -> list[tuple[Item, asyncio.Future]]:
+        """Waiting requests for one call: at least one, then as many of its
+        kind as fit max_rows."""
         batch = [self.waiting.popleft()]
-        rows = _row_count(batch[0][0])
-        while self.waiting and rows + _row_count(self.waiting[0][0]) <= self.max_rows:
-            rows += _row_count(self.waiting[0][0])
+        rows, kind = self.rows(batch[0][0]), self.kind(batch[0][0])
+        while (self.waiting and self.kind(self.waiting[0][0]) == kind
+               and rows + self.rows(self.waiting[0][0]) <= self.max_rows):
+            rows += self.rows(self.waiting[0][0])
             batch.append(self.waiting.popleft())
         return batch
 
-    async def _read_waiting(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self.waiting:
-            batch = self._take()
-            self.reads += 1
-            try:
-                answers = await loop.run_in_executor(self.executor, self.read_many, [rows for rows, _ in batch])
-            except Exception as exc:  # Feast's errors have no common base: every request of the read gets it
-                for _, answer in batch:
-                    if not answer.done():
-                        answer.set_exception(exc)
-                continue
-            for (_, answer), retrieved in zip(batch, answers, strict=True):
-                if not answer.done():  # its caller may have gone
-                    answer.set_result(retrieved)
-
-
-def _row_count(rows: dict[str, list]) -> int:
-    return len(next(iter(rows.values())))
+    async def _serve(self) -> None:
+        if not self.waiting:  # an earlier call took them
+            return
+        batch = self._take()
+        self.calls += 1
+        try:
+            answers = await self.serve_many([item for item, _ in batch])
+        except Exception as exc:  # Feast's errors have no common base: every request of the call gets it
+            for _, answer in batch:
+                if not answer.done():
+                    answer.set_exception(exc)
+            return
+        for (_, answer), result in zip(batch, answers, strict=True):
+            if not answer.done():  # its caller may have gone
+                answer.set_result(result)
