@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from typing import TYPE_CHECKING
+
+import kopf
 
 from kubeloop.operator.builders.serving import ServingImages
 from kubeloop.operator.fleet import observe_fleet
@@ -146,3 +149,27 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         feast_repo=str(config.feast_repo) if config.feast_repo else None,
         materializer=build_materializer(serving),
     )
+
+
+async def serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202 - aiohttp AppRunner
+    """Alertmanager's and MLflow's webhooks and /metrics, in kopf's event loop."""
+    from prometheus_client import CollectorRegistry
+
+    from kubeloop.monitoring.metrics import DriftCollector, FreshnessCollector
+    from kubeloop.operator.webhooks import SecretFile, WebhookConfig, Webhooks, keep_mlflow_webhook, serve
+
+    token, mlflow_secret = SecretFile(config.webhook_token_file), SecretFile(config.mlflow_webhook_secret_file)
+    if not token.value():
+        raise kopf.PermanentError(f"KUBELOOP_WEBHOOK_TOKEN_FILE ({config.webhook_token_file}) holds no token")
+    metrics = CollectorRegistry()
+    metrics.register(DriftCollector(config.state_dir / "monitoring"))
+    if ports.materializer is not None:
+        metrics.register(FreshnessCollector(ports.materializer))
+    webhooks = Webhooks(ports.objects, WebhookConfig(token.value, mlflow_secret.value, tuple(config.namespaces)),
+                        metrics)
+    runner = await serve(webhooks, config.webhook_address, config.webhook_port)
+    keeper = None
+    if config.mlflow_webhook_url and config.tracking_uri:
+        keeper = asyncio.create_task(keep_mlflow_webhook(config.tracking_uri, config.mlflow_webhook_url,
+                                                         mlflow_secret.value))
+    return runner, keeper

@@ -1,12 +1,20 @@
-"""The handler's pure part: parsing, invalid specs, status diffs."""
+"""Converging one object (parsing, invalid specs, status diffs, one reconcile at a time, from the
+latest state) against a fake of the Kubernetes module, the handlers' retry signal, and the
+deletion path. Backend: none (unit); the operator against the real API server is in tests/e2e."""
 
 from __future__ import annotations
+
+import copy
+import threading
+import time
 
 import kopf
 import pytest
 
 from kubeloop.api.resources import TRAINING_JOB
-from kubeloop.operator.handlers import apply_outcome, reconcile
+from kubeloop.operator.converging import ObjectLocks, converge, reconcile
+from kubeloop.operator.handlers import post_outcome
+from kubeloop.operator.reconcilers import deletion
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.training import reconcile_training_job
 from kubeloop.pipelines.backends.noop import NoopBackend
@@ -29,135 +37,131 @@ def test_an_invalid_spec_becomes_a_condition_not_a_crash():
     assert out.events[0].type == "Warning"
 
 
-def test_status_patch_holds_only_changes(monkeypatch):
-    posted = []
-    monkeypatch.setattr(kopf, "event", lambda *a, **k: posted.append(k))
-    spec = {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "transactions", "column": "is_fraud"}}}
-    p = ports()
-    first = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, None, p)
-    patch = kopf.Patch()
-    apply_outcome(first, None, patch, kopf.Body({}))
-    assert patch["status"]["phase"] == "Succeeded" and posted
-    written = first.status.to_wire()
-    second = reconcile(TRAINING_JOB, reconcile_training_job, META, spec, written, p)
-    patch = kopf.Patch()
-    apply_outcome(second, written, patch, kopf.Body({}))
-    assert dict(patch) == {}, "a converged object needs no write"
+class LiveObjects:
+    """The API server's copy of one object (a fake of the one Kubernetes I/O
+    module's two calls): reads return it, status merge patches change it."""
+
+    def __init__(self, live: dict, delay: float = 0.0):
+        self.live = live
+        self.delay = delay
+        self.patches: list[tuple[str | None, dict]] = []
+        self.reading: dict[str, int] = {}
+        self.overlaps: list[str] = []
+        self._guard = threading.Lock()
+
+    def get(self, api_version, kind, name, namespace):  # noqa: ANN001, ANN201
+        uid = self.live["metadata"]["uid"]
+        with self._guard:
+            self.reading[uid] = self.reading.get(uid, 0) + 1
+            if self.reading[uid] > 1:
+                self.overlaps.append(uid)
+        time.sleep(self.delay)
+        with self._guard:
+            self.reading[uid] -= 1
+        return copy.deepcopy(self.live)
+
+    def merge_patch(self, api_version, kind, name, patch, namespace, subresource=None):  # noqa: ANN001, ANN201
+        self.patches.append((subresource, patch))
+        status = self.live.setdefault("status", {})
+        status.update(patch["status"])
+        for key in [k for k, v in status.items() if v is None]:
+            del status[key]
 
 
-def test_retry_becomes_a_temporary_error(monkeypatch):
+VALID = {"modelName": "m", "features": {"featureViews": ["v"], "labels": {"source": "transactions", "column": "is_fraud"}}}
+
+
+def test_a_converged_object_gets_no_second_status_write():
+    objects = LiveObjects({"metadata": META, "spec": VALID})
+    p = Ports(registry=InMemoryRegistry(), pipelines={"noop": NoopBackend()}, default_pipeline_backend="noop",
+              objects=objects)
+    first = converge(TRAINING_JOB, reconcile_training_job, META, p, ObjectLocks())
+    assert objects.live["status"]["phase"] == "Succeeded" and first.events
+    second = converge(TRAINING_JOB, reconcile_training_job, META, p, ObjectLocks())
+    assert len(objects.patches) == 1, "a converged object needs no write"
+    assert second.status.to_wire() == objects.live["status"]
+
+
+def test_retry_becomes_a_temporary_error():
     from kubeloop.api.training import TrainingJobStatus
     from kubeloop.operator.reconcilers.common import Outcome
 
     with pytest.raises(kopf.TemporaryError) as err:
-        apply_outcome(Outcome(TrainingJobStatus(), retry_after=8, retry_reason="kfp down"), {}, kopf.Patch(),
-                      kopf.Body({}))
+        post_outcome(Outcome(TrainingJobStatus(), retry_after=8, retry_reason="kfp down"), kopf.Body({}))
     assert err.value.delay == 8
 
 
-def test_reconciles_of_one_object_never_overlap(monkeypatch):
+def test_reconciles_of_one_object_never_overlap():
     """kopf runs the resync timer beside the change handlers; two reconciles
     of one InferenceService at once once started two tritonservers."""
-    import threading
-    import time
-
-    from kubeloop.operator import handlers
-    from kubeloop.operator.settings import OperatorConfig
-
-    running, overlaps = {}, []
-
-    def slow_reconcile(kind, reconciler, meta, *args):
-        running[meta["uid"]] = running.get(meta["uid"], 0) + 1
-        if running[meta["uid"]] > 1:
-            overlaps.append(meta["uid"])
-        time.sleep(0.05)
-        running[meta["uid"]] -= 1
-
-    monkeypatch.setattr(handlers, "reconcile", slow_reconcile)
-    monkeypatch.setattr(handlers, "apply_outcome", lambda *args: None)
-    registry = handlers.build_registry(OperatorConfig())
-    fn = next(h.fn for h in registry._changing.get_all_handlers() if h.fn.__name__ == "reconcile_inferenceservice")
-    calls = [threading.Thread(target=fn, kwargs={"meta": {**META, "uid": uid}, "spec": {}, "status": {},
-                                                 "patch": None, "body": None, "memo": kopf.Memo(ports=None)})
-             for uid in ("a", "a", "a", "b")]
+    shared = ObjectLocks()
+    objects = {uid: LiveObjects({"metadata": {**META, "uid": uid}, "spec": VALID}, delay=0.05) for uid in "ab"}
+    p = {uid: Ports(registry=InMemoryRegistry(), pipelines={"noop": NoopBackend()}, default_pipeline_backend="noop",
+                    objects=objects[uid]) for uid in "ab"}
+    calls = [threading.Thread(target=converge, args=(TRAINING_JOB, reconcile_training_job,
+                                                     {**META, "uid": uid}, p[uid], shared))
+             for uid in "aaab"]
     for t in calls:
         t.start()
     for t in calls:
         t.join()
-    assert overlaps == [] and running == {"a": 0, "b": 0}
+    assert objects["a"].overlaps == [] and objects["b"].overlaps == []
+    assert len(objects["a"].patches) == 1, "the later reconciles start from the first one's status"
 
 
-def test_a_reconcile_starts_from_the_latest_status_and_writes_it_under_the_lock(monkeypatch):
+def test_a_reconcile_starts_from_the_latest_status_and_writes_only_what_changed():
     """kopf queues a handler with the body it had then; the status another
     reconcile wrote meanwhile must be its starting point, not be overwritten."""
-    from kubeloop.operator import handlers
     from kubeloop.operator.reconcilers.common import Outcome
-    from kubeloop.operator.settings import OperatorConfig
 
-    class Objects:
-        def __init__(self):
-            self.live = {"metadata": {**META, "uid": "x"}, "spec": {"n": 2}, "status": {"phase": "Running", "seen": 1}}
-            self.patches = []
-
-        def get(self, api_version, kind, name, namespace):
-            return self.live
-
-        def merge_patch(self, api_version, kind, name, patch, namespace, subresource=None):
-            self.patches.append((subresource, patch))
-
+    objects = LiveObjects({"metadata": META, "spec": VALID,
+                           "status": {"phase": "Running", "backend": "noop", "runId": "r-7"}})
     seen = []
 
-    def fake_reconcile(kind, reconciler, meta, spec, status, ports, retry):
-        from kubeloop.api.serving import InferenceServiceStatus
+    def reconciler(ref, spec, current, ports, attempt):  # noqa: ANN001, ANN202
+        seen.append(current.run_id)
+        return Outcome(current.model_copy(update={"phase": "Succeeded"}))
 
-        seen.append((spec, status))
-        return Outcome(InferenceServiceStatus(phase="Ready"))
-
-    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
-    objects = Objects()
-    registry = handlers.build_registry(OperatorConfig())
-    fn = next(h.fn for h in registry._changing.get_all_handlers() if h.fn.__name__ == "reconcile_inferenceservice")
-    patch = kopf.Patch()
-    fn(meta={**META, "uid": "x"}, spec={"n": 1}, status={"phase": "Pending"}, patch=patch, body=kopf.Body({}),
-       memo=kopf.Memo(ports=Ports(registry=InMemoryRegistry(), objects=objects)))
-    assert seen == [({"n": 2}, {"phase": "Running", "seen": 1})]
+    converge(TRAINING_JOB, reconciler, META, ports_with(objects), ObjectLocks())
+    assert seen == ["r-7"]
     [(subresource, written)] = objects.patches
-    assert subresource == "status"
-    assert written["status"]["phase"] == "Ready" and written["status"]["seen"] is None
-    assert dict(patch) == {}, "the status is written once, by the handler, not again by kopf"
+    assert subresource == "status" and written["status"]["phase"] == "Succeeded"
+    assert "runId" not in written["status"], "only what changed is written"
 
 
-def test_an_object_being_deleted_is_not_reconciled_again(monkeypatch):
+def test_an_object_being_deleted_is_not_reconciled_again():
     """A timer that waited for the lock while the delete handler stopped the
     local Triton must not start it again."""
-    from kubeloop.operator import handlers
-    from kubeloop.operator.settings import OperatorConfig
-
-    class Objects:
-        patches: list = []
-
-        def get(self, api_version, kind, name, namespace):
-            return {"metadata": {**META, "uid": "y", "deletionTimestamp": "2026-11-22T15:30:19Z"}, "spec": {},
-                    "status": {}}
-
-        def merge_patch(self, *args, **kwargs):
-            self.patches.append(args)
-
+    objects = LiveObjects({"metadata": {**META, "deletionTimestamp": "2026-11-22T15:30:19Z"}, "spec": VALID})
     calls = []
-    monkeypatch.setattr(handlers, "reconcile", lambda *args: calls.append(args))
-    registry = handlers.build_registry(OperatorConfig())
-    fn = next(h.fn for h in registry._changing.get_all_handlers() if h.fn.__name__ == "reconcile_inferenceservice")
-    objects = Objects()
-    fn(meta={**META, "uid": "y"}, spec={}, status={}, patch=kopf.Patch(), body=kopf.Body({}),
-       memo=kopf.Memo(ports=Ports(registry=InMemoryRegistry(), objects=objects)))
-    assert calls == [] and objects.patches == []
+    outcome = converge(TRAINING_JOB, lambda *args, **kwargs: calls.append(args), META, ports_with(objects),
+                       ObjectLocks())
+    assert outcome is None and calls == [] and objects.patches == []
+
+
+def test_deleting_a_run_cancels_it_only_while_it_runs():
+    cancelled = []
+
+    class Backend(NoopBackend):
+        def cancel(self, run_id: str) -> None:
+            cancelled.append(run_id)
+
+    p = Ports(registry=InMemoryRegistry(), pipelines={"kfp": Backend()}, default_pipeline_backend="kfp")
+    deletion.cancel_run({}, {"phase": "Succeeded", "runId": "done"}, p)
+    deletion.cancel_run({}, {"phase": "Running", "runId": "going"}, p)
+    assert cancelled == ["going"]
+
+
+def ports_with(objects: LiveObjects) -> Ports:
+    return Ports(registry=InMemoryRegistry(), pipelines={"noop": NoopBackend()}, default_pipeline_backend="noop",
+                 objects=objects)
 
 
 def test_a_status_that_fails_validation_keeps_what_can_be_kept():
     """Local and cluster: one bad field (a hand edit, an older operator) reset the whole
     status, losing status.retraining in the middle of a retrain."""
     from kubeloop.api.resources import INFERENCE_SERVICE
-    from kubeloop.operator.handlers import parse_status
+    from kubeloop.operator.converging import parse_status
 
     retraining = {"state": "Canary", "alert": "abc@2027-01-15T08:00:00.000Z", "trainingJob": "fraud-retrain-1",
                   "challenger": "3", "canarySince": "2027-01-15T09:00:00Z", "message": "canary"}
@@ -191,7 +195,7 @@ def test_status_changes_delete_fields_dropped_at_any_depth():
     """A drift run that evaluated drops the message a skipped run left: the
     merge patch must delete drift.message, not merge around it (seen on the
     real node: a drifted verdict still said 'only 0 logged rows')."""
-    from kubeloop.operator.handlers import status_changes
+    from kubeloop.operator.converging import status_changes
 
     old = {"phase": "Ready", "drift": {"rows": 0, "message": "only 0 logged rows", "lastRunAt": "t1"}}
     new = {"phase": "Ready", "drift": {"rows": 2000, "share": 1.0, "lastRunAt": "t2"}}
