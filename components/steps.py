@@ -159,14 +159,13 @@ def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_di
                           namespace: str, image: str, timeout: float = 24 * 3600) -> str:
     """Multi-node training on a real cluster: run a Kubeflow Trainer TrainJob
     and wait for it; returns the MLflow run id like train_step."""
-    import time
-
     import fsspec
 
     from kubeloop.components import registration
     from kubeloop.operator.builders.meta import dns_name
     from kubeloop.operator.builders.training import build_trainjob, trainjob_finished
     from kubeloop.operator.kube import Kube
+    from kubeloop.polling import wait_for
 
     job = TrainingJobSpec.model_validate(spec)
     run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
@@ -175,17 +174,14 @@ def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_di
     kube = Kube.in_cluster()
     kube.apply(build_trainjob(name, namespace, job, image, dataset_uri, info_json, output,
                               {"kubeloop.dev/pipeline-run": pipeline_run}))
-    deadline = time.monotonic() + timeout
-    while True:
-        live = kube.get("trainer.kubeflow.org/v1alpha1", "TrainJob", name, namespace) or {}
-        done, error = trainjob_finished(live)
+
+    def finished() -> bool:
+        done, error = trainjob_finished(kube.get("trainer.kubeflow.org/v1alpha1", "TrainJob", name, namespace) or {})
         if done and error:
             raise RuntimeError(f"TrainJob {namespace}/{name}: {error}")
-        if done:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"TrainJob {namespace}/{name} did not finish in {timeout:.0f} s")
-        time.sleep(15)
+        return done
+
+    wait_for(finished, timeout, f"TrainJob {namespace}/{name} finishing", interval=15)
     Path(model_dir).mkdir(parents=True, exist_ok=True)
     fs, root = fsspec.core.url_to_fs(output)
     fs.get_file(f"{root}/state.pt", str(Path(model_dir) / "state.pt"))

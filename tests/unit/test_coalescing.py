@@ -146,3 +146,15 @@ def test_a_call_carries_one_kind_of_request_in_the_order_they_came():
     first, rest = asyncio.run(go())
     assert calls == [["a1"], ["a2", "a3"], ["b1"], ["a4"]]
     assert (first, rest) == ("A1", ["A2", "A3", "B1", "A4"])
+
+
+def test_a_call_that_answers_too_few_fails_its_requests_instead_of_leaving_one_waiting():
+    async def serve_many(items):  # noqa: ANN001, ANN202
+        return items[:-1]
+
+    async def go():
+        coalescer = Coalescer(serve_many, rows=len, waiting_for="Triton")
+        return await asyncio.wait_for(asyncio.gather(coalescer.submit("a"), coalescer.submit("b"),
+                                                     return_exceptions=True), timeout=5)
+
+    assert [str(r) for r in asyncio.run(go())] == ["1 answers for 2 requests"] * 2

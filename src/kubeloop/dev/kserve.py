@@ -16,11 +16,11 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
-from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_exponential
 
 from kubeloop.dev.binaries import ensure, repo_root, versions
 from kubeloop.dev.images import Image, ImageConfig, build_image, image_tag, images_dir
 from kubeloop.dev.pki import webhook_certificates
+from kubeloop.polling import wait_for
 
 NAMESPACE = "kserve"
 MANAGER = "kserve-controller-manager"
@@ -170,11 +170,7 @@ class KServeError(RuntimeError):
 
 
 def _poll(done, timeout: float, what: str, why) -> None:  # noqa: ANN001 - callables
-    try:
-        Retrying(stop=stop_after_delay(timeout), wait=wait_exponential(multiplier=0.1, max=2),
-                 retry=retry_if_result(lambda finished: not finished))(done)
-    except RetryError:
-        raise KServeError(f"{what}: not after {timeout:.0f} s ({why()})") from None
+    wait_for(done, timeout, what, interval=0.5, seen=why, error=KServeError)
 
 
 def _established(kube, name: str) -> bool:  # noqa: ANN001 - a Kube

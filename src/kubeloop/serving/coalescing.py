@@ -27,10 +27,10 @@ MAX_WAITING = 1024
 
 
 class Coalescer(Generic[Item, Result]):
-    """Serves the requests waiting for one resource, many at a time, one call
-    at a time. serve_many answers a list of items in order; an exception it
-    raises is every item's. A call carries items of one kind only, in the
-    order they came."""
+    """Serves the requests waiting for one resource, many per call, at most
+    max_calls calls at a time. serve_many answers a list of items in order;
+    an exception it raises is every item's. A call carries items of one kind
+    only, in the order they came."""
 
     def __init__(self, serve_many: Callable[[list[Item]], Awaitable[list[Result]]], rows: Callable[[Item], int],
                  waiting_for: str, kind: Callable[[Item], Hashable] = lambda _: None,
@@ -90,6 +90,8 @@ class Coalescer(Generic[Item, Result]):
         self.calls += 1
         try:
             answers = await self.serve_many([item for item, _ in batch])
+            if len(answers) != len(batch):  # no caller may wait forever for a missing answer
+                raise RuntimeError(f"{len(answers)} answers for {len(batch)} requests")
         except Exception as exc:  # Feast's errors have no common base: every request of the call gets it
             for _, answer in batch:
                 if not answer.done():

@@ -22,6 +22,7 @@ import requests
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch, seconds
 from kubeloop.api.training import TrainingJobSpec
+from kubeloop.polling import wait_for
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.registry.promotion import audit_trail
 from kubeloop.story.traffic import Traffic, feature_rows
@@ -87,14 +88,7 @@ def operator_env(platform_env: dict[str, str], feast_repo: Path, work_dir: Path,
 def wait_until(probe: Callable[[], object], timeout: float, what: str, interval: float = 1.0,
                seen: Callable[[], str] | None = None):
     """probe()'s first truthy value; StepFailed after timeout, saying what was seen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise StepFailed(f"{what} did not happen within {timeout:.0f} s" + (f"; saw {seen()}" if seen else ""))
-        time.sleep(interval)
+    return wait_for(probe, timeout, what, interval, seen, error=StepFailed)
 
 
 @dataclass
