@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import kopf
 from pydantic import BaseModel, ValidationError
@@ -33,7 +34,11 @@ class ObjectLocks:
         with self._guard:
             return self._locks.setdefault(uid, threading.Lock())
 
-    def forget(self, uid: str) -> None:
+    @contextmanager
+    def last(self, uid: str) -> Iterator[None]:
+        """Hold the object's lock for the last time (its deletion), then forget it."""
+        with self.of(uid):
+            yield
         with self._guard:
             self._locks.pop(uid, None)
 

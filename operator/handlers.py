@@ -98,15 +98,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.delete(GROUP, VERSION, TRAINING_JOB.plural, id="cancel-run", registry=registry)
     @kopf.on.delete(GROUP, VERSION, OPTIMIZED_MODEL.plural, id="cancel-run", registry=registry)
     def cancel_run(meta: dict, status: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
-        with locks.of(meta["uid"]):
+        with locks.last(meta["uid"]):
             deletion.cancel_run(spec, status, memo.ports)
-        locks.forget(meta["uid"])
 
     @kopf.on.delete(GROUP, VERSION, INFERENCE_SERVICE.plural, id="stop-serving", registry=registry)
     def stop_serving(meta: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
-        with locks.of(meta["uid"]):
+        with locks.last(meta["uid"]):
             deletion.stop_serving(ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta), spec, memo.ports)
-        locks.forget(meta["uid"])
 
     return registry
 

@@ -112,7 +112,7 @@ def test_the_spec_comes_from_the_signature_and_the_store_and_round_trips():
 
 
 def test_the_triton_request_is_one_fp32_tensor_of_the_vectors():
-    body = json.loads(tensor_request([[1.0, 2.0], [3.0, 4.0]], request_id="r1"))
+    body = tensor_request([[1.0, 2.0], [3.0, 4.0]], request_id="r1")
     assert body == {"id": "r1", "inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32",
                                            "data": [[1.0, 2.0], [3.0, 4.0]]}]}
 

@@ -22,6 +22,8 @@ import numpy as np
 from tritonclient.http import InferenceServerClient, InferInput
 from tritonclient.utils import triton_to_np_dtype
 
+from kubeloop.serving.features import flat_values
+
 _TENSOR_KEYS = frozenset({"name", "shape", "datatype", "data"})
 _NUMBER = (float, int)
 NUMERIC = frozenset({"FP16", "FP32", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
@@ -64,7 +66,7 @@ def joinable(payload: dict) -> Rows | None:
             or len(shape) != 2
             or not all(type(n) is int and n > 0 for n in shape) or not isinstance(data, list)):
         return None
-    flat = [v for row in data for v in row] if data and isinstance(data[0], list) else data
+    flat = flat_values(data)
     if len(flat) != shape[0] * shape[1] or not all(type(v) in _NUMBER for v in flat):
         return None
     request_id = payload.get("id")

@@ -176,12 +176,17 @@ def parse_rows(payload: dict, spec: FeatureSpec) -> dict[str, list]:
     return rows
 
 
+def flat_values(data: list) -> list:
+    """A v2 tensor's values in order, whether its data is flat or nested by row."""
+    return [v for row in data for v in row] if data and isinstance(data[0], list) else data
+
+
 def _column(tensor: dict) -> list:
     data = tensor.get("data")
     shape = tensor.get("shape")
     if not isinstance(data, list):
         raise RequestError(400, f"input {tensor.get('name')}: data must be a list")
-    flat = [v for row in data for v in row] if data and isinstance(data[0], list) else data
+    flat = flat_values(data)
     if not isinstance(shape, list) or not shape or math.prod(shape) != len(flat) or any(s != 1 for s in shape[1:]):
         raise RequestError(400, f"input {tensor.get('name')}: shape {shape} does not fit {len(flat)} values "
                                 "(an entity request's inputs are columns: shape [rows] or [rows, 1])")
@@ -241,13 +246,13 @@ def _number(value) -> float:  # noqa: ANN001 - a feature value as Feast returns 
     return TRAINING_DEFAULT if math.isnan(number) else number
 
 
-def tensor_request(vectors: list[list[float]], input_name: str = "features", request_id: str | None = None) -> bytes:
+def tensor_request(vectors: list[list[float]], input_name: str = "features", request_id: str | None = None) -> dict:
     """The v2 request Triton takes: the vectors as one FP32 tensor."""
     body = {"inputs": [{"name": input_name, "shape": [len(vectors), len(vectors[0]) if vectors else 0],
                         "datatype": "FP32", "data": vectors}]}
     if request_id:
         body["id"] = request_id
-    return json.dumps(body, separators=(",", ":")).encode()
+    return body
 
 
 class OnlineStore:

@@ -62,8 +62,8 @@ from kubeloop.components.triton import MAX_REQUEST_ROWS
 from kubeloop.requestlog import LogLimits, LogStoreError, RequestLog, open_store
 from kubeloop.serving.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.serving.coalescing import Coalescer
-from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, assemble, is_entity_request,
-                                       parse_rows, tensor_request)
+from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
+                                       is_entity_request, parse_rows, tensor_request)
 
 log = logging.getLogger("kubeloop.router")
 MAX_MIRRORS = 64
@@ -464,8 +464,8 @@ class Router:
         self.metrics.retrieval.labels(c.service).observe(time.perf_counter() - started)
         if count:
             self._count_problems(assembled.problems)
-        body = tensor_request(assembled.vectors, request_id=payload.get("id"))
-        return body, joinable(json.loads(body)), columns, assembled.vectors
+        request = tensor_request(assembled.vectors, request_id=payload.get("id"))
+        return json.dumps(request, separators=(",", ":")).encode(), joinable(request), columns, assembled.vectors
 
     def _coalescer(self, spec: FeatureSpec, store: OnlineStore) -> Coalescer:
         found = self.coalescers.get(spec)
@@ -582,7 +582,7 @@ def parse_outputs(answer: bytes, config: RouterConfig) -> list | None:
         tensors = json.loads(answer)["outputs"]
         tensor = next((t for t in tensors if t.get("name") == config.output), tensors[0])
         data = tensor["data"]
-        flat = [float(v) for row in data for v in row] if data and isinstance(data[0], list) else [float(v) for v in data]
+        flat = [float(v) for v in flat_values(data)]
         width = int(tensor["shape"][-1]) if len(tensor.get("shape", ())) > 1 else 1
     except (ValueError, KeyError, IndexError, TypeError, StopIteration):
         return None
@@ -614,8 +614,7 @@ def disagree(config: RouterConfig, primary, shadow) -> bool:  # noqa: ANN001 - a
 def _features(payload: dict) -> list[list[float]]:
     tensor = payload["inputs"][0]
     width = tensor["shape"][-1]
-    data = tensor["data"]
-    flat = [v for row in data for v in row] if data and isinstance(data[0], list) else data
+    flat = flat_values(tensor["data"])
     return [flat[i:i + width] for i in range(0, len(flat), width)]
 
 
