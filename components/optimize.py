@@ -228,7 +228,7 @@ def _score_champion(job: OptimizedModelSpec, tracking_uri: str, source_version: 
     """The current champion's budget metric on this hold-out, for the
     not-worse-than-champion gate (the source's own score when it is the champion)."""
     from kubeloop.registry.mlflow import MlflowRegistry
-    from kubeloop.serving.scoring import score_version
+    from kubeloop.components.scoring import score_version
 
     champion = MlflowRegistry(tracking_uri).get_alias(job.source.name, "champion")
     if champion is None:

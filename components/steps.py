@@ -125,7 +125,7 @@ def _evaluate_champion(job: TrainingJobSpec, info: DatasetInfo, tracking_uri: st
     from kubeloop.api.promotion import alias_for
     from kubeloop.components.evaluation import evaluate
     from kubeloop.registry.mlflow import MlflowRegistry
-    from kubeloop.serving.scoring import score_version
+    from kubeloop.components.scoring import score_version
 
     if not job.promotion or not job.promotion.gates.not_worse_than_champion:
         return None
@@ -162,9 +162,9 @@ def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_di
     import fsspec
 
     from kubeloop.components import registration
-    from kubeloop.operator.builders.meta import dns_name
-    from kubeloop.operator.builders.training import build_trainjob, trainjob_finished
-    from kubeloop.operator.kube import Kube
+    from kubeloop.api.children import dns_name
+    from kubeloop.components.trainjob import build_trainjob, trainjob_finished
+    from kubeloop.kube import Kube
     from kubeloop.polling import wait_for
 
     job = TrainingJobSpec.model_validate(spec)

@@ -21,8 +21,8 @@ from pathlib import Path
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_atomic
 from kubeloop.monitoring.base import DriftMonitor
-from kubeloop.operator.builders.meta import child_metadata, dns_name, owner_labels, owner_selector, restricted
-from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.api.children import child_metadata, dns_name, owner_labels, owner_selector, restricted
+from kubeloop.kube import Kube, KubeError
 
 LABEL_PURPOSE = "kubeloop.dev/purpose"
 KEEP_JOBS = 3

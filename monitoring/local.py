@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from kubeloop.api.refs import ObjectRef
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.monitoring.base import DriftMonitor
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import Kind
 from kubeloop.operator.conditions import INVALID_SPEC, INVALID_STATUS, Observation, merge_conditions, now
-from kubeloop.operator.kube import KubeError
+from kubeloop.kube import KubeError
 from kubeloop.operator.ports import Objects, Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, transition_events
 

@@ -7,8 +7,8 @@ from collections import defaultdict
 from kubeloop.api.refs import ObjectRef
 from kubeloop.gpu.dra import DRIVER, free_partitions
 from kubeloop.gpu.placement import NodeInfo
-from kubeloop.operator.builders.serving import LABEL_SERVING
-from kubeloop.operator.kube import Kube
+from kubeloop.serving.builders.workloads import LABEL_SERVING
+from kubeloop.kube import Kube
 
 GPU_PREFIX = "nvidia.com/"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kubeloop.api.constants import GROUP
 from kubeloop.api.resources import INFERENCE_SERVICE, KINDS, OPTIMIZED_MODEL, TRAINING_JOB
-from kubeloop.operator.kube import resource_type
+from kubeloop.kube import resource_type
 from kubeloop.serving.kubernetes import CLAIM_TEMPLATES, OWNED, ROUTES
 
 # Server-side apply creates an object that is missing, which RBAC authorises

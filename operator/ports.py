@@ -17,7 +17,7 @@ from kubeloop.serving.base import ServingBackend
 
 
 class Objects(Protocol):
-    """Kubernetes objects the reconcilers create and read (kubeloop.operator.kube.Kube)."""
+    """Kubernetes objects the reconcilers create and read (kubeloop.kube.Kube)."""
 
     def apply(self, obj: dict) -> dict: ...
 

@@ -30,7 +30,7 @@ from kubeloop.api.constants import ANNOTATION_DRIFT_ALERT as DRIFT_ALERT_ANNOTAT
 from kubeloop.api.constants import ANNOTATION_REGISTRY_EVENT as REGISTRY_EVENT_ANNOTATION
 from kubeloop.api.resources import INFERENCE_SERVICE
 from kubeloop.api.times import instant
-from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.kube import Kube, KubeError
 
 log = logging.getLogger("kubeloop.operator.webhooks")
 DRIFT_ALERTS = ("KubeloopDataDrift",)

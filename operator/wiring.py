@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import kopf
 
-from kubeloop.operator.builders.serving import ServingImages
+from kubeloop.serving.builders.workloads import ServingImages
 from kubeloop.operator.fleet import observe_fleet
-from kubeloop.operator.kube import Kube
+from kubeloop.kube import Kube
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.settings import ConfigurationError, OperatorConfig
 from kubeloop.pipelines.backends.base import PipelineBackend

@@ -11,7 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from kubeloop.dev.processes import single_process_metrics
+from kubeloop.processes import single_process_metrics
 from kubeloop.pipelines.backends.local import write_state
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

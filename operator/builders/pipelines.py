@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubeloop.api.optimization import OptimizedModelSpec
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.operator.builders.meta import content_hash, dns_name
+from kubeloop.api.children import content_hash, dns_name
 from kubeloop.pipelines.backends.base import RunRequest
 
 

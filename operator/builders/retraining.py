@@ -9,7 +9,7 @@ from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.api.times import iso, seconds
-from kubeloop.operator.builders.meta import child_metadata, dns_name
+from kubeloop.api.children import child_metadata, dns_name
 
 def retrain_name(ref: ObjectRef, alert: str) -> str:
     """One name per alert: a redelivered alert finds the job it started."""

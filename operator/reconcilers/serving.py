@@ -15,7 +15,7 @@ from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.freshness import StoreNeed, freshness
 from kubeloop.gpu.placement import PlacementDecision, plan
 from kubeloop.operator.conditions import Observation
-from kubeloop.operator.kube import KubeError
+from kubeloop.kube import KubeError
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish
 from kubeloop.operator.reconcilers.retraining import RetrainStep, advance_retraining

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.files import write_atomic
 from kubeloop.pipelines.backends.base import PipelineBackend, RunRequest, RunStatus
 

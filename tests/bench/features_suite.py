@@ -23,7 +23,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from kubeloop.dev import onlinestore, processes
+from kubeloop import processes
+from kubeloop.dev import onlinestore
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import StoreLocation, create_repository, materialize
 from kubeloop.serving.features import FeatureSpec, OnlineStore

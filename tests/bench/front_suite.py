@@ -22,7 +22,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.monitoring.drift import load_requests
 from kubeloop.requestlog import FolderStore, ObjectStore
 from tests.bench.repeat import RUNS, Figure, figures_table, repeat

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kubeloop.api.constants import API_VERSION
-from kubeloop.operator.kube import KubeError
+from kubeloop.kube import KubeError
 from tests.bench.repeat import Figure, figures, figures_table, repeat
 from tests.support.operator import OperatorProcess
 

@@ -28,7 +28,7 @@ from kubeloop.components.benchmark import measure_interleaved, measuring
 from kubeloop.components.training import TrainSettings, train
 from kubeloop.components.triton import plan_batching, write_repository
 from kubeloop.components.variants import BuildContext, onnx
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.serving.runtime import TritonRuntime
 from tests.bench.repeat import RUNS, Figure, figures_table
 from tests.support.models import N_FEATURES, synthetic

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kubeloop.dev import objectstore, processes
+from kubeloop import processes
+from kubeloop.dev import objectstore
 from kubeloop.dev.platform import Platform, PlatformState
 from kubeloop.requestlog import ObjectStore
 from tests.support.waiting import wait_for

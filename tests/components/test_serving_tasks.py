@@ -17,7 +17,7 @@ import torch
 from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import BatchingPlan, write_repository
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.serving.repository import fetch_version, write_config
 from kubeloop.serving.runtime import TritonRuntime
 from tests.support.waiting import wait_for

@@ -19,9 +19,10 @@ from mlflow import MlflowClient
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev.binaries import binary, repo_root
+from kubeloop.dev.binaries import binary
+from kubeloop.paths import repo_root
 from kubeloop.dev.platform import build_kubeconfig
-from kubeloop.dev.processes import free_port
+from kubeloop.processes import free_port
 from kubeloop.operator.permissions import operator_permissions
 from tests.support.alerts import post_alert
 from tests.support.operator import OperatorProcess

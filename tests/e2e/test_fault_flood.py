@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
-from kubeloop.dev.processes import free_port
+from kubeloop.processes import free_port
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

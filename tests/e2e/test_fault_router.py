@@ -22,7 +22,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeloop.dev import processes
+from kubeloop import processes
 from tests.support.faults import infer, inference_service, registered_model, status_of
 from tests.support.waiting import wait_for
 

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch, instant
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev.binaries import repo_root
+from kubeloop.paths import repo_root
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import create_repository
 from kubeloop.registry.mlflow import MlflowRegistry

@@ -9,7 +9,7 @@ from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev.binaries import repo_root
+from kubeloop.paths import repo_root
 from kubeloop.operator.builders.pipelines import run_name, spec_hash
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec

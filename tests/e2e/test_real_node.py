@@ -26,7 +26,8 @@ import pytest
 from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.demo import load_examples
 from kubeloop.dev import host, kserve
-from kubeloop.dev.binaries import binary, repo_root, versions
+from kubeloop.dev.binaries import binary, versions
+from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform

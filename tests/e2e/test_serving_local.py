@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubeloop.api.constants import API_VERSION
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.requestlog import request_records
 from tests.support.models import N_FEATURES, register_broken, register_model, synthetic
 from tests.support.waiting import wait_for

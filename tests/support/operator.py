@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from kubeloop.dev import processes
+from kubeloop import processes
 
 
 class OperatorProcess:

@@ -73,7 +73,7 @@ class FakeObjects:
         return merged
 
     def create(self, obj: dict) -> dict:
-        from kubeloop.operator.kube import KubeError
+        from kubeloop.kube import KubeError
 
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         if key in self.objects:

@@ -8,11 +8,11 @@ import pytest
 
 from kubeloop.api.serving import ServingGPU
 from kubeloop.gpu.placement import CPU, plan
-from kubeloop.operator.builders.kserve import (
+from kubeloop.serving.builders.kserve import (
     DEVICE_ANNOTATION, build_inference_services, build_serving_runtime, build_storage_container, kserve_message,
     kserve_ready, predictor_urls,
 )
-from kubeloop.operator.builders.serving import ServingImages
+from kubeloop.serving.builders.workloads import ServingImages
 from tests.unit.test_builders_serving import REF, V1, V2, spec
 from tests.unit.test_placement import fleet
 

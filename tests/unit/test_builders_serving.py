@@ -9,7 +9,7 @@ import pytest
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, ServingGPU
 from kubeloop.gpu.placement import CPU, plan
-from kubeloop.operator.builders.serving import (
+from kubeloop.serving.builders.workloads import (
     ServingImages, build_children, effective_split, planned_replicas, split_replicas,
 )
 from kubeloop.registry.base import ModelVersion
@@ -156,7 +156,7 @@ def test_with_a_gateway_an_httproute_splits_by_weight():
 
 
 def test_a_stuck_rollout_is_detected():
-    from kubeloop.operator.builders.serving import rollout_failed
+    from kubeloop.serving.builders.workloads import rollout_failed
 
     stuck = {"status": {"conditions": [{"type": "Progressing", "status": "False",
                                         "reason": "ProgressDeadlineExceeded", "message": "timed out"}]}}
@@ -187,7 +187,7 @@ def _pod(name: str, *containers: dict, init: tuple[dict, ...] = ()) -> dict:
 def test_container_troubles_say_why_replicas_are_missing(pods, expected):
     """Cluster path (pure): what the kubelet reports about a version's Pods
     becomes the Deployed condition's message."""
-    from kubeloop.operator.builders.serving import container_troubles
+    from kubeloop.serving.builders.workloads import container_troubles
 
     assert container_troubles(pods) == expected
 
@@ -262,7 +262,7 @@ def test_with_the_front_the_service_selects_the_router_and_each_version_has_its_
 
 
 def test_the_router_runs_restricted_with_its_routes_and_the_object_stores_secret_by_reference():
-    from kubeloop.operator.builders.serving import build_router
+    from kubeloop.serving.builders.workloads import build_router
 
     config = {"routes": [{"role": "primary", "version": "1", "percent": 100}]}
     config_map, deployment = build_router(REF, spec(), config, FRONT)

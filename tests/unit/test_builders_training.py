@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.operator.builders.training import build_trainjob, trainjob_finished
+from kubeloop.components.trainjob import build_trainjob, trainjob_finished
 from kubeloop.pipelines.training import build_training_pipeline, compile_training  # noqa: F401
 
 

@@ -20,7 +20,7 @@ from kubeloop.api.serving import Autoscaling, InferenceServiceSpec
 from kubeloop.cli.api import render_rbac
 from kubeloop.dev.binaries import binary
 from kubeloop.gpu.placement import CPU
-from kubeloop.operator.builders.serving import ServingImages, build_autoscaler, build_children
+from kubeloop.serving.builders.workloads import ServingImages, build_autoscaler, build_children
 from kubeloop.operator.permissions import operator_permissions
 from kubeloop.registry.base import ModelVersion
 from kubeloop.version import COMPONENTS_IMAGE

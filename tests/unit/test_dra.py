@@ -10,7 +10,7 @@ from kubeloop.api.serving import ServingGPU
 from kubeloop.dev.fleet import build_resource_slices, load_fleet
 from kubeloop.gpu.dra import MIG_CLASS, device_request
 from kubeloop.gpu.placement import CPU, NodeInfo, plan
-from kubeloop.operator.builders.serving import ServingImages, build_children
+from kubeloop.serving.builders.workloads import ServingImages, build_children
 from tests.unit.test_builders_serving import REF, V1, spec
 from tests.unit.test_placement import GiB, fleet, gpu
 

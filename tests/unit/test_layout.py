@@ -49,3 +49,33 @@ def test_every_python_folder_is_packaged():
             if folder == REPO / area or "__pycache__" in folder.parts:
                 continue
             assert (folder / "__init__.py").exists(), f"{folder} has modules but no __init__.py"
+
+
+def _area_layers() -> list[str]:
+    """The layers of the one-way area contract, short names ("serving | pipelines")."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["name"].startswith("Areas depend one way")]
+    return [layer.replace("kubeloop.", "") for layer in contract["layers"]]
+
+
+def _readme_picture() -> list[str]:
+    """The rows of README's area picture: the code block after "depend one way"."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("depend one way", 1)[1].split("```\n", 2)[1]
+    return [line.split("  ")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_readme_architecture_picture_is_the_area_contract():
+    assert _readme_picture() == _area_layers()
+
+
+def test_every_area_and_top_level_module_is_in_one_layer():
+    """A new area or module outside the contract could import anything; the
+    contract must name each one exactly once."""
+    named = [name.strip() for layer in _area_layers() for name in layer.replace(":", "|").split("|")]
+    present = {p.stem for p in (REPO / "src" / "kubeloop").iterdir()
+               if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    present |= {area for area in AREAS if (REPO / area).is_dir()}
+    assert sorted(named) == sorted(present)

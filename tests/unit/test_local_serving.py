@@ -12,7 +12,7 @@ import pytest
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.registry.base import ModelVersion
 from kubeloop.serving.base import ServedVersion, ServingRequest, ServingUnavailable, triton_name

@@ -10,7 +10,7 @@ import sys
 
 import psutil
 
-from kubeloop.dev import processes
+from kubeloop import processes
 from tests.support.waiting import wait_for
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from kubeloop.dev import dns, host
-from kubeloop.dev.binaries import GROUPS, repo_root, versions
+from kubeloop.dev.binaries import GROUPS, versions
+from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
     NodePaths, build_cni_config, build_containerd_config, build_kube_proxy_config, build_kubelet_config,

@@ -64,7 +64,7 @@ def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path, monkeypat
 
     from prometheus_client import generate_latest
 
-    from kubeloop.dev import processes
+    from kubeloop import processes
     from kubeloop.serving.router import Router
 
     config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": "http://127.0.0.1:1",
@@ -160,7 +160,7 @@ def test_the_router_counts_logs_and_compares_answers_by_task(task, tmp_path, mon
     Triton that answers each version's tensors: the task's prediction metric,
     the request-log record shape and the shadow comparison (local backend;
     the real tritonserver is in tests/e2e)."""
-    from kubeloop.dev import processes
+    from kubeloop import processes
 
     for name in processes.INHERITED_NOT:
         monkeypatch.delenv(name, raising=False)
@@ -399,7 +399,7 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from kubeloop.dev import processes
+    from kubeloop import processes
     from kubeloop.serving import router as module
     from kubeloop.serving.features import FeatureSpec
 

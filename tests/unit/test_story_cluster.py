@@ -4,7 +4,7 @@ runs on the real node in tests/e2e/test_real_node.py)."""
 from __future__ import annotations
 
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev.binaries import repo_root
+from kubeloop.paths import repo_root
 from kubeloop.story.cluster import SERVING_RESOURCES, Endpoints, on_the_real_node
 from kubeloop.story.loop import Timings, prepare
 from tests.unit.fakes import FakeObjects

@@ -91,7 +91,7 @@ class FailingKube(RecordingKube):
         self.status = status
 
     def merge_patch(self, api_version, kind, name, patch, namespace=None):  # noqa: ANN001
-        from kubeloop.operator.kube import KubeError
+        from kubeloop.kube import KubeError
 
         raise KubeError(self.status, "Failure", "cannot patch")
 

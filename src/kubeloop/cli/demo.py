@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kubeloop.api.constants import API_VERSION
-from kubeloop.dev.binaries import repo_root
+from kubeloop.paths import repo_root
 from kubeloop.dev.platform import Platform, PlatformError, default_state_dir
 
 console = Console()

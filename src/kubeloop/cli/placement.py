@@ -38,7 +38,7 @@ def plan(
     """Plan every InferenceService against the fleet and suggest MIG layouts."""
     from kubeloop.api.resources import INFERENCE_SERVICE
     from kubeloop.operator.fleet import observe_fleet
-    from kubeloop.operator.kube import Kube
+    from kubeloop.kube import Kube
 
     kube = Kube.from_kubeconfig()
     if filename:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
+
+from kubeloop.paths import cache_dir, repo_root
 
 # binary -> (its group's folder under bin/, the version that keys the group)
 GROUPS = {
@@ -24,22 +25,6 @@ GROUPS = {
 
 class MissingBinary(RuntimeError):
     """A platform binary has not been built on this machine yet."""
-
-
-def repo_root() -> Path:
-    """The checkout this package was installed from (editable installs link
-    back to it), or $KUBELOOP_REPO."""
-    if "KUBELOOP_REPO" in os.environ:
-        return Path(os.environ["KUBELOOP_REPO"])
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        if (parent / "tools" / "versions.env").exists():
-            return parent
-    raise FileNotFoundError(f"no kubeloop checkout above {here}; set KUBELOOP_REPO")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("KUBELOOP_CACHE", Path.home() / ".cache" / "kubeloop"))
 
 
 @lru_cache(maxsize=1)

@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Callable, Iterator
 
-from kubeloop.dev.binaries import cache_dir, repo_root
+from kubeloop.paths import cache_dir, repo_root
 
 PREFIX = "localhost/kubeloop"
 PAUSE_SOURCE = ("tools/pause/go.mod", "tools/pause/main.go")

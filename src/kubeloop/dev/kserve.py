@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from kubeloop.dev.binaries import ensure, repo_root, versions
+from kubeloop.dev.binaries import ensure, versions
+from kubeloop.paths import repo_root
 from kubeloop.dev.images import Image, ImageConfig, build_image, image_tag, images_dir
 from kubeloop.dev.pki import webhook_certificates
 from kubeloop.polling import wait_for

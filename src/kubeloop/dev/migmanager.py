@@ -66,7 +66,7 @@ def node_patches(live: dict, wanted: dict, config: str) -> tuple[dict, dict]:
     return metadata, {"status": status}
 
 
-def reconcile(kube, fleet: Fleet) -> None:  # noqa: ANN001 - kubeloop.operator.kube.Kube
+def reconcile(kube, fleet: Fleet) -> None:  # noqa: ANN001 - kubeloop.kube.Kube
     """Apply every relabelled layout the fleet's MIG nodes do not advertise yet."""
     specs = {n.name: n for n in fleet.nodes if n.gpu and n.gpu.mig}
     for live in kube.list("v1", "Node"):
@@ -99,7 +99,7 @@ def reconcile(kube, fleet: Fleet) -> None:  # noqa: ANN001 - kubeloop.operator.k
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kubeloop.operator.kube import Kube, KubeError
+    from kubeloop.kube import Kube, KubeError
 
     parser = argparse.ArgumentParser(prog="python -m kubeloop.dev.migmanager")
     parser.add_argument("--kubeconfig", required=True)

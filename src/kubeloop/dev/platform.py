@@ -31,7 +31,8 @@ import psutil
 import yaml
 
 from kubeloop.api.resources import KINDS, build_crd
-from kubeloop.dev import dns, host, node, objectstore, onlinestore, processes
+from kubeloop import processes
+from kubeloop.dev import dns, host, node, objectstore, onlinestore
 from kubeloop.dev.binaries import binary, ensure
 from kubeloop.dev.fleet import DEFAULT_FLEET, build_nodes, build_resource_slices, load_fleet
 from kubeloop.dev.host import SERVICE_CIDR
@@ -39,7 +40,7 @@ from kubeloop.dev.images import Image, pause_image
 from kubeloop.dev.onlinestore import OnlineStoreKind
 from kubeloop.gpu.dra import device_classes
 from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki
-from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.kube import Kube, KubeError
 
 Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")

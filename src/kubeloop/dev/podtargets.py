@@ -41,7 +41,7 @@ def pod_targets(pods: list[dict], node: str) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kubeloop.operator.kube import Kube, KubeError
+    from kubeloop.kube import Kube, KubeError
 
     parser = argparse.ArgumentParser(prog="python -m kubeloop.dev.podtargets")
     parser.add_argument("--kubeconfig", required=True)

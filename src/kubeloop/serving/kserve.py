@@ -4,20 +4,20 @@ owned by kubeloop's InferenceService so that Kubernetes garbage-collects
 them with it; with a router image configured, kubeloop's serving front
 stands in front of the versions' predictors (exact canary split, shadow
 mirroring, request log), as with the kubernetes backend. See
-kubeloop.operator.builders.kserve for what each object holds."""
+kubeloop.serving.builders.kserve for what each object holds."""
 
 from __future__ import annotations
 
 from kubeloop.api.refs import ObjectRef
-from kubeloop.operator.builders.kserve import (
+from kubeloop.serving.builders.kserve import (
     KSERVE_API, build_inference_services, build_serving_runtime, build_storage_container, kserve_message,
     kserve_name, kserve_ready, predictor_name, predictor_urls,
 )
-from kubeloop.operator.builders.meta import owner_selector
-from kubeloop.operator.builders.serving import (
+from kubeloop.api.children import owner_selector
+from kubeloop.serving.builders.workloads import (
     ServingImages, build_router, build_service, router_name, service_name,
 )
-from kubeloop.operator.kube import Kube, KubeError
+from kubeloop.kube import Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
 from kubeloop.serving.kubernetes import (
     CLAIM_TEMPLATES, OWNED, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
-from kubeloop.operator.builders.meta import owner_selector
-from kubeloop.operator.builders.serving import (
+from kubeloop.api.children import owner_selector
+from kubeloop.serving.builders.workloads import (
     LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, effective_split,
     rollout_failed, service_name, version_urls,
 )
-from kubeloop.operator.kube import FIELD_MANAGER, Kube, KubeError
+from kubeloop.kube import FIELD_MANAGER, Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
 from kubeloop.serving.routes import build_router_config
 

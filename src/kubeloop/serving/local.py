@@ -27,7 +27,7 @@ from pathlib import Path
 import requests
 
 from kubeloop.api.refs import ObjectRef
-from kubeloop.dev import processes
+from kubeloop import processes
 from kubeloop.files import write_atomic, write_if_changed
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
 from kubeloop.serving.loads import Loads

@@ -17,7 +17,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubeloop.dev.binaries import cache_dir, repo_root
+from kubeloop.paths import cache_dir, repo_root
 
 
 class RuntimeMissing(RuntimeError):

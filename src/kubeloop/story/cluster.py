@@ -71,7 +71,7 @@ class Endpoints:
     """Maps a Service URL (http://<service>.<namespace>.svc...) to one of its
     ready endpoints, as a caller on this machine reaches it."""
 
-    def __init__(self, kube):  # noqa: ANN001 - kubeloop.operator.kube.Kube
+    def __init__(self, kube):  # noqa: ANN001 - kubeloop.kube.Kube
         self.kube = kube
 
     def __call__(self, url: str) -> str | None:

@@ -96,7 +96,7 @@ class Loop:
     """One run of the story against a platform and an operator already up."""
 
     kube: object
-    """kubeloop.operator.kube.Kube (kept loose: the story only reads and applies)."""
+    """kubeloop.kube.Kube (kept loose: the story only reads and applies)."""
     registry: ModelRegistry
     urls: dict[str, str]
     docs: list[dict]

@@ -39,7 +39,7 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.dra import CLAIM, device_request
 from kubeloop.gpu.placement import PlacementDecision
-from kubeloop.operator.builders.meta import child_metadata, content_hash, dns_name, restricted, with_input_hash
+from kubeloop.api.children import child_metadata, content_hash, dns_name, restricted, with_input_hash
 from kubeloop.registry.base import ModelVersion
 from kubeloop.serving.base import triton_name
 

@@ -15,7 +15,7 @@ through a Pod annotation, so one cluster-wide storage container serves CPU
 and GPU predictors alike.
 
 KServe v0.20 splits canaries by replica ratio and mirrors nothing, so the
-serving front (kubeloop.operator.builders.serving.build_router) stands in
+serving front (kubeloop.serving.builders.workloads.build_router) stands in
 front of the versions' predictor Services, as with the kubernetes backend.
 
 Autoscaling: KServe's own HPA scales on CPU or memory only; an
@@ -33,8 +33,8 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.dra import CLAIM
 from kubeloop.gpu.placement import PlacementDecision
-from kubeloop.operator.builders.meta import child_metadata, dns_name, restricted, with_input_hash
-from kubeloop.operator.builders.serving import (
+from kubeloop.api.children import child_metadata, dns_name, restricted, with_input_hash
+from kubeloop.serving.builders.workloads import (
     LABEL_MODEL_VERSION, LABEL_SERVING, METRICS_PORT, ServingImages, build_autoscaler, build_claim_template,
     claim_template_name, planned_replicas,
 )
