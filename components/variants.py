@@ -131,7 +131,11 @@ def _narrower(ctx: BuildContext, widths: list[int]) -> TaskModel:
     body = _mlp(ctx, "a narrower network")
     dropout = next((m.p for m in body.modules() if isinstance(m, nn.Dropout)), 0.0)
     arch = ctx.source.architecture
-    model = build_model(replace(arch, parameters={"hidden_units": widths, "dropout": dropout}))
+    # Its first weights come from the run's seed, not from whatever drew from
+    # torch's generator before: the same spec builds the same student.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        model = build_model(replace(arch, parameters={"hidden_units": widths, "dropout": dropout}))
     model.load_state_dict({k: v for k, v in ctx.source.state_dict().items() if not k.startswith("body.")},
                           strict=False)
     return model

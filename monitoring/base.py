@@ -15,7 +15,9 @@ class DriftMonitor(abc.ABC):
 
     @abc.abstractmethod
     def start(self, ref: ObjectRef, job: dict) -> None:
-        """Start a drift job (a no-op while one runs)."""
+        """Start a drift job (a no-op while one runs). The job says what to
+        check (kubeloop.monitoring.job.DriftJob); the monitor adds where MLflow
+        and the default feature repository are, as its jobs reach them."""
 
     @abc.abstractmethod
     def latest(self, ref: ObjectRef) -> dict | None:

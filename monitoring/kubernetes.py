@@ -38,6 +38,8 @@ class DriftJobSettings:
     image: str
     tracking_uri: str
     """MLflow as Pods reach it."""
+    feast_repo: str = ""
+    """The default feature repository as Pods reach it (a versioned model names its own store)."""
     object_store_secret: str | None = None
     object_store_endpoint: str | None = None
 
@@ -51,8 +53,8 @@ def job_name(ref: ObjectRef, started: float) -> str:
 def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, started: float) -> dict:
     """The Job that runs one drift check (pure)."""
     labels = {LABEL_PURPOSE: "drift"}
-    env = [{"name": "KUBELOOP_DRIFT_JOB", "value": json.dumps({**job, "tracking_uri": settings.tracking_uri},
-                                                              sort_keys=True)}]
+    env = [{"name": "KUBELOOP_DRIFT_JOB", "value": json.dumps(
+        {**job, "tracking_uri": settings.tracking_uri, "feast_repo": settings.feast_repo}, sort_keys=True)}]
     if settings.object_store_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_store_endpoint})
     container = {

@@ -14,8 +14,10 @@ from kubeloop.monitoring.base import DriftMonitor
 
 
 class LocalDriftMonitor(DriftMonitor):
-    def __init__(self, work_dir: Path):
+    def __init__(self, work_dir: Path, tracking_uri: str, feast_repo: str = ""):
         self.root = Path(work_dir) / "monitoring"
+        self.where = {"tracking_uri": tracking_uri, "feast_repo": feast_repo}
+        """MLflow and the default feature repository, as this machine reaches them."""
 
     def folder(self, ref: ObjectRef) -> Path:
         return self.root / f"{ref.namespace}-{ref.name}"
@@ -38,7 +40,7 @@ class LocalDriftMonitor(DriftMonitor):
             return
         folder = self.folder(ref)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "job.json").write_text(json.dumps(job, indent=2))
+        (folder / "job.json").write_text(json.dumps({**job, **self.where}, indent=2))
         record = processes.start("drift", [sys.executable, "-m", "kubeloop.monitoring.job", str(folder)],
                                  folder / "logs")
         (folder / "process.json").write_text(json.dumps(record.to_dict()))

@@ -13,7 +13,8 @@ from typing import Callable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kubeloop.featurestore.freshness import Materializer, lag_seconds, max_lag_seconds
+from kubeloop.featurestore.base import FeatureStores
+from kubeloop.featurestore.freshness import lag_seconds, max_lag_seconds
 
 
 class DriftCollector(Collector):
@@ -59,8 +60,8 @@ class FreshnessCollector(Collector):
     view, computed at scrape time from the registry's record of the last
     materialised interval; and its runs by result."""
 
-    def __init__(self, materializer: Materializer, clock: Callable[[], float] = time.time):
-        self.materializer = materializer
+    def __init__(self, stores: FeatureStores, clock: Callable[[], float] = time.time):
+        self.stores = stores
         self.clock = clock
 
     def collect(self):  # noqa: ANN201 - prometheus_client protocol
@@ -72,7 +73,7 @@ class FreshnessCollector(Collector):
         runs = CounterMetricFamily("kubeloop_online_features_materializations", "Materialisation runs of the "
                                    "store since the operator started, by result.", labels=[*labels, "result"])
         now = self.clock()
-        for state in self.materializer.states():
+        for state in self.stores.states():
             values = [store_label(state.need.store), state.project]
             limit.add_metric(values, max_lag_seconds(state.need.interval))
             runs.add_metric([*values, "succeeded"], state.runs - state.failed_runs)

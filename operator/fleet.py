@@ -1,74 +1,162 @@
-"""Read the GPU fleet from the cluster for the placement planner."""
+"""Read the GPU fleet from the cluster for the placement planner.
+
+What placement needs of each object is small (a Pod's node and GPU limits, a
+Node's GPU labels and allocatable, a claim's allocated devices); the
+reducers below keep only that, and `plan_fleet` builds the planner's view
+from it with no I/O. The operator reads through `FleetView`, kept by
+watches; the CLI reads once with `observe_fleet`.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop.gpu.dra import DRIVER, free_partitions
 from kubeloop.gpu.placement import NodeInfo
+from kubeloop.kube import Informer, Kube
 from kubeloop.serving.builders.workloads import LABEL_SERVING
-from kubeloop.kube import Kube
 
 GPU_PREFIX = "nvidia.com/"
+DRA = "resource.k8s.io/v1"
 
 
-def _count(value: str) -> int:
+@dataclass(frozen=True)
+class PodUse:
+    """A scheduled, live Pod: its GPU limits, and which InferenceService serves through it."""
+
+    namespace: str
+    name: str
+    node: str
+    serving: str | None
+    gpus: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class NodeGPUs:
+    name: str
+    labels: dict[str, str]
+    allocatable: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ClaimUse:
+    """The driver's devices a ResourceClaim holds, and the Pods it was made for."""
+
+    namespace: str
+    pods: frozenset[str]
+    devices: frozenset[tuple[str, str]]
+
+
+def _count(value: object) -> int:
     try:
-        return int(value)
+        return int(str(value))
     except ValueError:
         return 0
 
 
-def observe_fleet(kube: Kube, dra: bool = False, excluding: ObjectRef | None = None) -> list[NodeInfo]:
-    """Nodes with their GPU labels, allocatable GPU resources, and what
-    non-terminated Pods already request of them; where GPUs are claimed
-    through DRA, also what each node's partitionable GPUs can still give.
-    What the Pods of `excluding` (the InferenceService being placed) hold
-    counts as free: it is theirs to keep, not capacity to wait for."""
+def pod_use(pod: dict) -> PodUse | None:
+    """None for a Pod placement can ignore: unscheduled, finished, or holding
+    no GPU and serving nothing."""
+    spec, metadata = pod.get("spec", {}), pod["metadata"]
+    node = spec.get("nodeName")
+    if not node or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus: dict[str, int] = defaultdict(int)
+    for container in spec.get("containers", []):
+        for name, value in container.get("resources", {}).get("limits", {}).items():
+            if name.startswith(GPU_PREFIX):
+                gpus[name] += _count(value)
+    serving = metadata.get("labels", {}).get(LABEL_SERVING)
+    if not gpus and serving is None:
+        return None
+    return PodUse(metadata.get("namespace", ""), metadata["name"], node, serving, tuple(sorted(gpus.items())))
+
+
+def node_gpus(node: dict) -> NodeGPUs:
+    allocatable = {k: _count(v) for k, v in node.get("status", {}).get("allocatable", {}).items()
+                   if k.startswith(GPU_PREFIX)}
+    return NodeGPUs(node["metadata"]["name"], node["metadata"].get("labels", {}), allocatable)
+
+
+def claim_use(claim: dict) -> ClaimUse | None:
+    devices = frozenset((r["pool"], r["device"])
+                        for r in claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+                        if r.get("driver") == DRIVER)
+    if not devices:
+        return None
+    metadata = claim["metadata"]
+    pods = frozenset(o.get("name") for o in metadata.get("ownerReferences", []) if o.get("kind") == "Pod")
+    return ClaimUse(metadata.get("namespace", ""), pods, devices)
+
+
+def driver_slice(piece: dict) -> dict | None:
+    return piece if piece.get("spec", {}).get("driver") == DRIVER else None
+
+
+def plan_fleet(pods: Iterable[PodUse], nodes: Iterable[NodeGPUs], claims: Iterable[ClaimUse] = (),
+               slices: list[dict] | None = None, excluding: ObjectRef | None = None) -> list[NodeInfo]:
+    """Nodes with their GPU labels, allocatable GPU resources, and what live
+    Pods already request of them; with DRA's slices, also what each node's
+    partitionable GPUs can still give. What the Pods of `excluding` (the
+    InferenceService being placed) hold counts as free: it is theirs to keep,
+    not capacity to wait for."""
     requested: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     own: set[str] = set()
-    for pod in kube.list("v1", "Pod"):
-        node = pod.get("spec", {}).get("nodeName")
-        if not node or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+    for pod in pods:
+        if excluding and pod.namespace == excluding.namespace and pod.serving == excluding.name:
+            own.add(pod.name)
             continue
-        if excluding and _belongs(pod, excluding):
-            own.add(pod["metadata"]["name"])
-            continue
-        for container in pod["spec"].get("containers", []):
-            limits = container.get("resources", {}).get("limits", {})
-            for name, value in limits.items():
-                if name.startswith(GPU_PREFIX):
-                    requested[node][name] += _count(str(value))
-    partitions = _partitions(kube, excluding.namespace if excluding else None, own) if dra else {}
-    nodes = []
-    for node in kube.list("v1", "Node"):
-        name = node["metadata"]["name"]
-        allocatable = {k: _count(str(v)) for k, v in node.get("status", {}).get("allocatable", {}).items()
-                       if k.startswith(GPU_PREFIX)}
-        nodes.append(NodeInfo(name, node["metadata"].get("labels", {}), allocatable, dict(requested[name]),
-                              partitions.get(name)))
-    return nodes
+        for name, count in pod.gpus:
+            requested[pod.node][name] += count
+    partitions = {}
+    if slices is not None:
+        namespace = excluding.namespace if excluding else None
+        allocated = {device for claim in claims if not (claim.namespace == namespace and claim.pods & own)
+                     for device in claim.devices}
+        partitions = free_partitions(slices, allocated)
+    return [NodeInfo(n.name, n.labels, n.allocatable, dict(requested[n.name]), partitions.get(n.name))
+            for n in nodes]
 
 
-def _belongs(pod: dict, ref: ObjectRef) -> bool:
-    metadata = pod["metadata"]
-    return metadata.get("namespace") == ref.namespace and metadata.get("labels", {}).get(LABEL_SERVING) == ref.name
+def observe_fleet(kube: Kube, dra: bool = False, excluding: ObjectRef | None = None) -> list[NodeInfo]:
+    """The fleet as one LIST of each kind finds it now (the CLI's one-off reads)."""
+    pods = [use for pod in kube.list("v1", "Pod") if (use := pod_use(pod))]
+    nodes = [node_gpus(node) for node in kube.list("v1", "Node")]
+    if not dra:
+        return plan_fleet(pods, nodes, excluding=excluding)
+    claims = [use for claim in kube.list(DRA, "ResourceClaim") if (use := claim_use(claim))]
+    slices = [piece for piece in kube.list(DRA, "ResourceSlice") if driver_slice(piece)]
+    return plan_fleet(pods, nodes, claims, slices, excluding)
 
 
-def _partitions(kube: Kube, namespace: str | None, own_pods: set[str]) -> dict:
-    """Node -> Partitions, from the driver's ResourceSlices and the devices
-    allocated to every claim but those of own_pods (in namespace)."""
-    allocated = {(result["pool"], result["device"])
-                 for claim in kube.list("resource.k8s.io/v1", "ResourceClaim")
-                 if not _owned_by(claim, namespace, own_pods)
-                 for result in claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
-                 if result.get("driver") == DRIVER}
-    return free_partitions(kube.list("resource.k8s.io/v1", "ResourceSlice"), allocated)
+class FleetView:
+    """The fleet kept by watches, for the operator: every reconcile of every GPU
+    InferenceService places it, and a LIST of every Pod in the cluster each
+    time would cost the API server the fleet's size times the services, once
+    per resync."""
 
+    def __init__(self, kube: Kube, dra: bool = False):
+        self.pods = Informer(kube, "v1", "Pod", pod_use)
+        self.nodes = Informer(kube, "v1", "Node", node_gpus)
+        self.claims = Informer(kube, DRA, "ResourceClaim", claim_use) if dra else None
+        self.slices = Informer(kube, DRA, "ResourceSlice", driver_slice) if dra else None
 
-def _owned_by(claim: dict, namespace: str | None, pods: set[str]) -> bool:
-    """A claim made for one of these Pods from its template."""
-    metadata = claim["metadata"]
-    return metadata.get("namespace") == namespace and any(
-        o.get("kind") == "Pod" and o.get("name") in pods for o in metadata.get("ownerReferences", []))
+    def _informers(self) -> list[Informer]:
+        return [i for i in (self.pods, self.nodes, self.claims, self.slices) if i is not None]
+
+    def start(self) -> "FleetView":
+        for informer in self._informers():
+            informer.start()
+        return self
+
+    def stop(self) -> None:
+        for informer in self._informers():
+            informer.stop()
+
+    def __call__(self, excluding: ObjectRef | None = None) -> list[NodeInfo]:
+        claims = self.claims.values() if self.claims else ()
+        slices = self.slices.values() if self.slices else None
+        return plan_fleet(self.pods.values(), self.nodes.values(), claims, slices, excluding)

@@ -79,8 +79,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def stop_webhooks(memo: kopf.Memo, **_: Any) -> None:
-        if getattr(memo, "ports", None) is not None and memo.ports.materializer is not None:
-            memo.ports.materializer.stop()
+        if getattr(memo, "ports", None) is not None:
+            memo.ports.features.stop()
         if getattr(memo, "mlflow_webhook", None) is not None:
             memo.mlflow_webhook.cancel()
         if getattr(memo, "webhooks", None) is not None:

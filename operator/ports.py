@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from kubeloop.featurestore.freshness import Materializer
+from kubeloop.featurestore.base import FeatureStores
 from kubeloop.gpu.placement import NodeInfo
 from kubeloop.monitoring.base import DriftMonitor
 from kubeloop.pipelines.backends.base import PipelineBackend
@@ -39,13 +39,8 @@ class Ports:
     """The GPU fleet as the InferenceService `excluding` sees it: what its own Pods hold counts as free."""
     default_pipeline_backend: str = "local"
     default_serving_backend: str = "kubernetes"
-    tensorrt: bool = False
-    """Whether the optimiser's image has TensorRT (decides which techniques a GPU target may ask for)."""
     objects: Objects | None = None
     """Child custom objects (drift-triggered TrainingJobs and OptimizedModels)."""
     monitor: DriftMonitor | None = None
-    tracking_uri: str | None = None
-    feast_repo: str | None = None
-    materializer: Materializer | None = None
-    """Keeps the online stores that InferenceServices read fresh."""
+    features: FeatureStores = field(default_factory=FeatureStores)
     clock: Callable[[], float] = time.time

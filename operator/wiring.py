@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 from typing import TYPE_CHECKING
 
 import kopf
 
-from kubeloop.serving.builders.workloads import ServingImages
-from kubeloop.operator.fleet import observe_fleet
+from kubeloop.featurestore.base import FeatureStores
 from kubeloop.kube import Kube
+from kubeloop.operator.fleet import FleetView
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.settings import ConfigurationError, OperatorConfig
 from kubeloop.pipelines.backends.base import PipelineBackend
 from kubeloop.pipelines.backends.noop import NoopBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
+from kubeloop.serving.builders.workloads import ServingImages
 from kubeloop.serving.kserve import KServeServing
 from kubeloop.serving.kubernetes import KubernetesServing
 
@@ -59,7 +59,7 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
             raise ConfigurationError("the local pipeline backend needs MLFLOW_TRACKING_URI "
                                      "(`kubeloop dev env` prints it, and KUBELOOP_FEAST_REPO, the default store)")
         context = LocalContext(feast_repo=str(config.feast_repo or ""), tracking_uri=config.tracking_uri,
-                               git_sha=git_sha())
+                               git_sha=git_sha(), tensorrt=config.tensorrt)
         return {name: LocalBackend(config.state_dir, context)}
     from kubeloop.pipelines.backends.kfp import KfpBackend
     from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
@@ -70,7 +70,7 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
         raise ConfigurationError("the kfp pipeline backend needs KUBELOOP_KFP_ENDPOINT and MLFLOW_TRACKING_URI")
     steps = StepEnvironment(image=config.components_image, mlflow_secret=config.mlflow_secret,
                             object_store_secret=config.object_store_secret,
-                            object_store_endpoint=config.object_store_endpoint)
+                            object_store_endpoint=config.object_store_endpoint, tensorrt=config.tensorrt)
     return {name: KfpBackend(config.kfp_endpoint, mlflow_outcomes(config.tracking_uri), ui=config.kfp_ui,
                              feast_repo=str(config.feast_repo or ""),
                              tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
@@ -125,11 +125,12 @@ def build_monitor(config: OperatorConfig, kube: Kube) -> DriftMonitor | None:
         settings = DriftJobSettings(image=config.components_image,
                                     tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
                                     object_store_secret=config.object_store_secret,
-                                    object_store_endpoint=config.object_store_endpoint)
+                                    object_store_endpoint=config.object_store_endpoint,
+                                    feast_repo=str(config.feast_repo or ""))
         return KubernetesDriftMonitor(kube, settings, config.state_dir / "monitoring")
     from kubeloop.monitoring.local import LocalDriftMonitor
 
-    return LocalDriftMonitor(config.state_dir)
+    return LocalDriftMonitor(config.state_dir, config.tracking_uri, str(config.feast_repo or ""))
 
 
 def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
@@ -139,15 +140,12 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         registry=build_registry(config),
         pipelines=build_pipeline_backends(config),
         serving=serving,
-        fleet=partial(observe_fleet, kube, dra=config.gpu_allocation == "dra"),
+        fleet=FleetView(kube, dra=config.gpu_allocation == "dra").start(),
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
-        tensorrt=config.tensorrt,
         objects=kube,
         monitor=build_monitor(config, kube),
-        tracking_uri=config.tracking_uri,
-        feast_repo=str(config.feast_repo) if config.feast_repo else None,
-        materializer=build_materializer(serving),
+        features=FeatureStores(str(config.feast_repo or ""), build_materializer(serving)),
     )
 
 
@@ -163,8 +161,8 @@ async def serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202 
         raise kopf.PermanentError(f"KUBELOOP_WEBHOOK_TOKEN_FILE ({config.webhook_token_file}) holds no token")
     metrics = CollectorRegistry()
     metrics.register(DriftCollector(config.state_dir / "monitoring"))
-    if ports.materializer is not None:
-        metrics.register(FreshnessCollector(ports.materializer))
+    if ports.features.materializes:
+        metrics.register(FreshnessCollector(ports.features))
     webhooks = Webhooks(ports.objects, WebhookConfig(token.value, mlflow_secret.value, tuple(config.namespaces)),
                         metrics)
     runner = await serve(webhooks, config.webhook_address, config.webhook_port)

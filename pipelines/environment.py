@@ -39,6 +39,8 @@ class StepEnvironment:
     """A Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for MLflow's artifact store."""
     object_store_endpoint: str | None = None
     """The S3 endpoint of MLflow's artifact store (MinIO, Ceph), when it is not AWS."""
+    tensorrt: bool = False
+    """Whether the image has TensorRT for the optimiser."""
 
     def apply(self, task: dsl.PipelineTask, credentials: bool) -> dsl.PipelineTask:
         """Run the task in the image; give it the credentials when it talks to

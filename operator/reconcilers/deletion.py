@@ -24,5 +24,4 @@ def stop_serving(ref: ObjectRef, spec: dict, ports: Ports) -> None:
         backend.delete(ref)
     if ports.monitor:
         ports.monitor.forget(ref)
-    if ports.materializer:
-        ports.materializer.forget(ref.uid)
+    ports.features.forget(ref.uid)

@@ -83,7 +83,8 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         observations.append(Observation("TechniquesSupported", "False", "InvalidSpec", "; ".join(invalid)))
         return Outcome(finish(status, observations, ref.generation, required, phase="Failed",
                               source_version=source.version))
-    problems = unsupported_techniques(spec, ports.tensorrt)
+    backend = ports.pipelines.get(backend_name)
+    problems = unsupported_techniques(spec, backend is not None and backend.tensorrt)
     if problems:
         observations.append(Observation("TechniquesSupported", "False", "UnsupportedTechnique",
                                         "; ".join(problems)))
@@ -91,8 +92,6 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
                      source_version=source.version)
         return Outcome(new)
     observations.append(Observation("TechniquesSupported", "True", "Supported", ", ".join(spec.techniques)))
-
-    backend = ports.pipelines.get(backend_name)
     if backend is None:
         observations.append(Observation("RunSubmitted", "False", "BackendNotConfigured",
                                         f"the operator has no '{backend_name}' pipeline backend"))

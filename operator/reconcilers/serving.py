@@ -198,7 +198,7 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
     if due and not ports.monitor.running(ref):
         ports.monitor.start(ref, {
             "service": f"{ref.namespace}/{ref.name}", "model": primary.name, "version": primary.version,
-            "tracking_uri": ports.tracking_uri, "feast_repo": ports.feast_repo, "request_log": log,
+            "request_log": log,
             "window_seconds": seconds(spec.monitoring.window), "threshold": spec.monitoring.drift_share_threshold,
             "features": list(spec.monitoring.features), "min_rows": spec.monitoring.min_rows,
             "columns": ModelSignature.from_tags(primary.tags).feature_columns,
@@ -224,15 +224,10 @@ def _keep_fresh(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[Serve
                 backend: ServingBackend, ports: Ports) -> list[Observation]:
     """Have the online stores the served versions read kept materialised;
     how fresh they are (nothing when no version reads online features)."""
-    if ports.materializer is None:
-        return []
     every = spec.features.materialize_every
     needs = [need for v in versions if (need := store_need(v.model.tags, seconds(every)))] \
         if every and backend.reads_online_features else []
-    ports.materializer.want(ref.uid, needs)
-    if not needs:
-        return []
-    states = ports.materializer.states({n.store for n in needs})
+    states = ports.features.keep_fresh(ref.uid, needs)
     if not states:
         return []
     return [Observation("FeaturesFresh", *freshness(states, ports.clock()))]

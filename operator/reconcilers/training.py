@@ -27,7 +27,7 @@ def resolve_store(ref: ObjectRef, spec: TrainingJobSpec, ports: Ports) -> tuple[
     empty for the operator's default), and the FeatureStoreResolved condition."""
     named = spec.features.store
     if named is None:
-        where = ports.feast_repo or "none configured"
+        where = ports.features.default_repo or "none configured"
         return "", Observation("FeatureStoreResolved", "True", "DefaultStore", f"the operator's default store ({where})")
     cm = named.config_map
     live = ports.objects.get("v1", "ConfigMap", cm.name, ref.namespace) if ports.objects else None

@@ -47,6 +47,8 @@ class PipelineBackend(abc.ABC):
     """Runs compiled kubeloop pipelines somewhere."""
 
     name: str
+    tensorrt: bool = False
+    """Whether its optimiser steps have TensorRT (decides which techniques a GPU target may ask for)."""
 
     @abc.abstractmethod
     def submit(self, request: RunRequest) -> RunStatus:

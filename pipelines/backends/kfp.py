@@ -39,6 +39,7 @@ class KfpBackend(PipelineBackend):
                  tracking_uri: str = "", experiment: str = "kubeloop", namespace: str | None = None,
                  git_sha: str = "unknown", steps: StepEnvironment = DEFAULT_STEPS):
         self.endpoint = endpoint
+        self.tensorrt = steps.tensorrt
         self.outcomes = outcomes
         self.ui = (ui or endpoint).rstrip("/")
         self.feast_repo = feast_repo

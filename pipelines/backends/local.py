@@ -31,6 +31,8 @@ class LocalContext:
     feast_repo: str
     tracking_uri: str
     git_sha: str = "unknown"
+    tensorrt: bool = False
+    """Whether this machine's Python has TensorRT for the optimiser."""
 
 
 # Steps write to MLflow for minutes; an MLflow restart meanwhile must cost a
@@ -69,6 +71,7 @@ class LocalBackend(PipelineBackend):
         self.runs = Path(work_dir) / "runs"
         self.context = context
         self.worker = worker
+        self.tensorrt = context.tensorrt
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs / run_id

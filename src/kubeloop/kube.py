@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 import kubernetes
 import urllib3
@@ -23,6 +25,7 @@ from kubeloop.api.resources import KINDS
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "kubeloop"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -146,21 +149,19 @@ class Kube:
     def request(self, method: str, path: str, body: Any = None, *,
                 query: Iterable[tuple[str, str]] = (), content_type: str | None = None,
                 timeout: float = 30) -> Any:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        try:
-            data = self._api.call_api(
-                path, method, query_params=list(query), header_params=headers, body=body,
-                auth_settings=["BearerToken"], response_type="object",
-                _return_http_data_only=True, _preload_content=False, _request_timeout=timeout,
-            )
-        except ApiException as exc:
-            raise _kube_error(exc) from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, timeout
-            raise KubeError(0, "Unreachable", str(exc)) from None
-        raw = data.data
+        headers = {"Content-Type": content_type} if content_type else {}
+        raw = self._call(method, path, body, query=query, headers=headers, timeout=timeout).data
         return json.loads(raw) if raw else None
+
+    def _call(self, method: str, path: str, body: Any = None, *, query: Iterable[tuple[str, str]] = (),
+              headers: dict[str, str] | None = None, timeout: float = 30) -> urllib3.HTTPResponse:
+        """The raw response; every failure becomes a KubeError here and only here."""
+        with _mapped_errors():
+            return self._api.call_api(
+                path, method, query_params=list(query), header_params={"Accept": "application/json", **(headers or {})},
+                body=body, auth_settings=["BearerToken"], _return_http_data_only=True, _preload_content=False,
+                _request_timeout=timeout,
+            )
 
     # -- objects ---------------------------------------------------------
 
@@ -175,6 +176,11 @@ class Kube:
 
     def list(self, api_version: str, kind: str, namespace: str | None = None,
              label_selector: str | None = None) -> list[dict]:
+        return self.snapshot(api_version, kind, namespace, label_selector)[0]
+
+    def snapshot(self, api_version: str, kind: str, namespace: str | None = None,
+                 label_selector: str | None = None) -> tuple[list[dict], str]:
+        """Every object, with the list's resourceVersion (where a watch picks up)."""
         rtype = resource_type(api_version, kind)
         query = [("labelSelector", label_selector)] if label_selector else []
         items: list[dict] = []
@@ -188,7 +194,7 @@ class Kube:
                 items.append(item)
             token = result.get("metadata", {}).get("continue")
             if not token:
-                return items
+                return items, result.get("metadata", {}).get("resourceVersion", "")
 
     def watch(self, api_version: str, kind: str, namespace: str | None = None,
               resource_version: str | None = None, timeout: int = 300) -> Iterator[tuple[str, dict]]:
@@ -197,25 +203,17 @@ class Kube:
         query = [("watch", "true"), ("timeoutSeconds", str(timeout)), ("allowWatchBookmarks", "false")]
         if resource_version:
             query.append(("resourceVersion", resource_version))
-        try:
-            response = self._api.call_api(
-                rtype.path(namespace), "GET", query_params=query, header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"], _return_http_data_only=True, _preload_content=False,
-                _request_timeout=timeout + 10,
-            )
-        except ApiException as exc:
-            raise _kube_error(exc) from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:
-            raise KubeError(0, "Unreachable", str(exc)) from None
+        response = self._call("GET", rtype.path(namespace), query=query, timeout=timeout + 10)
         buffer = b""
         try:
-            for chunk in response.stream(65536):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        event = json.loads(line)
-                        yield event["type"], event["object"]
+            with _mapped_errors():
+                for chunk in response.stream(65536):
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            event = json.loads(line)
+                            yield event["type"], event["object"]
         finally:
             response.release_conn()
 
@@ -261,15 +259,18 @@ class Kube:
             return False
 
     def _raw_get(self, path: str) -> str:
-        try:
-            data = self._api.call_api(path, "GET", auth_settings=["BearerToken"],
-                                      _return_http_data_only=True, _preload_content=False,
-                                      _request_timeout=5)
-        except ApiException as exc:
-            raise _kube_error(exc) from None
-        except (OSError, urllib3.exceptions.HTTPError) as exc:
-            raise KubeError(0, "Unreachable", str(exc)) from None
-        return data.data.decode()
+        return self._call("GET", path, headers={"Accept": "*/*"}, timeout=5).data.decode()
+
+
+@contextmanager
+def _mapped_errors() -> Iterator[None]:
+    """API errors and broken connections, as KubeErrors: the one mapping."""
+    try:
+        yield
+    except ApiException as exc:
+        raise _kube_error(exc) from None
+    except (OSError, urllib3.exceptions.HTTPError) as exc:  # refused, reset, timeout
+        raise KubeError(0, "Unreachable", str(exc)) from None
 
 
 def _kube_error(exc: ApiException) -> KubeError:
@@ -279,3 +280,88 @@ def _kube_error(exc: ApiException) -> KubeError:
     except (ValueError, AttributeError):
         pass
     return KubeError(exc.status or 0, exc.reason or "", message)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is older than the server keeps (410 Gone)."""
+
+
+class Informer(Generic[T]):
+    """A local copy of one kind's objects: one LIST, then a WATCH from the
+    list's resourceVersion, listing again only when the server has forgotten
+    that version (410) or the connection failed. `keep` reduces each object to
+    what the reader needs (None: not kept), so memory follows what matters,
+    not the size of the cluster. Reads never call the API server; while it is
+    unreachable they see the last state it sent, and the log says why."""
+
+    def __init__(self, kube: Kube, api_version: str, kind: str, keep: Callable[[dict], T | None],
+                 watch_seconds: int = 60):
+        self._kube, self._api_version, self._kind = kube, api_version, kind
+        self._keep, self._watch_seconds = keep, watch_seconds
+        self._items: dict[str, T] = {}
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stopping = threading.Event()
+        self._error = "not listed yet"
+        self.lists = 0
+        """How many LISTs it has made: one, plus one per expired or broken watch."""
+
+    def start(self) -> "Informer[T]":
+        threading.Thread(target=self._run, name=f"informer-{self._kind}", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop following; the watch in flight ends within watch_seconds."""
+        self._stopping.set()
+
+    def values(self, timeout: float = 30) -> list[T]:
+        """What is kept of every object, once the first LIST has arrived."""
+        if not self._synced.wait(timeout):
+            raise KubeError(0, "NotSynced", f"no {self._kind} list within {timeout:.0f} s: {self._error}")
+        with self._lock:
+            return list(self._items.values())
+
+    def _run(self) -> None:
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                version = self._relist()
+                delay = 0.5
+                while not self._stopping.is_set():
+                    version = self._follow(version)
+            except _Expired:
+                continue
+            except KubeError as exc:
+                if exc.status == 410:
+                    continue
+                self._error = str(exc)
+                log.warning("watching %s failed (%s); listing again in %.1f s", self._kind, exc, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 30)
+
+    def _relist(self) -> str:
+        objects, version = self._kube.snapshot(self._api_version, self._kind)
+        self.lists += 1
+        kept = {o["metadata"]["uid"]: k for o in objects if (k := self._keep(o)) is not None}
+        with self._lock:
+            self._items = kept
+        self._synced.set()
+        return version
+
+    def _follow(self, version: str) -> str:
+        for kind, obj in self._kube.watch(self._api_version, self._kind, resource_version=version,
+                                          timeout=self._watch_seconds):
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Expired()
+                raise KubeError(obj.get("code", 0), obj.get("reason", ""), obj.get("message", ""))
+            version = obj["metadata"]["resourceVersion"]
+            kept = None if kind == "DELETED" else self._keep(obj)
+            with self._lock:
+                if kept is None:
+                    self._items.pop(obj["metadata"]["uid"], None)
+                else:
+                    self._items[obj["metadata"]["uid"]] = kept
+            if self._stopping.is_set():
+                break
+        return version

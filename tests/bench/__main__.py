@@ -3,6 +3,7 @@
     python -m tests.bench                 # every suite
     python -m tests.bench operator        # some suites
     python -m tests.bench operator --quick
+    python -m tests.bench fleet           # Pod LISTs with 200 GPU InferenceServices
     python -m tests.bench repeatability   # the optimiser's choice, five times
 
 Each suite measures against a baseline in the same process and reports the
@@ -31,6 +32,7 @@ from kubeloop.dev.platform import Platform  # noqa: E402
 from tests.bench import (  # noqa: E402
     drift_suite,
     features_suite,
+    fleet_suite,
     front_suite,
     operator_suite,
     optimization_suite,
@@ -41,7 +43,7 @@ from tests.bench import (  # noqa: E402
 
 SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optimization": optimization_suite.run,
           "repeatability": repeatability_suite.run, "serving": serving_suite.run, "drift": drift_suite.run,
-          "features": features_suite.run, "front": front_suite.run}
+          "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 

@@ -16,10 +16,11 @@ from tests.unit.fakes import FakeObjects
 
 REF = ObjectRef("InferenceService", "ml", "fraud", "uid-9", generation=1)
 SETTINGS = DriftJobSettings(image="kubeloop/runtime:1", tracking_uri="http://mlflow.mlflow.svc:5000",
-                            object_store_secret="logs-s3", object_store_endpoint="http://s3.storage:8333")
-JOB = {"service": "ml/fraud", "model": "fraud", "version": "3", "tracking_uri": "http://127.0.0.1:5000",
-       "feast_repo": "", "request_log": "s3://requests/ml-fraud", "window_seconds": 3600.0, "threshold": 0.3,
-       "features": [], "min_rows": 100, "columns": ["a", "b"], "feature_store": ""}
+                            object_store_secret="logs-s3", object_store_endpoint="http://s3.storage:8333",
+                            feast_repo="s3://feast/default")
+JOB = {"service": "ml/fraud", "model": "fraud", "version": "3", "request_log": "s3://requests/ml-fraud",
+       "window_seconds": 3600.0, "threshold": 0.3, "features": [], "min_rows": 100, "columns": ["a", "b"],
+       "feature_store": ""}
 
 
 def test_the_job_runs_restricted_on_the_runtime_image_with_the_clusters_mlflow():
@@ -34,8 +35,9 @@ def test_the_job_runs_restricted_on_the_runtime_image_with_the_clusters_mlflow()
     assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
     assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
     env = {e["name"]: e["value"] for e in container["env"]}
-    # Pods reach MLflow at the cluster's address, not the operator's.
-    assert json.loads(env["KUBELOOP_DRIFT_JOB"]) == {**JOB, "tracking_uri": "http://mlflow.mlflow.svc:5000"}
+    # Pods reach MLflow and the default repository at the cluster's addresses, not the operator's.
+    assert json.loads(env["KUBELOOP_DRIFT_JOB"]) == {**JOB, "tracking_uri": "http://mlflow.mlflow.svc:5000",
+                                                     "feast_repo": "s3://feast/default"}
     assert env["AWS_ENDPOINT_URL_S3"] == "http://s3.storage:8333"
     assert container["envFrom"] == [{"secretRef": {"name": "logs-s3"}}]
 
@@ -106,5 +108,9 @@ def test_the_summary_fits_a_termination_message():
 
 
 def test_a_pods_job_comes_from_its_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("KUBELOOP_DRIFT_JOB", json.dumps(JOB))
-    assert DriftJob.read(tmp_path).request_log == "s3://requests/ml-fraud"
+    """What the Job's Pod reads is a whole DriftJob: the reconciler's part and the monitor's."""
+    container = build_drift_job(REF, JOB, SETTINGS, started=0)["spec"]["template"]["spec"]["containers"][0]
+    monkeypatch.setenv("KUBELOOP_DRIFT_JOB", next(e["value"] for e in container["env"]
+                                                  if e["name"] == "KUBELOOP_DRIFT_JOB"))
+    job = DriftJob.read(tmp_path)
+    assert (job.request_log, job.feast_repo) == ("s3://requests/ml-fraud", "s3://feast/default")

@@ -19,6 +19,7 @@ from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.featurestore.freshness import (
     Materialized, Materializer, StoreNeed, StoreState, freshness, lag_seconds, merge_needs, next_run,
 )
+from kubeloop.featurestore.base import FeatureStores
 from kubeloop.monitoring.metrics import FreshnessCollector, store_label
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.serving import reconcile_inference_service
@@ -161,7 +162,7 @@ def test_lag_metrics_per_view_with_the_stale_limit_and_runs_by_result():
     materializer.due()
     settled(materializer, 1)
     registry = CollectorRegistry()
-    registry.register(FreshnessCollector(materializer, clock=clock))
+    registry.register(FreshnessCollector(FeatureStores(materializer=materializer), clock=clock))
     samples = {(s.name, s.labels.get("view") or s.labels.get("result")): s.value
                for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
     assert samples[("kubeloop_online_features_lag_seconds", "card_activity")] == 60.0
@@ -191,7 +192,7 @@ def _ports(serving, materializer, views: list[str]):
     v1 = registry.add_version("fraud", "s3://m/1", tags={SIGNATURE_TAG: signature.to_json(), FEATURE_STORE: STORE})
     registry.set_alias("fraud", "champion", v1.version)
     return Ports(registry=registry, serving={"local": serving}, default_serving_backend="local",
-                 materializer=materializer, clock=Clock())
+                 features=FeatureStores(materializer=materializer), clock=Clock())
 
 
 def test_the_service_asks_for_its_store_on_its_interval_and_says_how_fresh_it_is():

@@ -57,6 +57,17 @@ def test_mps_placement_sets_the_mps_limits():
                             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={int(4 * GiB * 1.1)}M"}
 
 
+def test_an_mps_memory_limit_is_the_pinned_limit_and_what_must_hold_the_model():
+    limited = gpu(sharing="mps", mps={"activeThreadPercentage": 25, "memoryLimitMib": 5000})
+    decision = plan(limited, 4 * GiB, fleet())
+    assert decision.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5000M"
+    assert "(5000 MiB)" in decision.reason
+    # A share capped below the footprint cannot hold it, though the GPU's quarter could.
+    too_small = plan(limited, 5 * GiB, fleet())
+    assert not too_small.feasible and "holds 5000 MiB" in too_small.reason
+    assert plan(gpu(sharing="mps"), 5 * GiB, fleet()).feasible
+
+
 def test_impossible_request_is_infeasible_with_a_reason():
     decision = plan(gpu(sharing="mig", mig={"profile": "1g.10gb"}), 80 * GiB, fleet())
     assert not decision.feasible

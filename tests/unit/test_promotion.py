@@ -31,6 +31,12 @@ def test_gates_read_the_versions_evidence(registry):
     assert [r.gate for r in bad.results if not r.passed] == ["not worse than champion", "latency SLO"]
 
 
+def test_without_the_champion_gate_a_worse_version_passes_on_its_bounds(registry):
+    gates = PromotionGates.model_validate({"notWorseThanChampion": False, "metrics": [{"metric": "auc", "min": 0.8}]})
+    verdict = check_gates(gates, registry.get_version("fraud", "3"), registry.get_alias("fraud", "champion"))
+    assert verdict.passed and [r.gate for r in verdict.results] == ["auc in [0.8, None]"]
+
+
 def test_tolerance_allows_a_small_regression(registry):
     gates = PromotionGates(tolerance=0.05)
     assert check_gates(gates, registry.get_version("fraud", "3"), registry.get_alias("fraud", "champion")).passed

@@ -247,21 +247,22 @@ class RecordingMonitor(DriftMonitor):
 
 
 def test_the_drift_job_compares_the_served_versions_signature_columns_from_its_own_store(registry, serving):
-    """The job.json the reconciler hands the monitor: the primary's input
-    columns (its signature tag) and its feature store (its tag); a version
-    without a store tag leaves the default repository to the job."""
+    """The job the reconciler hands the monitor: the primary's input columns
+    (its signature tag) and its feature store (its tag); a version without a
+    store tag leaves the default repository to the job, and where MLflow and
+    that repository are to the monitor."""
     signature = ModelSignature(task="multiclass", feature_columns=["x1", "x2", "x3"], classes=["a", "b"])
     store = json.dumps({"config": "project: other\n"})
     v3 = registry.add_version("fraud", "s3://m/3", tags={SIGNATURE_TAG: signature.to_json(), FEATURE_STORE: store})
     registry.set_alias("fraud", "champion", v3.version)
     monitor = RecordingMonitor()
-    ports = Ports(registry=registry, serving={"kubernetes": serving}, fleet=fleet, monitor=monitor,
-                  tracking_uri="http://mlflow", feast_repo="/repos/default")
-    watched = spec(monitoring={"schedule": "1m"}, requestLogging={"destination": "/logs/fraud"})
+    ports = Ports(registry=registry, serving={"kubernetes": serving}, fleet=fleet, monitor=monitor)
+    watched = spec(monitoring={"schedule": "1m", "driftShareThreshold": 0.4}, requestLogging={"destination": "/logs/fraud"})
     reconcile_inference_service(REF, watched, InferenceServiceStatus(), ports)
     job = monitor.jobs[-1]
     assert (job["version"], job["columns"], job["feature_store"]) == (v3.version, ["x1", "x2", "x3"], store)
-    assert job["feast_repo"] == "/repos/default" and job["request_log"] == "/logs/fraud"
+    assert job["threshold"] == 0.4
+    assert job["request_log"] == "/logs/fraud" and "feast_repo" not in job and "tracking_uri" not in job
     registry.set_alias("fraud", "champion", "1")
     reconcile_inference_service(REF, watched, InferenceServiceStatus(), ports)
     assert monitor.jobs[-1]["feature_store"] == "" and monitor.jobs[-1]["columns"] == []

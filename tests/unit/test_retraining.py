@@ -187,3 +187,23 @@ def test_an_annotation_that_is_not_a_json_object_is_a_condition_not_a_failing_re
     assert cond.status == "False" and cond.reason == "InvalidAnnotation"
     assert "signals.kubeloop.dev/drift-alert" in cond.message
     assert status.phase == "Ready" and not [k for k in objects.objects if k[0] == "TrainingJob"]
+
+
+@pytest.mark.parametrize("limit, started", [(1, False), (2, True)])
+def test_max_concurrent_counts_the_retrains_already_running(world, limit, started):
+    """A retrain this status does not track (started before its status was
+    lost) still counts against spec.retraining.maxConcurrent."""
+    registry, objects, serving, clock, ports = world
+    objects.apply({"apiVersion": "kubeloop.dev/v1alpha1", "kind": "TrainingJob",
+                   "metadata": {"name": "fraud-retrain-earlier", "namespace": "ml",
+                                "labels": {"kubeloop.dev/retrain-of": "fraud"}}, "spec": {}})
+    data = SPEC.model_dump(by_alias=True, exclude_none=True)
+    data["retraining"]["maxConcurrent"] = limit
+    status = reconcile_inference_service(ref(ALERT), InferenceServiceSpec.model_validate(data),
+                                         InferenceServiceStatus(), ports).status
+    assert len([k for k in objects.objects if k[0] == "TrainingJob"]) == (2 if started else 1)
+    condition = next(c for c in status.conditions if c.type == "RetrainSuppressed")
+    if started:
+        assert condition.reason == "Started"
+    else:
+        assert condition.reason == "Suppressed" and "1 retrain(s) running (maxConcurrent 1)" in condition.message

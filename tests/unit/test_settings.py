@@ -23,6 +23,20 @@ def test_an_empty_or_wrong_number_names_the_variable():
         OperatorConfig.from_env({"KUBELOOP_MLFLOW_WEBHOOK_URL": "http://127.0.0.1:1/hooks/mlflow"})
 
 
+def test_every_bad_variable_is_named_at_once_with_what_to_set_it_to():
+    """Local and cluster: a Deployment with three mistakes is fixed in one round, not three."""
+    with pytest.raises(ConfigurationError) as caught:
+        OperatorConfig.from_env({"KUBELOOP_WEBHOOK_PORT": "70000", "KUBELOOP_TENSORRT": "maybe",
+                                 "KUBELOOP_GPU_ALLOCATION": "mig", "KUBELOOP_NAMESPACES": "a, b"})
+    problems = str(caught.value).split("; ")
+    assert [p.split("=", 1)[0] for p in problems] == [
+        "KUBELOOP_GPU_ALLOCATION", "KUBELOOP_TENSORRT", "KUBELOOP_WEBHOOK_PORT"]
+    assert "KUBELOOP_GPU_ALLOCATION='mig': set it to device-plugin or dra" in problems[0]
+    assert "less than or equal to 65535" in problems[2]
+    config = OperatorConfig.from_env({"KUBELOOP_NAMESPACES": "a, b", "KUBELOOP_TENSORRT": "true"})
+    assert (config.namespaces, config.tensorrt) == (["a", "b"], True)
+
+
 def test_the_triton_backend_is_one_kubeloop_lays_out():
     """Cluster path (settings): the chart's serving.tritonBackend reaches the
     serving backend; a backend no repository is laid out for is refused by name."""

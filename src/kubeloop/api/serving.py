@@ -28,9 +28,6 @@ class ServingRuntime(KubeModel):
     """The inference protocol (KServe v2 / Open Inference Protocol)."""
     image: str | None = Field(default=None, max_length=512)
     """Override of the Triton server image (Kubernetes backend)."""
-    max_queue_delay_microseconds: int | None = Field(default=None, ge=0, le=10_000_000)
-    """Override of the dynamic batcher's queue delay; omitted means the value
-    chosen from the OptimizedModel's latency profile."""
 
 
 class MIGSharing(KubeModel):
