@@ -42,10 +42,6 @@ class DriftResult:
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
-    @classmethod
-    def from_json(cls, text: str) -> "DriftResult":
-        return cls(**json.loads(text))
-
 
 def load_requests(location: str, since: float, features: list[str]) -> pd.DataFrame:
     """Logged request rows (primary and canary answers, not shadow copies)

@@ -93,8 +93,8 @@ def operator_permissions() -> Permissions:
              "drift: each check is a Job in the InferenceService's namespace (KUBELOOP_DRIFT_MONITOR=kubernetes)"),
     )
     cluster = (
-        Rule("", ("nodes",), ("list",), "GPU placement: the fleet's GPUs, MIG and MPS slices"),
-        Rule("", ("pods",), ("list",), "GPU placement: what each node's Pods already hold"),
+        Rule("", ("nodes",), ("list", "watch"), "GPU placement: the fleet's GPUs, MIG and MPS slices (watched)"),
+        Rule("", ("pods",), ("list", "watch"), "GPU placement: what each node's Pods already hold (watched)"),
     )
     gateway = _owned((ROUTES,), ("list", "delete", *APPLY), "canary traffic split by HTTPRoute weights")
     kserve = (
@@ -106,9 +106,9 @@ def operator_permissions() -> Permissions:
                            "kserve serving: the storage initializer for models:/ URIs"),)
     dra = _owned((CLAIM_TEMPLATES,), ("list", "delete", *APPLY), "serving: the GPU claim templates of the Pods (DRA)")
     dra_cluster = (
-        Rule("resource.k8s.io", ("resourceslices",), ("list",),
+        Rule("resource.k8s.io", ("resourceslices",), ("list", "watch"),
              "GPU placement (DRA): the partitionable GPUs NVIDIA's DRA driver publishes"),
-        Rule("resource.k8s.io", ("resourceclaims",), ("list",),
+        Rule("resource.k8s.io", ("resourceclaims",), ("list", "watch"),
              "GPU placement (DRA): the devices every namespace's claims hold"),
     )
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,

@@ -41,6 +41,7 @@ from kubeloop.dev.onlinestore import OnlineStoreKind
 from kubeloop.gpu.dra import device_classes
 from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki
 from kubeloop.kube import Kube, KubeError
+from kubeloop.polling import wait_for
 
 Progress = Callable[[str], None]
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
@@ -637,21 +638,20 @@ class Platform:
 
     def _wait(self, state: PlatformState, component: str, ready: Callable[[], bool],
               timeout: float) -> None:
-        """Poll until ready() or fail with the component's log tail."""
+        """Poll until ready(); fail at once if the component exits, and with
+        its log tail either way."""
         record = next(p for p in state.processes if p.name == component)
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        while time.monotonic() < deadline:
+
+        def probe() -> bool:
             if not record.running():
                 raise PlatformError(f"{component} exited:\n{processes.log_tail(record.log)}")
             try:
-                if ready():
-                    return
+                return ready()
             except (KubeError, OSError):
-                pass
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
-        raise PlatformError(f"{component} not ready after {timeout:.0f} s:\n{processes.log_tail(record.log)}")
+                return False
+
+        wait_for(probe, timeout, what=f"{component} ready", interval=0.1,
+                 error=lambda message: PlatformError(f"{message}:\n{processes.log_tail(record.log)}"))
 
 
 def prometheus_rbac() -> list[dict]:
