@@ -59,8 +59,8 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
             raise ConfigurationError("the local pipeline backend needs MLFLOW_TRACKING_URI "
                                      "(`kubeloop dev env` prints it, and KUBELOOP_FEAST_REPO, the default store)")
         context = LocalContext(feast_repo=str(config.feast_repo or ""), tracking_uri=config.tracking_uri,
-                               git_sha=git_sha(), tensorrt=config.tensorrt)
-        return {name: LocalBackend(config.state_dir, context)}
+                               git_sha=git_sha())
+        return {name: LocalBackend(config.state_dir, context, tensorrt=config.tensorrt)}
     from kubeloop.pipelines.backends.kfp import KfpBackend
     from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
     from kubeloop.pipelines.environment import StepEnvironment

@@ -31,8 +31,6 @@ class LocalContext:
     feast_repo: str
     tracking_uri: str
     git_sha: str = "unknown"
-    tensorrt: bool = False
-    """Whether this machine's Python has TensorRT for the optimiser."""
 
 
 # Steps write to MLflow for minutes; an MLflow restart meanwhile must cost a
@@ -67,11 +65,13 @@ def _alive(state: dict) -> bool:
 class LocalBackend(PipelineBackend):
     name = "local"
 
-    def __init__(self, work_dir: Path, context: LocalContext, worker: str = "kubeloop.pipelines.worker"):
+    def __init__(self, work_dir: Path, context: LocalContext, worker: str = "kubeloop.pipelines.worker",
+                 tensorrt: bool = False):
+        """tensorrt: whether this machine's Python has TensorRT for the optimiser."""
         self.runs = Path(work_dir) / "runs"
         self.context = context
         self.worker = worker
-        self.tensorrt = context.tensorrt
+        self.tensorrt = tensorrt
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs / run_id

@@ -976,7 +976,12 @@ def test_the_chart_runs_the_operator_on_the_real_node(real):
         ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True"
                                         for c in p.get("status", {}).get("conditions", []))]
         return ready[0] if ready else None
-    started = wait_for(ready_pod, timeout=120, what="the operator Pod Ready")
+    def seen() -> str:
+        return "; ".join(f"{p['metadata']['name']} {p.get('status', {}).get('containerStatuses')}\n"
+                         f"{pod_log(real, system, p['metadata']['name'])[-3000:]}"
+                         for p in real.kube.list("v1", "Pod", system))
+
+    started = wait_for(ready_pod, timeout=120, what="the operator Pod Ready", seen=seen)
     assert started["spec"]["nodeName"] == NODE_NAME
     proc = operator_process(started["metadata"]["uid"])
     assert proc.uids().real == 65532

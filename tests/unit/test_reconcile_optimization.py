@@ -40,3 +40,23 @@ def test_a_finished_run_reports_intervals_and_why_the_winner_won():
     assert status.chosen.speedup_interval.low == 3.65
     chosen = next(c for c in status.conditions if c.type == "VariantChosen")
     assert chosen.status == "True" and chosen.reason == "MeasurablyFaster" and "lies below" in chosen.message
+
+
+def test_tensorrt_techniques_need_a_pipeline_backend_that_has_tensorrt():
+    """Whether TensorRT is there is the backend's to say (its image or
+    machine), not a flag beside the ports."""
+    registry = InMemoryRegistry()
+    registry.add_version("fraud", "s3://1", tags={})
+    spec = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "version": "1"}, "backend": "local",
+                                              "target": {"device": "gpu"}, "techniques": ["tensorrt-fp16"]})
+    without, with_tensorrt = ScriptedBackend(), ScriptedBackend()
+    with_tensorrt.tensorrt = True
+
+    def techniques(backend) -> tuple[str, str]:
+        status = reconcile_optimized_model(REF, spec, OptimizedModelStatus(),
+                                           Ports(registry=registry, pipelines={"local": backend})).status
+        condition = next(c for c in status.conditions if c.type == "TechniquesSupported")
+        return condition.status, condition.reason
+
+    assert techniques(without) == ("False", "UnsupportedTechnique")
+    assert techniques(with_tensorrt) == ("True", "Supported")
