@@ -15,11 +15,11 @@ import random
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 
 @dataclass(frozen=True)
@@ -112,16 +112,27 @@ def stop(record: ProcessRecord, timeout: float = STOP_TIMEOUT) -> None:
         os.killpg(group, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (record.running() or _session_members(record)):
-        reap(record.pid)
-        time.sleep(0.1)
-    if record.running() or _session_members(record):
+    if _still_there(record, timeout):
         try:
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass
         reap(record.pid)
+
+
+def _still_there(record: ProcessRecord, timeout: float) -> bool:
+    """Whether the record's process or its session outlive timeout seconds
+    (the process reaped meanwhile, if it is our child)."""
+
+    def alive() -> bool:
+        reap(record.pid)
+        return record.running() or bool(_session_members(record))
+
+    try:
+        Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.1), retry=retry_if_result(bool))(alive)
+    except RetryError:
+        return True
+    return False
 
 
 def _session_members(record: ProcessRecord) -> list[int]:
@@ -147,17 +158,20 @@ def _session_members(record: ProcessRecord) -> list[int]:
 def wait_exit(record: ProcessRecord, timeout: float) -> int | None:
     """The exit status of a child process started by this process, or None
     if it is still running after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def status() -> tuple[bool, int | None]:
+        """(known, exit status): known once it exited, or it is not our child."""
         try:
-            pid, status = os.waitpid(record.pid, os.WNOHANG)
+            pid, code = os.waitpid(record.pid, os.WNOHANG)
         except ChildProcessError:
-            return 0 if not record.running() else None
-        if pid:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.2)
+            return True, (0 if not record.running() else None)
+        return (True, os.waitstatus_to_exitcode(code)) if pid else (False, None)
+
+    try:
+        return Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.2),
+                        retry=retry_if_result(lambda answer: not answer[0]))(status)[1]
+    except RetryError:
+        return None
 
 
 def reap(pid: int) -> None:
