@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from kubeloop.featurestore.freshness import Materializer, StoreNeed, StoreState
 
 
@@ -33,8 +31,8 @@ class FeatureStores:
         if self._materializer is not None:
             self._materializer.forget(owner)
 
-    def states(self, stores: Iterable[str] | None = None) -> list[StoreState]:
-        return self._materializer.states(stores) if self._materializer is not None else []
+    def states(self) -> list[StoreState]:
+        return self._materializer.states() if self._materializer is not None else []
 
     def stop(self) -> None:
         if self._materializer is not None:

@@ -51,7 +51,7 @@ def spec_fields() -> list[str]:
 
 
 def snake(key: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower().replace("s_l_o", "slo")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).lower()
 
 
 @lru_cache(maxsize=1)
