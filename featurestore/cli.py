@@ -48,20 +48,19 @@ def materialize(repo: Repo, end: Annotated[Optional[datetime], typer.Option(
 
 
 @app.command("add-period")
-def add_period(repo: Repo, days: int = 14, drift: float = 1.0, seed: int = 11) -> None:
-    """Append a newer period of data (by default a drifted one) and materialise it."""
-    from datetime import timedelta
+def add_period(repo: Repo, days: int = 14, drift: float = 1.0, seed: int = 11,
+               materialize: Annotated[bool, typer.Option(
+                   help="Materialise right away; --no-materialize leaves it to a schedule (an InferenceService's "
+                        "spec.features.materializeEvery).")] = True) -> None:
+    """Replace the last DAYS up to now with a world of their own (drifted by default), feature snapshots as of now."""
+    from kubeloop.featurestore.store import materialize as materialize_views, recent_period, write_period
 
-    import pandas as pd
-
-    from kubeloop.featurestore.generate import Scenario
-    from kubeloop.featurestore.store import append_period, materialize as materialize_views
-
-    last = pd.read_parquet(repo / "data" / "transactions.parquet", columns=["event_timestamp"])["event_timestamp"].max()
-    start = (last + timedelta(seconds=1)).to_pydatetime()
-    counts = append_period(repo, Scenario(start=start, days=days, drift=drift, seed=seed))
-    materialize_views(repo)
-    console.print(f"appended {counts['transactions']} transactions from {start:%Y-%m-%d} (drift {drift})")
+    scenario = recent_period(days, drift, seed)
+    counts = write_period(repo, scenario)
+    if materialize:
+        materialize_views(repo)
+    console.print(f"{counts['transactions']} transactions from {scenario.start:%Y-%m-%d %H:%M} to now (drift {drift})"
+                  + ("" if materialize else "; not materialised"))
 
 
 def main() -> None:

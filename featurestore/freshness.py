@@ -10,6 +10,8 @@ what InferenceServices need now: a store no one needs is dropped.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import threading
@@ -45,6 +47,47 @@ class Materialized:
     project: str
     ends: dict[str, float | None]
     error: str | None = None
+
+    def summary(self, limit: int) -> str:
+        """Compact JSON within limit bytes (a Pod's termination message): an
+        error too long to fit is cut, the ends always stay."""
+        data = {"project": self.project, "ends": self.ends, "error": self.error}
+        text = json.dumps(data, separators=(",", ":"))
+        keep = len(self.error or "")
+        while len(text.encode()) > limit and keep > 0:
+            keep = max(0, keep - (len(text.encode()) - limit) - 3)
+            data["error"] = self.error[:keep] + "..."
+            text = json.dumps(data, separators=(",", ":"))
+        return text
+
+    @classmethod
+    def from_summary(cls, text: str) -> "Materialized":
+        data = json.loads(text)
+        return cls(data["project"], dict(data["ends"]), data.get("error"))
+
+
+def store_key(store: str) -> str:
+    """A short stable name for a store location (its JSON can hold a whole
+    feature_store.yaml): its metrics' label, its Jobs' name and label."""
+    return hashlib.sha256(store.encode()).hexdigest()[:12]
+
+
+def published(store: str) -> bool:
+    """Whether a store (StoreLocation JSON) was recorded as feature_store.yaml
+    text, the form Feast's operator publishes to clients, which any Pod that
+    reaches its registry, sources and online store can open; not a
+    repository folder, which is a path on the operator's machine."""
+    return "config" in json.loads(store)
+
+
+def job_request(need: StoreNeed, end: float) -> str:
+    """One run, as a Job's Pod reads it (read_job_request)."""
+    return json.dumps({"store": need.store, "views": list(need.views), "end": end}, sort_keys=True)
+
+
+def read_job_request(text: str) -> tuple[StoreNeed, float]:
+    data = json.loads(text)
+    return StoreNeed(data["store"], tuple(data["views"]), 0.0), float(data["end"])
 
 
 @dataclass
@@ -184,6 +227,9 @@ class Materializer:
 
     def stop(self) -> None:
         self._stop.set()
+        close = getattr(self._run, "close", None)  # a run that waits (for a Job) stops waiting
+        if close is not None:
+            close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:

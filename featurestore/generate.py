@@ -40,6 +40,11 @@ class Scenario:
     transactions_per_card_day: float = 0.7
     drift: float = 0.0
     seed: int = 7
+    snapshot_at_end: bool = False
+    """Also compute every feature snapshot at the period's end, as a feature
+    pipeline that runs at that moment would (not only at midnights and
+    weekly): a period that ends now then has values newer than anything
+    materialised, which Feast's incremental materialisation loads."""
 
     @property
     def end(self) -> datetime:
@@ -73,7 +78,11 @@ def simulate(s: Scenario) -> dict[str, pd.DataFrame]:
         "transactions": transactions,
         "card_activity": _card_activity(s, history),
         "merchant_risk": _merchant_risk(s, history, merchants),
-        "card_profile": cards[["card_id", "credit_limit", "account_age_days", "is_credit", "event_timestamp"]],
+        # The card system's export of its attributes the day before the period, not the day each card was
+        # opened: a profile older than the view's ttl is never materialised (Feast's first incremental
+        # run starts a ttl before now), and the oldest cards' payments were served a credit limit of 0.
+        "card_profile": cards[["card_id", "credit_limit", "account_age_days", "is_credit"]].assign(
+            event_timestamp=pd.Timestamp(s.start) - pd.Timedelta(days=1)),
     }
 
 
@@ -159,6 +168,16 @@ def _transactions(s: Scenario, rng: np.random.Generator, cards: pd.DataFrame, me
     })
 
 
+def _snapshot_times(s: Scenario, every: str) -> pd.DatetimeIndex:
+    """When a cadence's snapshots are computed: from the first midnight of the
+    scenario, and at its end too when it asks for that."""
+    times = pd.date_range(pd.Timestamp(s.start).ceil("D"), pd.Timestamp(s.end), freq=every)
+    end = pd.Timestamp(s.end)
+    if s.snapshot_at_end and (times.empty or times[-1] < end):
+        times = times.append(pd.DatetimeIndex([end]))
+    return times
+
+
 def _card_activity(s: Scenario, tx: pd.DataFrame) -> pd.DataFrame:
     """Daily 7-day aggregates per card, only for cards active in the window
     (a dormant card has no fresh snapshot, so ttl can drop its rows).
@@ -170,8 +189,7 @@ def _card_activity(s: Scenario, tx: pd.DataFrame) -> pd.DataFrame:
         merchants=("merchant_id", "nunique"),
     )
     frames = []
-    days = pd.date_range(pd.Timestamp(s.start).ceil("D"), pd.Timestamp(s.end), freq="D")
-    for snapshot in days:
+    for snapshot in _snapshot_times(s, "D"):
         window = daily.loc[(daily.index.get_level_values("day") >= snapshot - pd.Timedelta(days=7))
                            & (daily.index.get_level_values("day") < snapshot)]
         if window.empty:
@@ -194,7 +212,7 @@ def _card_activity(s: Scenario, tx: pd.DataFrame) -> pd.DataFrame:
 def _merchant_risk(s: Scenario, tx: pd.DataFrame, merchants: pd.DataFrame) -> pd.DataFrame:
     """Weekly 30-day merchant statistics from labels known by then."""
     frames = []
-    for snapshot in pd.date_range(pd.Timestamp(s.start).ceil("D"), pd.Timestamp(s.end), freq="7D"):
+    for snapshot in _snapshot_times(s, "7D"):
         window = tx[(tx["event_timestamp"] >= snapshot - pd.Timedelta(days=30)) & (tx["event_timestamp"] < snapshot)]
         stats = window.groupby("merchant_id").agg(fraud_rate_30d=("is_fraud", "mean"),
                                                   avg_ticket_30d=("amount", "mean"),

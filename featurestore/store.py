@@ -17,7 +17,7 @@ import logging
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -187,14 +187,19 @@ def materialized_until(store, names: list[str]) -> dict[str, float | None]:  # n
     return ends
 
 
-def append_period(repo: Path, scenario: Scenario) -> dict[str, int]:
-    """Add a newer period of data (for example a drifted one) to every source."""
+def write_period(repo: Path, scenario: Scenario) -> dict[str, int]:
+    """Write the scenario's period into every source: rows from its start on
+    are replaced by its own (when the data ends before it starts, an
+    append). A card's profile stays the one it had."""
     staging = repo / "data" / ".incoming"
     counts = write(scenario, staging)
+    start = pd.Timestamp(scenario.start)
     for name in counts:
         target = repo / "data" / f"{name}.parquet"
-        combined = pd.concat([pd.read_parquet(target), pd.read_parquet(staging / f"{name}.parquet")],
-                             ignore_index=True)
+        kept = pd.read_parquet(target)
+        if name != "card_profile":
+            kept = kept[kept["event_timestamp"] < start]
+        combined = pd.concat([kept, pd.read_parquet(staging / f"{name}.parquet")], ignore_index=True)
         if name == "transactions":
             combined["transaction_id"] = range(1, len(combined) + 1)
         if name == "card_profile":
@@ -202,6 +207,15 @@ def append_period(repo: Path, scenario: Scenario) -> dict[str, int]:
         combined.to_parquet(target, index=False)
     shutil.rmtree(staging)
     return counts
+
+
+def recent_period(days: int = 14, drift: float = 1.0, seed: int = 11, now: datetime | None = None) -> Scenario:
+    """The last `days` up to now in a world of their own (drifted by
+    default): written with write_period, they replace what the sources held
+    for those days, and their snapshots as of now are newer than anything
+    materialised, so the next incremental materialisation serves them."""
+    end = now or datetime.now(timezone.utc)
+    return Scenario(start=end - timedelta(days=days), days=days, drift=drift, seed=seed, snapshot_at_end=True)
 
 
 @dataclass

@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from kubeloop.api.jobs import SUMMARY_BYTES
 from kubeloop.files import write_atomic
 
 log = logging.getLogger("kubeloop.monitoring.job")
-SUMMARY_BYTES = 4096
-"""The kubelet keeps at most this much of a termination message."""
 
 
 @dataclass(frozen=True)

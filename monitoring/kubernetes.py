@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubeloop.api.children import child_metadata, dns_name, owner_labels, owner_selector, restricted
+from kubeloop.api.jobs import TERMINATION_LOG, failure, finished, object_store_access, task_job, termination_message
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_atomic
-from kubeloop.monitoring.base import DriftMonitor
-from kubeloop.api.children import child_metadata, dns_name, owner_labels, owner_selector, restricted
 from kubeloop.kube import Kube, KubeError
+from kubeloop.monitoring.base import DriftMonitor
 
 LABEL_PURPOSE = "kubeloop.dev/purpose"
 KEEP_JOBS = 3
@@ -55,44 +56,18 @@ def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, start
     labels = {LABEL_PURPOSE: "drift"}
     env = [{"name": "KUBELOOP_DRIFT_JOB", "value": json.dumps(
         {**job, "tracking_uri": settings.tracking_uri, "feast_repo": settings.feast_repo}, sort_keys=True)}]
-    if settings.object_store_endpoint:
-        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.object_store_endpoint})
-    container = {
+    container = restricted({
         "name": "drift",
         "image": settings.image,
-        "command": ["python", "-m", "kubeloop.monitoring.job", WORK, "--summary", "/dev/termination-log"],
+        "command": ["python", "-m", "kubeloop.monitoring.job", WORK, "--summary", TERMINATION_LOG],
         "env": env,
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "tmp", "mountPath": "/tmp"}],
-    }
-    restricted(container)
-    if settings.object_store_secret:
-        container["envFrom"] = [{"secretRef": {"name": settings.object_store_secret}}]
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": child_metadata(ref, job_name(ref, started), labels),
-        "spec": {
-            "backoffLimit": 1,
-            "activeDeadlineSeconds": DEADLINE_SECONDS,
-            "ttlSecondsAfterFinished": TTL_SECONDS,
-            "template": {
-                "metadata": {"labels": {**owner_labels(ref), **labels}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                    "volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
-                },
-            },
-        },
-    }
-
-
-def finished(job: dict) -> bool:
-    return any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-               for c in job.get("status", {}).get("conditions", []))
+    })
+    object_store_access(container, settings.object_store_secret, settings.object_store_endpoint)
+    return task_job(child_metadata(ref, job_name(ref, started), labels), {**owner_labels(ref), **labels}, container,
+                    deadline=DEADLINE_SECONDS, ttl=TTL_SECONDS, backoff_limit=1,
+                    volumes=[{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}])
 
 
 class KubernetesDriftMonitor(DriftMonitor):
@@ -146,19 +121,14 @@ class KubernetesDriftMonitor(DriftMonitor):
         """The summary the Job's Pod left as its termination message; for a
         Pod that left none (killed, evicted), what the Job says."""
         name = job["metadata"]["name"]
-        for pod in self.kube.list("v1", "Pod", ref.namespace, f"job-name={name}"):
-            for status in pod.get("status", {}).get("containerStatuses", []):
-                message = (status.get("state", {}).get("terminated") or {}).get("message")
-                if message:
-                    try:
-                        return json.loads(message)
-                    except ValueError:
-                        return {"error": f"drift Job {name} left an unreadable result", "at": self.clock()}
-        failed = next((c for c in job.get("status", {}).get("conditions", [])
-                       if c.get("type") == "Failed" and c.get("status") == "True"), None)
-        if failed:
-            return {"error": f"drift Job {name} failed: {failed.get('reason')}: {failed.get('message', '')}",
-                    "at": self.clock()}
+        message = termination_message(self.kube.list("v1", "Pod", ref.namespace, f"job-name={name}"))
+        if message:
+            try:
+                return json.loads(message)
+            except ValueError:
+                return {"error": f"drift Job {name} left an unreadable result", "at": self.clock()}
+        if failure(job):
+            return {"error": f"drift Job {name} failed: {failure(job)}", "at": self.clock()}
         return None
 
     def forget(self, ref: ObjectRef) -> None:

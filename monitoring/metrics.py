@@ -4,7 +4,6 @@ results whenever Prometheus scrapes."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kubeloop.featurestore.base import FeatureStores
-from kubeloop.featurestore.freshness import lag_seconds, max_lag_seconds
+from kubeloop.featurestore.freshness import lag_seconds, max_lag_seconds, store_key
 
 
 class DriftCollector(Collector):
@@ -85,5 +84,5 @@ class FreshnessCollector(Collector):
 
 def store_label(store: str) -> str:
     """A short stable name for a store location (its JSON can hold a whole
-    feature_store.yaml)."""
-    return hashlib.sha256(store.encode()).hexdigest()[:12]
+    feature_store.yaml), as its materialisation Jobs are labelled too."""
+    return store_key(store)

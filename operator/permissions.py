@@ -53,13 +53,16 @@ class Permissions:
     """Namespaced rules needed only when GPUs are claimed through DRA (KUBELOOP_GPU_ALLOCATION=dra)."""
     dra_cluster: tuple[Rule, ...]
     """Cluster rules needed only with DRA: the fleet's partitionable devices and what claims hold."""
+    materialize: tuple[Rule, ...]
+    """Rules in the operator's own namespace, needed only when online stores
+    are materialised by Jobs (KUBELOOP_MATERIALIZER=kubernetes)."""
 
     def to_wire(self) -> dict:
         return {scope: [r.policy() for r in rules]
                 for scope, rules in (("namespaced", self.namespaced), ("cluster", self.cluster),
                                      ("gateway", self.gateway), ("kserve", self.kserve),
                                      ("kserveCluster", self.kserve_cluster), ("dra", self.dra),
-                                     ("draCluster", self.dra_cluster))}
+                                     ("draCluster", self.dra_cluster), ("materialize", self.materialize))}
 
 
 def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
@@ -111,5 +114,9 @@ def operator_permissions() -> Permissions:
         Rule("resource.k8s.io", ("resourceclaims",), ("list", "watch"),
              "GPU placement (DRA): the devices every namespace's claims hold"),
     )
+    # The Pods' termination messages are read through the cluster rule on Pods.
+    materialize = (Rule("batch", ("jobs",), ("get", "list", "create", "delete"),
+                        "online stores: each materialisation is a Job in the operator's namespace, polled until "
+                        "it finishes; older ones deleted"),)
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
-                       kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster)
+                       kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster, materialize=materialize)

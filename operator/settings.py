@@ -17,6 +17,7 @@ from kubeloop.version import COMPONENTS_IMAGE
 TritonBackend = Literal["onnxruntime", "python"]
 """The Triton backends a pulled repository can be laid out for (kubeloop.components.triton)."""
 DriftMonitorKind = Literal["local", "kubernetes"]
+MaterializerKind = Literal["local", "kubernetes"]
 GpuAllocation = Literal["device-plugin", "dra"]
 TRITON_BACKENDS = get_args(TritonBackend)
 Names = Annotated[list[str], NoDecode]
@@ -25,6 +26,7 @@ Names = Annotated[list[str], NoDecode]
 HINTS = {
     "KUBELOOP_TRITON_BACKEND": "the backends your Triton image has: python for kubeloop's own image",
     "KUBELOOP_DRIFT_MONITOR": "kubernetes on a cluster",
+    "KUBELOOP_MATERIALIZER": "kubernetes on a cluster",
     "KUBELOOP_GPU_ALLOCATION": "dra where NVIDIA's DRA driver publishes the GPUs",
 }
 
@@ -124,6 +126,15 @@ class OperatorConfig(BaseSettings):
     """Where drift checks run: local (processes beside the operator) or
     kubernetes (a Job per check on the components image; the operator's Pod
     never runs one)."""
+    materializer: MaterializerKind = _env("KUBELOOP_MATERIALIZER", "local")
+    """How online stores are kept fresh (spec.features.materializeEvery):
+    local (Feast in the operator's process, for the local backend only) or
+    kubernetes (a Job per run in the operator's namespace on the router
+    image; the kubernetes and kserve backends' router Pods then read stores
+    kept fresh, and the operator's Pod never runs Feast)."""
+    operator_namespace: str | None = _env("KUBELOOP_OPERATOR_NAMESPACE")
+    """The operator's own namespace (the chart sets it from the Pod's): where
+    materialisation Jobs run, with the object store's Secret."""
     request_log: str | None = _env("KUBELOOP_REQUEST_LOG")
     """Where routers log requests, one folder or prefix per InferenceService
     below it: a folder or an s3:// prefix (the kubernetes backend's routers
@@ -146,6 +157,9 @@ class OperatorConfig(BaseSettings):
         if self.webhook_port and not self.webhook_token_file:
             raise ValueError("KUBELOOP_WEBHOOK_PORT needs KUBELOOP_WEBHOOK_TOKEN_FILE: a file with the "
                              "bearer token Alertmanager sends")
+        if self.materializer == "kubernetes" and not self.operator_namespace:
+            raise ValueError("KUBELOOP_MATERIALIZER=kubernetes needs KUBELOOP_OPERATOR_NAMESPACE: the namespace "
+                             "its materialisation Jobs run in (the chart sets it to the operator's own)")
         if self.mlflow_webhook_url and not self.mlflow_webhook_secret_file:
             raise ValueError("KUBELOOP_MLFLOW_WEBHOOK_URL needs KUBELOOP_MLFLOW_WEBHOOK_SECRET_FILE: a file "
                              "with the MLflow webhooks' signing secret (not Alertmanager's token)")

@@ -89,7 +89,8 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                 gateway_domain=config.gateway_domain, router=config.router_image, request_log=config.request_log,
                 object_store_secret=config.object_store_secret, object_store_endpoint=config.object_store_endpoint,
             )
-            backends[name] = (KubernetesServing if name == "kubernetes" else KServeServing)(kube, images)
+            backends[name] = (KubernetesServing if name == "kubernetes" else KServeServing)(
+                kube, images, materialized=config.materializer == "kubernetes")
         elif name == "local":
             from kubeloop.serving.local import LocalServing
 
@@ -103,15 +104,35 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
     return backends
 
 
-def build_materializer(serving: dict[str, ServingBackend]) -> Materializer | None:
-    """Online stores are kept fresh only for backends that read them; the
-    operator's image has no Feast (nor pandas) for the others."""
+def build_materializer(config: OperatorConfig, serving: dict[str, ServingBackend], kube: Kube) -> Materializer | None:
+    """Online stores are kept fresh only for backends that read them: in the
+    operator's process for the local backend (the operator's image has no
+    Feast, nor pandas, for the others), or as Jobs on a cluster
+    (KUBELOOP_MATERIALIZER=kubernetes: the kubernetes and kserve backends'
+    router Pods read stores kept fresh, a repository folder the local
+    backend reads is still materialised here)."""
     if not any(backend.reads_online_features for backend in serving.values()):
         return None
     from kubeloop.featurestore.freshness import Materializer
+
+    if config.materializer == "kubernetes":
+        from kubeloop.operator.materializing import MaterializeJobs, MaterializeJobSettings
+
+        if not config.router_image:
+            raise ConfigurationError("KUBELOOP_MATERIALIZER=kubernetes runs Jobs on the router image: "
+                                     "set KUBELOOP_ROUTER_IMAGE")
+        settings = MaterializeJobSettings(image=config.router_image, namespace=config.operator_namespace or "",
+                                          object_store_secret=config.object_store_secret,
+                                          object_store_endpoint=config.object_store_endpoint)
+        local = _in_process if serving.get("local") and serving["local"].reads_online_features else None
+        return Materializer(MaterializeJobs(kube, settings, local=local)).start()
+    return Materializer(_in_process).start()
+
+
+def _in_process(need, end):  # noqa: ANN001, ANN202 - the Materializer's Run, imported only when a store needs it
     from kubeloop.featurestore.store import materialize_views
 
-    return Materializer(materialize_views).start()
+    return materialize_views(need, end)
 
 
 def build_monitor(config: OperatorConfig, kube: Kube) -> DriftMonitor | None:
@@ -145,7 +166,7 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         default_serving_backend=config.default_serving_backend,
         objects=kube,
         monitor=build_monitor(config, kube),
-        features=FeatureStores(str(config.feast_repo or ""), build_materializer(serving)),
+        features=FeatureStores(str(config.feast_repo or ""), build_materializer(config, serving, kube)),
     )
 
 

@@ -12,7 +12,7 @@ from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, ServedTraffic, TrafficSplit,
 )
 from kubeloop.api.signature import ModelSignature
-from kubeloop.featurestore.freshness import StoreNeed, freshness
+from kubeloop.featurestore.freshness import StoreNeed, freshness, published
 from kubeloop.gpu.placement import PlacementDecision, plan
 from kubeloop.operator.conditions import Observation
 from kubeloop.kube import KubeError
@@ -223,14 +223,26 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
 def _keep_fresh(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[ServedVersion],
                 backend: ServingBackend, ports: Ports) -> list[Observation]:
     """Have the online stores the served versions read kept materialised;
-    how fresh they are (nothing when no version reads online features)."""
+    how fresh they are (nothing when no version reads online features). On
+    a backend whose serving path runs in Pods, a store recorded as a
+    repository folder is neither read nor materialised: the condition says
+    so, and what to do."""
     every = spec.features.materialize_every
     needs = [need for v in versions if (need := store_need(v.model.tags, seconds(every)))] \
         if every and backend.reads_online_features else []
-    states = ports.features.keep_fresh(ref.uid, needs)
+    folders = [n for n in needs if backend.published_stores_only and not published(n.store)]
+    states = ports.features.keep_fresh(ref.uid, [n for n in needs if n not in folders])
+    if folders:
+        return [Observation("FeaturesFresh", "False", "StoreNotPublished", NOT_PUBLISHED)]
     if not states:
         return []
     return [Observation("FeaturesFresh", *freshness(states, ports.clock()))]
+
+
+NOT_PUBLISHED = ("a served version's feature store is recorded as a repository folder on the operator's machine: "
+                 "router Pods do not read it and a materialisation Job cannot open it; publish the store's "
+                 "feature_store.yaml (registry, sources and online store reachable from Pods, for example in "
+                 "object storage and Redis) and record it with the version (spec.features.store of its TrainingJob)")
 
 
 def store_need(version_tags: dict[str, str], interval: float) -> StoreNeed | None:

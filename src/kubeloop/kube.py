@@ -66,6 +66,7 @@ _TYPES = [
                  namespaced=False),
     ResourceType("apiextensions.k8s.io/v1", "CustomResourceDefinition",
                  "customresourcedefinitions", namespaced=False),
+    ResourceType("apiregistration.k8s.io/v1", "APIService", "apiservices", namespaced=False),
     ResourceType("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     ResourceType("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs"),
     ResourceType("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration",

@@ -62,13 +62,13 @@ def test_the_pinned_window_rebuilds_the_same_rows_after_newer_data_arrives(featu
     recorded spec; newer data must not leak into it."""
     from kubeloop.components.data import pinned
     from kubeloop.featurestore.generate import Scenario
-    from kubeloop.featurestore.store import append_period
+    from kubeloop.featurestore.store import write_period
 
     repo = Path(shutil.copytree(feature_repo, tmp_path / "repo"))
     first = build_dataset(job_spec, at(repo), tmp_path / "first.parquet")
     recorded = TrainingJobSpec.model_validate_json(pinned(job_spec, first).model_dump_json(by_alias=True))
     last = pd.read_parquet(repo / "data" / "transactions.parquet").event_timestamp.max()
-    append_period(repo, Scenario(start=(last + pd.Timedelta(seconds=1)).to_pydatetime(), days=3, cards=1200,
+    write_period(repo, Scenario(start=(last + pd.Timedelta(seconds=1)).to_pydatetime(), days=3, cards=1200,
                                  drift=1.0, seed=3))
     assert build_dataset(recorded, at(repo), tmp_path / "again.parquet").dataset_hash == first.dataset_hash
     assert build_dataset(job_spec, at(repo), tmp_path / "open.parquet").rows > first.rows

@@ -7,11 +7,14 @@ view. Backend: local (Feast, no operator)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+
+import pandas as pd
 
 from kubeloop.featurestore.freshness import StoreNeed
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import (
-    StoreLocation, create_repository, materialize_views, materialized_until, open_store,
+    StoreLocation, create_repository, materialize_views, materialized_until, open_store, recent_period, write_period,
 )
 
 def test_a_run_materialises_the_views_behind_the_served_ones_and_a_broken_source_fails_only_its_view(tmp_path):
@@ -39,3 +42,39 @@ def test_a_run_materialises_the_views_behind_the_served_ones_and_a_broken_source
     assert second.error is not None and second.error.startswith("card_activity: ")
     assert second.ends["card_activity"] == first.ends["card_activity"]
     assert abs(second.ends["card_profile"] - (end + 30)) < 1e-3
+
+
+def test_a_recent_period_replaces_its_days_and_reaches_the_online_store_at_the_next_scheduled_run(tmp_path):
+    """What the demo's drift injection relies on (backend: local, Feast only,
+    no manual materialisation): the last days are replaced by a drifted
+    world's, and its snapshots as of now, newer than the last run's end, are
+    what the next incremental run serves. Its earlier snapshots are older
+    than that end (Feast never loads them), and superseded anyway."""
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(10), days=10, cards=50, merchants=10))
+    need = StoreNeed(StoreLocation(path=str(repo)).to_json(), ("card_activity",), 60)
+    assert materialize_views(need, time.time()).error is None
+    data = repo / "data"
+    before = pd.read_parquet(data / "transactions.parquet")
+
+    scenario = replace(recent_period(days=3, drift=1.0, seed=3), cards=50, merchants=10)
+    counts = write_period(repo, scenario)
+    after = pd.read_parquet(data / "transactions.parquet")
+    start = pd.Timestamp(scenario.start)
+    assert len(after[after["event_timestamp"] >= start]) == counts["transactions"]
+    assert after[after["event_timestamp"] < start]["amount"].tolist() == \
+        before[before["event_timestamp"] < start]["amount"].tolist()
+    # The drifted world spends more: the replaced days are not the reference's.
+    assert after[after["event_timestamp"] >= start]["amount"].mean() > \
+        1.5 * before[before["event_timestamp"] >= start]["amount"].mean()
+    snapshots = pd.read_parquet(data / "card_activity.parquet")
+    latest = snapshots[snapshots["event_timestamp"] == pd.Timestamp(scenario.end)].set_index("card_id")
+    assert len(latest) > 10
+
+    def online(card: int) -> float:
+        return open_store(repo).get_online_features(features=["card_activity:avg_amount_7d"],
+                                                    entity_rows=[{"card_id": card}]).to_dict()["avg_amount_7d"][0]
+
+    card = int(latest.index[0])
+    assert online(card) != latest.loc[card, "avg_amount_7d"]
+    assert materialize_views(need, time.time()).error is None
+    assert online(card) == latest.loc[card, "avg_amount_7d"]

@@ -28,12 +28,12 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture
 def loop(platform, kube, namespace, start_operator, tmp_path):
     env = platform.env()
-    # A repository of its own: the story appends drifted data to it.
-    repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45 + 14), days=45))
+    # A repository of its own, up to today: the story's drift replaces its last two weeks.
+    repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45), days=45))
     op = start_operator([namespace], **operator_env(env, repo, tmp_path / "work"))
     op.wait_for_log("webhooks and /metrics on", timeout=60)
     docs = prepare(load_examples(repo_root() / "examples"), namespace, f"{namespace}-fraud", Timings())
-    story = Loop(kube, MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=2.0)
+    story = Loop(kube, MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=2.0, entities=True)
     story.webhook = f"http://127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}/hooks/alertmanager"
     story.token = open(env["KUBELOOP_WEBHOOK_TOKEN_FILE"]).read().strip()
     yield story

@@ -591,6 +591,20 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         operator.stop()
 
 
+def recent_through_the_router(real: RealPlatform, namespace: str, name: str, registry, model: str, version: str,
+                              repo: Path) -> tuple:
+    """The service's inference URL as Pods call it, recent transactions and
+    their offline vectors (tests.support.entities)."""
+    from kubeloop.api.signature import ModelSignature
+    from tests.support.entities import recent_with_offline_vectors
+
+    signature = ModelSignature.from_tags(registry.get_model_version(model, version).tags)
+    sent, vectors = recent_with_offline_vectors(repo, signature)
+    assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
+    service = real.kube.get("v1", "Service", name, namespace)
+    return f"http://{service['spec']['clusterIP']}/v2/models/{triton_name(model)}/infer", sent, vectors
+
+
 def test_entity_requests_through_router_pods_read_a_published_feature_store_on_the_real_node(
         real, tmp_path, monkeypatch):
     """Cluster path (kubernetes backend, router Pods from the runtime image,
@@ -608,11 +622,10 @@ def test_entity_requests_through_router_pods_read_a_published_feature_store_on_t
     import numpy as np
     from mlflow import MlflowClient
 
-    from kubeloop.api.signature import ModelSignature
     from kubeloop.featurestore.generate import Scenario, default_start
     from kubeloop.featurestore.store import StoreLocation, create_repository, materialize
     from kubeloop.registry.tags import FEATURE_STORE
-    from tests.support.entities import entity_request, raw_request, recent_with_offline_vectors
+    from tests.support.entities import entity_request, raw_request
     from tests.support.models import register_fraud_model
 
     namespace = real.namespace()
@@ -640,11 +653,7 @@ def test_entity_requests_through_router_pods_read_a_published_feature_store_on_t
                                            features={"missing": "reject"}))
         wait_for(lambda: isvc_status(real.kube, namespace, "entities").get("phase") == "Ready", timeout=420,
                  interval=1, what="the InferenceService Ready (its router opened the published store)")
-        signature = ModelSignature.from_tags(registry.get_model_version(model, version).tags)
-        sent, vectors = recent_with_offline_vectors(repo, signature)
-        assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
-        service = real.kube.get("v1", "Service", "entities", namespace)
-        url = f"http://{service['spec']['clusterIP']}/v2/models/{triton_name(model)}/infer"
+        url, sent, vectors = recent_through_the_router(real, namespace, "entities", registry, model, version, repo)
         stranger = sent.iloc[:1].assign(card_id=10**9)
         bodies = [entity_request(sent), raw_request(vectors), entity_request(stranger)]
         by_entities, by_vector, unknown = answers_from_a_pod(real, namespace, url, bodies)
@@ -657,6 +666,127 @@ def test_entity_requests_through_router_pods_read_a_published_feature_store_on_t
         router = next(p for p in real.kube.list("v1", "Pod", namespace, "kubeloop.dev/inferenceservice=entities")
                       if p["metadata"]["labels"]["kubeloop.dev/role"] == "router")
         assert router["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
+
+
+def test_materialisation_jobs_keep_a_published_online_store_fresh_for_router_pods_on_the_real_node(
+        real, tmp_path, monkeypatch):
+    """Cluster path (kubernetes backend, operator with
+    KUBELOOP_MATERIALIZER=kubernetes; router Pods and materialisation Jobs
+    from the runtime image, on the real node): the fraud model's store is
+    published (feature_store.yaml text with its registry and its Parquet
+    sources in the platform's object store, its online store in the
+    platform's Redis on the node's address) and never materialised by hand.
+    A Job in the operator's namespace materialises it (the Secret by
+    reference), FeaturesFresh turns True, and an entity request answers with
+    the probability the offline vector gets. A card the store never saw is
+    refused (422) until its rows reach the sources: the next scheduled Job
+    carries them online, with no manual step. The operator's /metrics shows
+    each view's lag."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+    import requests
+    from mlflow import MlflowClient
+
+    from kubeloop.featurestore.generate import Scenario, default_start
+    from kubeloop.featurestore.job import serve_s3_through_pyarrow
+    from kubeloop.featurestore.store import StoreLocation, create_repository
+    from kubeloop.monitoring.metrics import store_label
+    from kubeloop.processes import free_port
+    from kubeloop.registry.tags import FEATURE_STORE
+    from tests.e2e.test_feature_freshness import NEW_CARD, NEW_MERCHANT, add_row
+    from tests.support.entities import entity_request, raw_request
+    from tests.support.models import register_fraud_model
+    from tests.support.published import publish_sources, upload_sources
+
+    namespace = real.namespace()  # the operator's namespace too: its Jobs run here
+    env = real.platform.env()
+    for name, value in env.items():  # this process reads the registry and the sources from the object store too
+        if name.startswith(("AWS_", "FEAST_")):
+            monkeypatch.setenv(name, value)
+    serve_s3_through_pyarrow()
+    uri = env["MLFLOW_TRACKING_URI"]
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5),
+                             redis_address=real.platform.start_redis(),
+                             registry=f"s3://feast/{namespace}/registry.db")
+    model = f"{namespace}-fresh"
+    version = register_fraud_model(uri, model, repo, tmp_path / "train")
+    sources = f"s3://feast/{namespace}/data"
+    publish_sources(repo, sources, env["AWS_ENDPOINT_URL_S3"])
+    store = StoreLocation(config=(repo / "feature_store.yaml").read_text()).to_json()
+    registry = MlflowClient(uri)
+    registry.set_model_version_tag(model, version, FEATURE_STORE, store)
+    registry.set_registered_model_alias(model, "champion", version)
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "object-store", "namespace": namespace},
+                      "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    token, port = tmp_path / "webhook-token", free_port()
+    token.write_text("t0ken")
+    operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_OBJECT_STORE_SECRET="object-store",
+                                KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"],
+                                KUBELOOP_MATERIALIZER="kubernetes", KUBELOOP_OPERATOR_NAMESPACE=namespace,
+                                KUBELOOP_WEBHOOK_PORT=str(port), KUBELOOP_WEBHOOK_TOKEN_FILE=str(token))
+
+    def fresh() -> dict:
+        status = isvc_status(real.kube, namespace, "fresh")
+        return next((c for c in status.get("conditions", []) if c["type"] == "FeaturesFresh"), {})
+
+    def jobs() -> list[dict]:
+        return real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=materialize")
+
+    try:
+        real.kube.create(inference_service(namespace, "fresh", model, resources={"cpu": "200m", "memory": "512Mi"},
+                                           features={"missing": "reject", "materializeEvery": "10s"}))
+        condition = wait_for(lambda: (c := fresh()).get("status") == "True" and c, timeout=420, interval=1,
+                             what="FeaturesFresh True (a materialisation Job ran)")
+        assert condition["reason"] == "Materialized" and "every 10s" in condition["message"], condition
+        done = [j for j in jobs() if j.get("status", {}).get("succeeded")]
+        assert done, jobs()
+        pod = done[0]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
+        assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "object-store"}}]
+        assert pod["automountServiceAccountToken"] is False
+        print("materialisation Jobs (start -> completion): "
+              f"{[_seconds(j['status']['startTime'], j['status']['completionTime']) for j in done]} s")
+        wait_for(lambda: isvc_status(real.kube, namespace, "fresh").get("phase") == "Ready", timeout=420,
+                 interval=1, what="the InferenceService Ready")
+
+        url, sent, vectors = recent_through_the_router(real, namespace, "fresh", registry, model, version, repo)
+        newcomer = entity_request(pd.DataFrame([{"card_id": NEW_CARD, "merchant_id": NEW_MERCHANT, "amount": 42.5,
+                                                 "hour": 13, "channel": "online"}]))
+        by_entities, by_vector, refused = answers_from_a_pod(real, namespace, url, [
+            entity_request(sent), raw_request(vectors), newcomer])
+        assert by_entities["status"] == 200 and by_vector["status"] == 200, (by_entities, by_vector)
+        served = np.array(json.loads(by_entities["body"])["outputs"][0]["data"], dtype=np.float64).ravel()
+        expected = np.array(json.loads(by_vector["body"])["outputs"][0]["data"], dtype=np.float64).ravel()
+        np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+        assert refused["status"] == 422 and f"card_id={NEW_CARD}" in refused["body"], refused
+
+        # The newcomer's rows reach the sources, timed a little ahead so that no
+        # Job ends past them before they are uploaded (Feast's window starts
+        # where the last run ended).
+        at = pd.Timestamp.now(tz="UTC") + pd.Timedelta(seconds=15)
+        for source, key, value in (("card_activity", "card_id", NEW_CARD), ("card_profile", "card_id", NEW_CARD),
+                                   ("merchant_risk", "merchant_id", NEW_MERCHANT)):
+            add_row(repo, source, key, value, at)
+        upload_sources(repo, sources)
+        uploaded = time.monotonic()
+        answer = wait_for(lambda: (a := answers_from_a_pod(real, namespace, url, [newcomer])[0])["status"] == 200
+                          and a, timeout=180, interval=2, what="the new card served after the next scheduled Job")
+        print(f"new rows servable through the router Pod {time.monotonic() - uploaded:.1f} s after their upload "
+              f"(materializeEvery 10s, rows timed 15 s ahead)")
+        assert 0.0 <= json.loads(answer["body"])["outputs"][0]["data"][0] <= 1.0
+        assert len(jobs()) <= 3  # older finished Jobs go when the next starts
+
+        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        label = store_label(store)
+        for view in ("card_activity", "card_profile", "merchant_risk"):
+            lag = re.search(rf'kubeloop_online_features_lag_seconds{{[^}}]*store="{label}"[^}}]*view="{view}"[^}}]*}} '
+                            r"([0-9.e+]+|\+Inf)", metrics)
+            assert lag and float(lag.group(1)) < 60, (view, lag and lag.group(0))
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
@@ -934,6 +1064,189 @@ root = cgroup.split("/kubepods")[0]
 open(os.path.join(root, "cgroup.procs"), "w").write(str(os.getpid()))
 sys.exit(0 if not os.path.exists(f"/proc/{victim}") else 1)
 """
+
+
+# Keeps `threads` requests in flight against url for `seconds` (the test
+# deletes the Pod once it has seen what it waits for).
+LOAD_CLIENT = """
+import sys, threading, time, urllib.request
+url, body, threads, seconds = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), float(sys.argv[4])
+end = time.monotonic() + seconds
+def call():
+    while time.monotonic() < end:
+        try:
+            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=30).read()
+        except OSError:
+            time.sleep(0.2)
+workers = [threading.Thread(target=call) for _ in range(threads)]
+for worker in workers:
+    worker.start()
+for worker in workers:
+    worker.join()
+"""
+
+
+def custom_metric(kube, namespace: str, metric: str, selector: str) -> dict[str, float]:
+    """The custom metrics API's value of metric for each Pod selector matches
+    (what `kubectl get --raw /apis/custom.metrics.k8s.io/v1beta1/namespaces/NS/pods/*/METRIC` shows);
+    empty while it has none."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    from kubeloop.kube import KubeError
+
+    try:
+        answer = kube.request("GET", f"/apis/custom.metrics.k8s.io/v1beta1/namespaces/{namespace}/pods/*/{metric}",
+                              query=[("labelSelector", selector)])
+    except KubeError as exc:  # 404 until Prometheus has a series for the Pods and the adapter has listed it
+        if exc.status in (404, 503):
+            return {}
+        raise
+    assert all(item["metricName"] == metric and item["describedObject"]["kind"] == "Pod" for item in answer["items"])
+    return {item["describedObject"]["name"]: float(parse_quantity(item["value"])) for item in answer["items"]}
+
+
+def hpa_condition(hpa: dict, kind: str) -> dict:
+    return next((c for c in (hpa.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+def replicas_owners(deployment: dict) -> set[tuple[str, str]]:
+    """(manager, subresource) of each managedFields entry that owns spec.replicas."""
+    return {(e["manager"], e.get("subresource", "")) for e in deployment["metadata"]["managedFields"]
+            if "f:replicas" in e.get("fieldsV1", {}).get("f:spec", {})}
+
+
+# Microseconds a request may wait in Triton's queue, per replica: eight
+# callers in flight against one python-backend instance wait far longer.
+QUEUE_TARGET_US = 200
+
+
+def test_the_hpa_scales_the_primary_on_tritons_queue_time_and_the_next_resync_leaves_its_replicas(real, tmp_path):
+    """Cluster path (real node). The platform's custom metrics API
+    (prometheus-adapter built from its Go module, `kubeloop dev
+    metrics-adapter`, with the chart's adapter rules, on the Prometheus that
+    scrapes the real node's Triton Pods) serves Triton's queue time per
+    request for the primary's Pods; eight callers in flight from a Pod make it
+    exceed the autoscaling target, and the real HPA controller, on that
+    metric and by its own decision, scales the primary Deployment from
+    minReplicas 1 to maxReplicas 2 (its status shows the metric, its event
+    says why). The traffic stops, the InferenceService's spec changes
+    (resources, not autoscaling), the operator reconciles it and re-applies
+    the Deployment's template, and then a few resyncs later: the replica
+    count is still the HPA's. Before: no custom metrics API ran here, and only
+    a scale written by hand through the scale subresource was shown to
+    survive a reconcile."""
+    import json
+
+    from mlflow import MlflowClient
+
+    from kubeloop.dev import metricsadapter
+
+    namespace = real.namespace()
+    uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+    model = f"{namespace}-scaled"
+    version = register_model(uri, model, seed=1)
+    MlflowClient(uri).set_registered_model_alias(model, "champion", version)
+    started = time.monotonic()
+    metricsadapter.install(real.platform)
+    print(f"custom metrics API Available {time.monotonic() - started:.1f} s after install began")
+    operator = serving_operator(real, namespace, tmp_path)
+    load = f"load-{uuid.uuid4().hex[:6]}"
+    metric = "nv_inference_queue_duration_us_per_request"
+    try:
+        real.kube.create(inference_service(namespace, "scaled", model, resources={"cpu": "200m", "memory": "512Mi"},
+                                           autoscaling={"minReplicas": 1, "maxReplicas": 2, "metric": "queue-time",
+                                                        "target": QUEUE_TARGET_US}))
+        wait_for(lambda: isvc_status(real.kube, namespace, "scaled").get("phase") == "Ready", timeout=300,
+                 interval=1, what="the autoscaled InferenceService Ready")
+        deployment = real.kube.get("apps/v1", "Deployment", "scaled-predictor", namespace)
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        [first] = [p["metadata"]["name"] for p in real.kube.list("v1", "Pod", namespace, selector)]
+        assert deployment["spec"]["replicas"] == 1
+
+        # Idle, the Pod reports 0 (the rule's floor on the request rate), and the HPA holds one replica.
+        idle = wait_for(lambda: custom_metric(real.kube, namespace, metric, selector), timeout=120, interval=1,
+                        what="the custom metrics API answering for the primary's Pod")
+        assert idle == {first: 0.0}, idle
+        hpa = wait_for(lambda: (h := real.kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "scaled-predictor",
+                                                   namespace)) and hpa_condition(h, "ScalingActive")
+                       .get("status") == "True" and h, timeout=60, interval=1, what="the HPA reading the metric")
+        assert hpa_condition(hpa, "ScalingActive")["reason"] == "ValidMetricFound"
+        assert hpa["status"]["currentReplicas"] == 1 and hpa["status"]["desiredReplicas"] == 1
+
+        service = real.kube.get("v1", "Service", "scaled", namespace)
+        url = f"http://{service['spec']['clusterIP']}/v2/models/{triton_name(model)}/infer"
+        body = json.dumps(v2_body([[0.1 * i for i in range(N_FEATURES)]]))
+        real.kube.create(pod(load, namespace, base_image().ref, ["python3", "-c", LOAD_CLIENT, url, body, "8", "300"],
+                             restartPolicy="Never"))
+        running(real.kube, load, namespace)
+        loaded = time.monotonic()
+        busy = wait_for(lambda: (m := custom_metric(real.kube, namespace, metric, selector)) and
+                        max(m.values()) > QUEUE_TARGET_US and m, timeout=120, interval=1,
+                        what=f"the primary's queue time above {QUEUE_TARGET_US} us")
+        over_target = time.monotonic() - loaded
+
+        def scaled() -> dict | None:
+            hpa = real.kube.get("autoscaling/v2", "HorizontalPodAutoscaler", "scaled-predictor", namespace)
+            return hpa if (hpa.get("status") or {}).get("desiredReplicas", 0) >= 2 else None
+
+        hpa = wait_for(scaled, timeout=120, interval=1, what="the HPA deciding to scale up")
+        decided = time.monotonic() - loaded
+        deployment = wait_for(lambda: (d := real.kube.get("apps/v1", "Deployment", "scaled-predictor", namespace))
+                              ["spec"]["replicas"] == 2 and d, timeout=30, what="the Deployment at 2 replicas")
+        current = hpa["status"]["currentMetrics"][0]["pods"]
+        from kubernetes.utils.quantity import parse_quantity
+
+        assert current["metric"]["name"] == metric and float(parse_quantity(current["current"]["averageValue"])) \
+            > QUEUE_TARGET_US, hpa["status"]
+        assert hpa_condition(hpa, "AbleToScale")["status"] == "True"
+        assert hpa_condition(hpa, "ScalingActive")["reason"] == "ValidMetricFound"
+        # It wanted more than maxReplicas: the metric, not a floor, decided.
+        assert hpa_condition(hpa, "ScalingLimited")["reason"] == "TooManyReplicas"
+        # The HPA's own account of the decision, and its write through the scale subresource.
+        rescaled = wait_for(lambda: [e for e in real.kube.list("v1", "Event", namespace)
+                                     if e["involvedObject"]["kind"] == "HorizontalPodAutoscaler"
+                                     and e["reason"] == "SuccessfulRescale"], timeout=30, what="the HPA's event")
+        assert f"New size: 2; reason: pods metric {metric} above target" in rescaled[0]["message"], rescaled
+        print("managedFields after the scale-up:", [(e["manager"], e["operation"], e.get("subresource", ""),
+                                                     sorted(e.get("fieldsV1", {}).get("f:spec", {})))
+                                                    for e in deployment["metadata"]["managedFields"]])
+        assert not any(manager == "kubeloop" for manager, _ in replicas_owners(deployment))
+        wait_for(lambda: (real.kube.get("apps/v1", "Deployment", "scaled-predictor", namespace)["status"]
+                          .get("availableReplicas") or 0) == 2, timeout=180, interval=1,
+                 what="the second replica available")
+        available = time.monotonic() - loaded
+        print(f"HPA on {metric}: idle {idle}; under load {busy} (target {QUEUE_TARGET_US}); load -> metric over "
+              f"target {over_target:.1f} s, -> HPA decided 2 replicas {decided:.1f} s, -> second replica available "
+              f"{available:.1f} s; HPA status {hpa['status']['currentMetrics']}, conditions "
+              f"{[(c['type'], c['status'], c['reason']) for c in hpa['status']['conditions']]}; "
+              f"event: {rescaled[0]['message']}")
+
+        real.kube.delete("v1", "Pod", load, namespace)
+        # A spec change that leaves autoscaling alone: the operator applies the
+        # Deployment again (a new template) and must leave its replicas to the HPA,
+        # which keeps 2 (its scale-down stabilisation window is five minutes).
+        changed = real.kube.merge_patch(API_VERSION, "InferenceService", "scaled",
+                                        {"spec": {"resources": {"cpu": "250m"}}}, namespace)
+        generation = changed["metadata"]["generation"]
+        wait_for(lambda: isvc_status(real.kube, namespace, "scaled").get("observedGeneration") == generation,
+                 timeout=60, interval=0.5, what="the operator reconciling the changed spec")
+        deployment = real.kube.get("apps/v1", "Deployment", "scaled-predictor", namespace)
+        triton = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert triton["resources"]["requests"]["cpu"] == "250m", "the operator applied the new spec"
+        assert deployment["spec"]["replicas"] == 2
+        time.sleep(3 * 2 + 1)  # three resyncs (KUBELOOP_RESYNC_SECONDS=2)
+        deployment = real.kube.get("apps/v1", "Deployment", "scaled-predictor", namespace)
+        assert deployment["spec"]["replicas"] == 2 and not any(m == "kubeloop" for m, _ in replicas_owners(deployment))
+        print(f"after the reconcile of generation {generation} and three resyncs: replicas "
+              f"{deployment['spec']['replicas']} (owners of spec.replicas: {replicas_owners(deployment)})")
+    finally:
+        real.kube.delete("v1", "Pod", load, namespace)
+        try:
+            _delete_inference_services(real.kube, [namespace])
+        finally:
+            operator.stop()
+            metricsadapter.uninstall(real.platform)
 
 
 def operator_process(pod_uid: str) -> psutil.Process:

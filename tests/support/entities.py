@@ -11,15 +11,12 @@ import pandas as pd
 
 from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.store import feature_view, open_store, point_in_time
+from kubeloop.story.traffic import entity_request
+
+__all__ = ["SENT", "entity_request", "raw_request", "recent_with_offline_vectors"]
 
 SENT = ["card_id", "merchant_id", "amount", "hour", "channel"]
 """What the payment system sends: the rest comes from the feature store."""
-
-
-def entity_request(frame: pd.DataFrame) -> dict:
-    types = {"amount": "FP64", "channel": "BYTES"}
-    return {"inputs": [{"name": c, "shape": [len(frame)], "datatype": types.get(c, "INT64"),
-                        "data": frame[c].tolist()} for c in SENT]}
 
 
 def raw_request(vectors: np.ndarray) -> dict:

@@ -182,19 +182,27 @@ def _rules(docs: list[dict], kind: str) -> dict[str, list[dict]]:
             for d in docs if d["kind"] == kind}
 
 
+def _materialize_role(wanted) -> dict[str, list[dict]]:  # noqa: ANN001 - operator_permissions()
+    """Materialisation Jobs (the renderings set a router image): their rules
+    in the release's own namespace only."""
+    return {"kubeloop-system/kubeloop-materialize": [r.policy() for r in wanted.materialize]}
+
+
 def test_the_charts_roles_are_the_operators_permissions():
     wanted = operator_permissions()
     namespaced = [r.policy() for r in wanted.namespaced]
+    own = _materialize_role(wanted)
     docs = render(*RENDERINGS["cluster-wide"])
     cluster_roles = _rules(docs, "ClusterRole")
     # Cluster-wide with a Gateway: the namespaced rules and the HTTPRoutes' in one ClusterRole.
     assert cluster_roles == {"/kubeloop": namespaced + [r.policy() for r in wanted.gateway],
                              "/kubeloop-fleet": [r.policy() for r in wanted.cluster]}
+    assert _rules(docs, "Role") == own
     docs = render(*RENDERINGS["namespaced"])
     assert _rules(docs, "ClusterRole") == {"/kubeloop-fleet": [r.policy() for r in wanted.cluster]}
-    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced, **own}
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    assert {d["roleRef"]["name"] for d in bindings} == {"kubeloop", "kubeloop-fleet"}
+    assert {d["roleRef"]["name"] for d in bindings} == {"kubeloop", "kubeloop-fleet", "kubeloop-materialize"}
     assert all(s == {"kind": "ServiceAccount", "name": "kubeloop", "namespace": "kubeloop-system"}
                for d in bindings for s in d["subjects"])
 
@@ -209,7 +217,8 @@ def test_serving_backend_kserve_enables_the_backend_and_grants_kserves_kinds():
     env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
     assert (env["KUBELOOP_SERVING_BACKENDS"], env["KUBELOOP_SERVING_BACKEND"]) == ("kserve,kubernetes", "kserve")
     namespaced = [r.policy() for r in wanted.namespaced + wanted.kserve]
-    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced,
+                                    **_materialize_role(wanted)}
     assert _rules(docs, "ClusterRole") == {
         "/kubeloop-fleet": [r.policy() for r in wanted.cluster + wanted.kserve_cluster]}
     default = json.dumps(render(*RENDERINGS["namespaced"]))
@@ -228,16 +237,36 @@ def test_gpu_allocation_dra_reaches_the_operator_and_grants_claim_templates_only
     env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
     assert env["KUBELOOP_GPU_ALLOCATION"] == "dra"
     namespaced = [r.policy() for r in wanted.namespaced + wanted.dra]
-    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced}
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced,
+                                    **_materialize_role(wanted)}
     assert _rules(docs, "ClusterRole") == {"/kubeloop-fleet": [r.policy() for r in wanted.cluster + wanted.dra_cluster]}
     default = json.dumps(render(*RENDERINGS["namespaced"]))
     assert "resourceclaimtemplates" not in default and "resourceslices" not in default
 
 
+def test_materialisation_jobs_are_switched_on_with_a_router_image_and_granted_only_in_the_releases_namespace():
+    """Cluster path (chart): with a router image the operator materialises
+    online stores as Jobs (KUBELOOP_MATERIALIZER=kubernetes) in its own
+    namespace, which it learns from the downward API, and may manage Jobs
+    there; feast.materializeJobs=false, or no router image, grants nothing
+    and switches nothing on."""
+    def env(docs: list[dict]) -> dict:
+        return {e["name"]: e.get("value", e.get("valueFrom")) for e in _pod_specs(docs)[0]["containers"][0]["env"]}
+
+    on = render(*RENDERINGS["namespaced"])
+    assert env(on)["KUBELOOP_MATERIALIZER"] == "kubernetes"
+    assert env(on)["KUBELOOP_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "kubeloop-system/kubeloop-materialize" in _rules(on, "Role")
+    for values in (["--set", "feast.materializeJobs=false"], ["--set", "serving.routerImage="]):
+        off = render(*RENDERINGS["namespaced"], *values)
+        assert "KUBELOOP_MATERIALIZER" not in env(off)
+        assert "kubeloop-system/kubeloop-materialize" not in _rules(off, "Role")
+
+
 def test_the_permissions_are_least_privilege():
     wanted = operator_permissions()
     every = (wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster + wanted.dra
-             + wanted.dra_cluster)
+             + wanted.dra_cluster + wanted.materialize)
     for rule in every:
         assert "*" not in rule.verbs and "*" not in rule.resources and rule.api_group != "*"
         assert not {"secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",

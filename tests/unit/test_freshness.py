@@ -186,10 +186,10 @@ class OnlineServing(RecordingServing):
     reads_online_features = True
 
 
-def _ports(serving, materializer, views: list[str]):
+def _ports(serving, materializer, views: list[str], store: str = STORE):
     registry = InMemoryRegistry()
     signature = ModelSignature(task="binary", feature_columns=["x"], classes=["0", "1"], feature_views=views)
-    v1 = registry.add_version("fraud", "s3://m/1", tags={SIGNATURE_TAG: signature.to_json(), FEATURE_STORE: STORE})
+    v1 = registry.add_version("fraud", "s3://m/1", tags={SIGNATURE_TAG: signature.to_json(), FEATURE_STORE: store})
     registry.set_alias("fraud", "champion", v1.version)
     return Ports(registry=registry, serving={"local": serving}, default_serving_backend="local",
                  features=FeatureStores(materializer=materializer), clock=Clock())
@@ -228,10 +228,12 @@ def test_nothing_is_scheduled_for_a_backend_that_takes_vectors_only_or_a_service
 def test_an_operator_without_a_backend_that_reads_online_features_runs_no_materializer():
     """Cluster path (wiring): the chart's operator (kubernetes backend) runs in an image without Feast or
     pandas; it failed to start when the materialiser was built regardless."""
+    from kubeloop.operator.settings import OperatorConfig
     from kubeloop.operator.wiring import build_materializer
 
-    assert build_materializer({"kubernetes": RecordingServing()}) is None
-    materializer = build_materializer({"local": OnlineServing()})
+    config = OperatorConfig.from_env({})
+    assert build_materializer(config, {"kubernetes": RecordingServing()}, kube=None) is None
+    materializer = build_materializer(config, {"local": OnlineServing()}, kube=None)
     try:
         assert materializer is not None
     finally:

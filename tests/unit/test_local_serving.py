@@ -32,7 +32,9 @@ class SlowRuntime:
         return [sys.executable, "-m", "tests.support.slow_server", str(self.go), str(http_port)]
 
     def env(self) -> dict[str, str]:
-        return {}
+        # The server runs in the instance's folder: the tests package is found from the checkout. (Without
+        # this it died at once, and these tests passed only while it had not yet died.)
+        return {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 def request() -> ServingRequest:

@@ -205,8 +205,14 @@ class OnlineFeatures(KubeModel):
     materialisation), from 1s to 1d; unset, the team keeps its online store
     fresh itself and kubeloop schedules nothing. The lag behind it is
     exported as kubeloop_online_features_lag_seconds;
-    KubeloopOnlineFeaturesStale fires when it exceeds three intervals. Local
-    backend only: on a cluster the team materialises its store."""
+    KubeloopOnlineFeaturesStale fires when it exceeds three intervals. The
+    local backend materialises in the operator's process; the kubernetes and
+    kserve backends (with a router image and KUBELOOP_MATERIALIZER=kubernetes,
+    as the chart sets them) run each materialisation as a Job in the
+    operator's namespace, for stores recorded as a published
+    feature_store.yaml whose registry, sources and online store Pods reach;
+    a store recorded as a repository folder is not materialised there
+    (condition FeaturesFresh, reason StoreNotPublished)."""
 
     @field_validator("materialize_every")
     @classmethod

@@ -85,8 +85,10 @@ def demo(
             docs, reach = on_the_real_node(docs), Endpoints(platform.kube())
         show("the kubeloop operator", lambda: _start_operator(platform, settings))
         fail_fast()
+        # The cluster flavour's store is a repository folder on this machine, which Pods cannot open: its
+        # callers send feature vectors.
         loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale,
-                    reach=reach)
+                    reach=reach, entities=not cluster)
         console.print(f"  [dim]demo timings: drift checked every {timings.schedule} over the last {timings.window}; "
                       f"canary for {timings.canary_duration}[/dim]")
         for title, step in loop.steps():
@@ -159,14 +161,28 @@ def _summary(platform: Platform, loop, namespace: str, took: float) -> None:  # 
         report = "-"
     console.print(
         f"\n[bold]The loop closed in {took:.0f} s[/bold]; drift injection to the promoted model serving: "
-        f"{facts['injection_to_promoted']:.0f} s.\n\n[bold]Where to look[/bold]\n"
+        f"{facts['injection_to_promoted']:.0f} s.\n{_latency(loop)}\n\n[bold]Where to look[/bold]\n"
         f"  eval $(kubeloop dev env --state-dir {platform.dir})\n"
         f"  kubectl get trainingjobs,optimizedmodels,inferenceservices -n {namespace}\n"
         f"  kubectl describe inferenceservice {loop.service['metadata']['name']} -n {namespace}\n"
         f"  kubeloop audit {loop.model}\n"
         f"  MLflow:       {env['MLFLOW_TRACKING_URI']}/#/models/{loop.model}\n"
-        f"  Prometheus:   {env['PROMETHEUS_URL']}/graph?g0.expr=kubeloop_drift_share  (alerts: /alerts)\n"
+        f"  Prometheus:   {env['PROMETHEUS_URL']}/graph?g0.expr=kubeloop_drift_share  (alerts: /alerts; "
+        "kubeloop_online_feature_retrieval_seconds, kubeloop_online_features_lag_seconds)\n"
         f"  Alertmanager: {env['ALERTMANAGER_URL']}/#/alerts\n"
         f"  drift report: {report}  (and in MLflow: {facts['drift'].get('report')})\n"
         f"  logs:         {platform.logs}\n"
         f"  stop it all:  kubeloop dev down --state-dir {platform.dir}")
+
+
+def _latency(loop) -> str:  # noqa: ANN001 - Loop
+    """What callers waited, and (entity requests) what the online-feature
+    retrieval took of it, as the front's histogram in Prometheus has it."""
+    callers = loop.traffic.latency_ms() if loop.traffic else {}
+    line = (f"Requests ({loop.traffic.batch} rows each, {loop._sending()}): p50 {callers['p50']:.1f} ms, "
+            f"p99 {callers['p99']:.1f} ms as callers waited" if callers else "No request was answered")
+    retrieval = loop.retrieval_latency()
+    if retrieval:
+        line += (f"; online feature retrieval p50 {retrieval['p50']:.2f} ms, p99 {retrieval['p99']:.2f} ms "
+                 "(Prometheus, interpolated within the histogram's buckets)")
+    return line + "."

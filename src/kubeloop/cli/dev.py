@@ -6,7 +6,7 @@ import os
 import shlex
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
@@ -122,18 +122,39 @@ def kserve(state_dir: StateDir = None) -> None:
     up with --nodes real, for the kserve serving backend. Idempotent."""
     from kubeloop.dev.kserve import KServeError, install
 
+    _install_on_the_real_node(state_dir, "KServe", install, KServeError)
+    console.print("[green]KServe installed[/green]: set KUBELOOP_SERVING_BACKENDS=kserve,... for the operator")
+
+
+@app.command("metrics-adapter")
+def metrics_adapter(state_dir: StateDir = None) -> None:
+    """Serve the custom metrics API (custom.metrics.k8s.io) from the
+    platform's Prometheus: prometheus-adapter, built from its Go module, with
+    the chart's rules, on the real node's address behind an APIService, so
+    the HPA controller scales InferenceServices on Triton's metrics. Needs a
+    platform up with --nodes real; `kubeloop dev down` stops it."""
+    from kubeloop.dev.metricsadapter import MetricsAdapterError, install
+
+    _install_on_the_real_node(state_dir, "the custom metrics API", install, MetricsAdapterError)
+    console.print("[green]custom metrics API up[/green]: "
+                  "kubectl get --raw /apis/custom.metrics.k8s.io/v1beta1 lists the metrics Prometheus has")
+
+
+def _install_on_the_real_node(state_dir: Optional[Path], what: str, install: Callable,
+                              error: type[Exception]) -> None:
+    """Run an installer against a platform up with the real node; exit 1
+    naming what failed."""
     platform = Platform(state_dir)
     state = platform.state()
     if not state or not state.real_node:
-        console.print("[red]KServe needs the real node:[/red] run `kubeloop dev up --nodes real` first")
+        console.print(f"[red]{what} needs the real node:[/red] run `kubeloop dev up --nodes real` first")
         raise typer.Exit(1)
     try:
-        with console.status("installing KServe") as status:
+        with console.status(f"installing {what}") as status:
             install(platform, progress=lambda msg: status.update(msg))
-    except KServeError as exc:
-        console.print(f"[red]KServe did not come up:[/red] {exc}")
+    except error as exc:
+        console.print(f"[red]{what} did not come up:[/red] {exc}")
         raise typer.Exit(1) from None
-    console.print("[green]KServe installed[/green]: set KUBELOOP_SERVING_BACKENDS=kserve,... for the operator")
 
 
 @app.command()

@@ -20,6 +20,7 @@ GROUPS = {
     "kwok": ("kwok", "KWOK_VERSION"),
     "helm": ("helm", "HELM_VERSION"),
     "manager": ("kserve", "KSERVE_VERSION"),  # KServe's controller manager
+    "adapter": ("prometheus-adapter", "PROMETHEUS_ADAPTER_VERSION"),  # the custom metrics API
 }
 
 

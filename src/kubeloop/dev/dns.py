@@ -63,14 +63,23 @@ def build_objects() -> list[dict]:
          "metadata": {"name": USER, "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": USER},
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": SERVICE, "namespace": NAMESPACE, "labels": labels},
-         "spec": {"clusterIP": DNS_IP, "ports": [{**p, "targetPort": 53} for p in _PORTS]}},
+        *node_service(SERVICE, NAMESPACE, labels, [{**p, "targetPort": 53} for p in _PORTS], _PORTS, DNS_IP),
+    ]
+
+
+def node_service(name: str, namespace: str, labels: dict, service_ports: list[dict], endpoint_ports: list[dict],
+                 cluster_ip: str | None = None) -> list[dict]:
+    """A Service for a process that listens on the node's address (CoreDNS,
+    prometheus-adapter): no selector, and an EndpointSlice naming the node's
+    address, its ports matched to the Service's by name."""
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+         "spec": {**({"clusterIP": cluster_ip} if cluster_ip else {}), "ports": service_ports}},
         {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": f"{SERVICE}-node", "namespace": NAMESPACE,
-                      "labels": {**labels, "kubernetes.io/service-name": SERVICE,
+         "metadata": {"name": f"{name}-node", "namespace": namespace,
+                      "labels": {**labels, "kubernetes.io/service-name": name,
                                  "endpointslice.kubernetes.io/managed-by": "kubeloop-dev"}},
-         "addressType": "IPv4", "ports": _PORTS,
+         "addressType": "IPv4", "ports": endpoint_ports,
          "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}]},
     ]
 

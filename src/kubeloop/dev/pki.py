@@ -5,7 +5,11 @@ TLS instead of skipping it; one RSA key signs service-account tokens; static
 bearer tokens identify the admin, the controller manager, the scheduler and
 the real node's kubelet and kube-proxy. The CA also signs the real node's
 kubelet serving certificate and the client certificate the API server shows
-the kubelet (for logs, exec and port-forward).
+the kubelet (for logs, exec and port-forward). A second CA, the front proxy's,
+signs only the client certificate the API server shows the extension API
+servers it proxies to (the aggregation layer: prometheus-adapter's custom
+metrics API), which trust the user it names in X-Remote-User because that CA
+signed it.
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ IDENTITIES = {
     "kube-proxy": ("system:kube-proxy", ""),
     "coredns": ("kubeloop:coredns", ""),
     "prometheus": ("kubeloop:prometheus", ""),
+    "metrics-adapter": ("kubeloop:prometheus-adapter", ""),
 }
+# The name in the front proxy's client certificate, the only one extension
+# API servers accept X-Remote-* headers from.
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,18 @@ class Pki:
     def kubelet_key(self) -> Path:
         return self.dir / "kubelet.key"
 
+    @property
+    def front_proxy_ca(self) -> Path:
+        return self.dir / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
+
     def token(self, identity: str) -> str:
         for line in self.token_file.read_text().splitlines():
             token, user, _uid, *_ = line.split(",")
@@ -119,12 +139,43 @@ def create_pki(directory: Path) -> Pki:
         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
         x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client")]),
           x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    create_front_proxy(pki)
     _write_key(pki.service_account_key, _rsa_key())
     rows = [f"{secrets.token_urlsafe(32)},{user},{user}" + (f',"{group}"' if group else "")
             for user, group in IDENTITIES.values()]
     pki.token_file.write_text("\n".join(rows) + "\n")
     pki.token_file.chmod(0o600)
     return pki
+
+
+def create_front_proxy(pki: Pki) -> None:
+    """The aggregation layer's CA (not the cluster CA: a client certificate
+    the cluster CA signs must not be able to claim any user in a header) and
+    the client certificate the API server proxies with."""
+    key = _rsa_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubeloop-front-proxy-ca")])
+    ca = (_builder(name, name, key.public_key())
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(key, hashes.SHA256()))
+    pki.front_proxy_ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _Issuer(name, key)(pki.front_proxy_client_cert, pki.front_proxy_client_key,
+                       x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, FRONT_PROXY_CLIENT)]),
+                       x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH, [])
+
+
+def front_proxy_flags(pki: Pki) -> list[str]:
+    """kube-apiserver's aggregation-layer flags: the client certificate it
+    shows extension API servers, and what they check it against (published
+    in kube-system's extension-apiserver-authentication ConfigMap)."""
+    return [
+        f"--requestheader-client-ca-file={pki.front_proxy_ca}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
+    ]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from kubeloop.dev.host import SERVICE_CIDR
 from kubeloop.dev.images import Image, pause_image
 from kubeloop.dev.onlinestore import OnlineStoreKind
 from kubeloop.gpu.dra import device_classes
-from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki
+from kubeloop.dev.pki import IDENTITIES, NODE_IP, NODE_NAME, Pki, create_pki, front_proxy_flags
 from kubeloop.kube import Kube, KubeError
 from kubeloop.polling import wait_for
 
@@ -361,6 +361,8 @@ class Platform:
             # Pod's address: Service addresses are blackholed on the host, and
             # kube-proxy's rules apply only after the host's routing.
             *(["--enable-aggregator-routing=true"] if self.real_node else []),
+            # The aggregation layer (kubeloop.dev.metricsadapter's custom metrics API).
+            *front_proxy_flags(pki),
             f"--audit-policy-file={AUDIT_POLICY}", f"--audit-log-path={self.audit_log}",
             "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             "--profiling=false", "--v=0",
@@ -554,13 +556,14 @@ class Platform:
         })
 
     def _start_featurestore(self, state: PlatformState) -> None:
-        """A Feast repository with generated card-transaction data; its last
-        two weeks are left empty, for `kubeloop features add-period`."""
+        """A Feast repository with 45 days of generated card-transaction data
+        up to today, so that its online values are fresh (`kubeloop features
+        add-period` replaces its last days with a drifted world's)."""
         repo = self.dir / "featurestore"
         redis = self.start_redis(state) if self.online_store is OnlineStoreKind.redis else ""
         self._spawn(state, "featurestore", [
             sys.executable, "-m", "kubeloop.featurestore.cli", "init", "--repo", str(repo),
-            "--days", "45", "--end-days-ago", "14", *(["--redis", redis] if redis else []),
+            "--days", "45", *(["--redis", redis] if redis else []),
         ])
         state.urls["KUBELOOP_FEAST_REPO"] = str(repo)
 

@@ -78,8 +78,12 @@ class ServingBackend(abc.ABC):
 
     name: str
     reads_online_features: bool = False
-    """Whether the serving path reads the online store (entity requests):
-    only then does the operator keep that store materialised."""
+    """Whether the operator keeps the online stores this backend's serving
+    path reads (entity requests) materialised."""
+    published_stores_only: bool = False
+    """Whether the serving path runs in Pods, which read only stores recorded
+    as a published feature_store.yaml, never a repository folder on the
+    operator's machine."""
 
     @abc.abstractmethod
     def ensure(self, request: ServingRequest) -> ServingState:

@@ -28,10 +28,14 @@ KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
 
 class KServeServing(ServingBackend):
     name = "kserve"
+    published_stores_only = True
 
-    def __init__(self, kube: Kube, images: ServingImages):
+    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False):
+        """materialized: the operator keeps the stores the router Pods read
+        fresh (materialisation Jobs); only with a router image."""
         self.kube = kube
         self.images = images
+        self.reads_online_features = materialized and images.router is not None
         self._storage_container_applied = False
 
     def ensure(self, request: ServingRequest) -> ServingState:

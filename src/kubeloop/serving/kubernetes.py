@@ -31,10 +31,14 @@ HANDOVER_MANAGER = "kubeloop-handover-to-hpa"
 
 class KubernetesServing(ServingBackend):
     name = "kubernetes"
+    published_stores_only = True
 
-    def __init__(self, kube: Kube, images: ServingImages):
+    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False):
+        """materialized: the operator keeps the stores the router Pods read
+        fresh (materialisation Jobs); only with a router image."""
         self.kube = kube
         self.images = images
+        self.reads_online_features = materialized and images.router is not None
 
     def ensure(self, request: ServingRequest) -> ServingState:
         versions = {v.role: (v.model, v.percent) for v in request.versions}

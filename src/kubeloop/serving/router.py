@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import orjson
 import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -397,8 +398,8 @@ class Router:
         started = time.perf_counter()
         body = await request.read()
         try:
-            payload = json.loads(body)
-        except ValueError:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
             return web.json_response({"error": "the body is not JSON"}, status=400)
         if not isinstance(payload, dict):
             return web.json_response({"error": "the body must be a JSON object (KServe v2 inference request), "
@@ -465,7 +466,7 @@ class Router:
         if count:
             self._count_problems(assembled.problems)
         request = tensor_request(assembled.vectors, request_id=payload.get("id"))
-        return json.dumps(request, separators=(",", ":")).encode(), joinable(request), columns, assembled.vectors
+        return orjson.dumps(request), joinable(request), columns, assembled.vectors
 
     def _coalescer(self, spec: FeatureSpec, store: OnlineStore) -> Coalescer:
         found = self.coalescers.get(spec)
@@ -579,7 +580,7 @@ def parse_outputs(answer: bytes, config: RouterConfig) -> list | None:
     multiclass, else a float. The config's output tensor is read (the first
     one if the answer names none like it); None when the answer does not fit."""
     try:
-        tensors = json.loads(answer)["outputs"]
+        tensors = orjson.loads(answer)["outputs"]
         tensor = next((t for t in tensors if t.get("name") == config.output), tensors[0])
         data = tensor["data"]
         flat = [float(v) for v in flat_values(data)]

@@ -58,11 +58,14 @@ def prepare_cluster(platform, namespace: str, progress=lambda _: None) -> dict[s
 
 def on_the_real_node(docs: list[dict]) -> list[dict]:
     """The story's objects for a CPU-only node (pure): the InferenceService
-    without a GPU request, with a small CPU request."""
+    without a GPU request, with a small CPU request, and no online features
+    (the story's store is a repository folder on this machine, which Pods
+    cannot open: its callers send feature vectors)."""
     out = copy.deepcopy(docs)
     for doc in out:
         if doc["kind"] == "InferenceService":
             doc["spec"].pop("gpu", None)
+            doc["spec"].pop("features", None)
             doc["spec"]["resources"] = dict(SERVING_RESOURCES)
     return out
 

@@ -25,7 +25,7 @@ from kubeloop.api.training import TrainingJobSpec
 from kubeloop.polling import wait_for
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.registry.promotion import audit_trail
-from kubeloop.story.traffic import Traffic, feature_rows
+from kubeloop.story.traffic import Traffic, feature_rows, sent_columns
 
 DRIFT_ALERT = "KubeloopDataDrift"
 
@@ -43,6 +43,7 @@ class Timings:
     window: str = "60s"
     min_rows: int = 300
     canary_duration: str = "20s"
+    materialize_every: str = "10s"
 
 
 def prepare(docs: list[dict], namespace: str, model: str, timings: Timings) -> list[dict]:
@@ -58,6 +59,8 @@ def prepare(docs: list[dict], namespace: str, model: str, timings: Timings) -> l
             spec["source"]["name"] = model
         elif doc["kind"] == "InferenceService":
             spec["model"]["name"] = model
+            if "features" in spec:
+                spec["features"]["materializeEvery"] = timings.materialize_every
             if "monitoring" in spec:
                 spec["monitoring"].update(schedule=timings.schedule, window=timings.window, minRows=timings.min_rows)
             if "retraining" in spec:
@@ -108,6 +111,11 @@ class Loop:
     reach: Callable[[str], str | None] | None = None
     """Maps the InferenceService's URL to an address this machine reaches
     (kubeloop.story.cluster.Endpoints on the cluster path); None: as it is."""
+    entities: bool = False
+    """Callers send what a payment carries (entity keys and request-time
+    columns) and the serving path reads the rest from the online store,
+    which the operator keeps materialised (the local demo); False: callers
+    send the model's whole feature vector, built from the offline store."""
 
     def __post_init__(self) -> None:
         self.namespace = self.docs[0]["metadata"]["namespace"]
@@ -150,7 +158,9 @@ class Loop:
             ("optimise: every technique measured, the fastest within budget promoted", self.optimized),
             ("serve: Triton answers for the champion", self.serving),
             ("send traffic: in-distribution requests; the drift job finds nothing", self.baseline_traffic),
-            ("inject drift: two weeks of drifted transactions, in Feast and in the requests", self.inject_drift),
+            ("inject drift: the last two weeks become a drifted world, in Feast and in the requests", self.inject_drift),
+            *([("materialise: the operator's schedule loads the drifted snapshots into the online store",
+                self.materialized)] if self.entities else []),
             ("Evidently finds the drift", self.drift_detected),
             ("Prometheus fires KubeloopDataDrift and Alertmanager holds it", self.alert_fired),
             ("the operator starts a retraining TrainingJob owned by the InferenceService", self.retrain_started),
@@ -207,11 +217,15 @@ class Loop:
         return f"{status['url']} serves version {champion} (placement: {status['placement']['reason']})"
 
     def baseline_traffic(self) -> str:
-        """In-distribution requests: the last week of the data the model knows."""
-        columns = self._columns(self.facts["serving"])
-        rows = feature_rows(self.feast_repo, self.training_spec, columns,
-                            self.reference_end - dt.timedelta(days=7), None)
-        self.traffic = Traffic(self.facts["url"], self.model, rows, reach=self.reach).start()
+        """In-distribution requests: transactions of the world the model
+        knows, from the week before the last. Not the last week: the newest
+        snapshots the online store serves summarise that week, each request's
+        own amount among them, which the snapshot a model trains on never
+        holds (it is computed before the transaction), and the drift job
+        would see that skew, not the world."""
+        requests_ = self._requests(self.facts["serving"], self.reference_end - dt.timedelta(days=14),
+                                   self.reference_end - dt.timedelta(days=7))
+        self.traffic = Traffic(self.facts["url"], self.model, requests_, reach=self.reach).start()
         started = time.time()
         wait_until(lambda: sum(self.traffic.answered.values()) >= 20, 30 * self.scale, "answers to the first requests",
                    seen=lambda: f"{self.traffic.failed} failed, the last with {self.traffic.last_error}")
@@ -219,20 +233,51 @@ class Loop:
         self.facts["baseline_drift"] = drift
         if drift.get("drifted"):
             raise StepFailed(f"in-distribution traffic was judged drifted: {drift}")
-        return (f"{self.traffic.sent} requests; {drift['share']:.0%} of features drifted over {drift['rows']} "
-                "logged rows: no drift")
+        return (f"{self.traffic.sent} requests ({self._sending()}); {drift['share']:.0%} of features drifted over "
+                f"{drift['rows']} logged rows: no drift")
 
     def inject_drift(self) -> str:
-        """Newer, drifted data lands in the feature store and the callers' inputs move with it."""
-        from kubeloop.featurestore.generate import Scenario
-        from kubeloop.featurestore.store import append_period
+        """The world drifts: the last two weeks of every source are replaced by
+        a drifted world's, its feature snapshots computed as of now, and the
+        callers' transactions move with it. Nothing is materialised here: on
+        the entity path the operator's schedule loads the new snapshots."""
+        from kubeloop.featurestore.store import recent_period, write_period
 
-        start = self.reference_end + dt.timedelta(seconds=1)
-        counts = append_period(self.feast_repo, Scenario(start=start, days=14, drift=1.0, seed=11))
-        rows = feature_rows(self.feast_repo, self.training_spec, self._columns(self.facts["serving"]), start, None)
-        self.traffic.use(rows)
+        scenario = recent_period(days=14, drift=1.0, seed=11)
+        counts = write_period(self.feast_repo, scenario)
+        self.facts["drift_period"] = scenario
+        self.traffic.use(self._requests(self.facts["serving"], scenario.start, None))
         self.facts["drift_injected_at"] = time.time()
-        return f"{counts['transactions']} drifted transactions in Feast; requests now carry them"
+        return (f"{counts['transactions']} drifted transactions since {scenario.start:%Y-%m-%d %H:%M} in Feast, "
+                f"snapshots as of now; requests now carry them")
+
+    def materialized(self) -> str:
+        """The drifted snapshots reach the online store through the
+        operator's materialisation schedule (the InferenceService's
+        spec.features.materializeEvery), read back from Feast's registry,
+        and the service says its features are fresh."""
+        from kubeloop.api.signature import ModelSignature
+        from kubeloop.featurestore.store import materialized_until, online_views, open_store
+
+        end = self.facts["drift_period"].end.timestamp()
+        views = ModelSignature.from_tags(self.registry.get_version(self.model, self.facts["serving"]).tags).feature_views
+
+        def loaded() -> dict[str, float | None] | None:
+            try:
+                store = open_store(self.feast_repo)
+                ends = materialized_until(store, online_views(store, list(views)))
+            except Exception:  # noqa: BLE001 - the operator may be rewriting the registry file this instant
+                return None
+            return ends if all(e is not None and e > end for e in ends.values()) else None
+
+        ends = wait_until(loaded, 120 * self.scale, "the schedule materialising past the drifted snapshots",
+                          seen=lambda: self._service_seen())
+        fresh = wait_until(lambda: next((c for c in self.status("InferenceService").get("conditions", [])
+                                         if c["type"] == "FeaturesFresh" and c["status"] == "True"), None),
+                           60 * self.scale, "FeaturesFresh=True", seen=lambda: self._service_seen())
+        self.facts["materialized"] = ends
+        after = min(ends.values()) - self.facts["drift_injected_at"]
+        return f"{', '.join(sorted(ends))} materialised {after:.0f} s after the injection; {fresh['message']}"
 
     def drift_detected(self) -> str:
         drift = self._drift_after(self.facts["drift_injected_at"], drifted=True)
@@ -336,15 +381,43 @@ class Loop:
 
     # -- helpers -------------------------------------------------------------
 
-    def traffic_rows_now(self):  # noqa: ANN201 - numpy array
-        """The drifted rows in the column order of the version now served."""
-        start = self.reference_end + dt.timedelta(seconds=1)
-        return feature_rows(self.feast_repo, self.training_spec, self._columns(self.facts["challenger"]), start, None)
+    def traffic_rows_now(self):  # noqa: ANN201 - numpy array or DataFrame
+        """The drifted requests, as the version now served takes them."""
+        return self._requests(self.facts["challenger"], self.facts["drift_period"].start, None)
 
-    def _columns(self, version: str) -> list[str]:
+    def _requests(self, version: str, start: dt.datetime, end: dt.datetime | None):  # noqa: ANN202
+        """What callers send for the transactions between start and end: the
+        columns a payment carries (entity path), else the version's feature
+        vectors built from the offline store."""
         import json
 
-        return json.loads(self.registry.get_version(self.model, version).tags["feature_columns"])
+        tags = self.registry.get_version(self.model, version).tags
+        if self.entities:
+            from kubeloop.api.signature import ModelSignature
+
+            return sent_columns(self.feast_repo, ModelSignature.from_tags(tags), start, end)
+        return feature_rows(self.feast_repo, self.training_spec, json.loads(tags["feature_columns"]), start, end)
+
+    def _sending(self) -> str:
+        return "entity keys and request columns; features read online" if self.entities else "feature vectors"
+
+    def retrieval_latency(self) -> dict[str, float] | None:
+        """The online-feature retrieval's quantiles (ms) over the run, as
+        Prometheus has them from the front's histogram; None when nothing was
+        read online."""
+        if not self.entities:
+            return None
+        service = f"{self.namespace}/{self.service['metadata']['name']}"
+        out = {}
+        for q in (0.5, 0.99):
+            query = (f"histogram_quantile({q}, sum by (le) (increase("
+                     f'kubeloop_online_feature_retrieval_seconds_bucket{{service="{service}"}}[1h])))')
+            result = requests.get(f"{self.urls['PROMETHEUS_URL']}/api/v1/query", params={"query": query},
+                                  timeout=5).json()["data"]["result"]
+            if not result:
+                return None
+            out[f"p{int(q * 100)}"] = float(result[0]["value"][1]) * 1000
+        return out
 
     def _drift_after(self, since: float, drifted: bool | None = None) -> dict:
         """The first drift result computed from requests logged after since."""

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import requests
 
+from kubeloop.api.signature import ModelSignature
 from kubeloop.api.training import TrainingJobSpec
 
 
@@ -30,12 +32,49 @@ def feature_rows(repo: Path, spec: TrainingJobSpec, columns: list[str], start: d
     return frame.to_numpy(np.float32)
 
 
+def sent_columns(repo: Path, signature: ModelSignature, start: datetime | None, end: datetime | None,
+                 limit: int = 20_000, seed: int = 0) -> pd.DataFrame:
+    """What a caller sends for the labelled transactions between start and
+    end: the entity keys and request-time columns of the model's signature,
+    nothing the feature store computes (repo: the example's repository)."""
+    rows = pd.read_parquet(repo / "data" / "transactions.parquet")
+    if start is not None:
+        rows = rows[rows["event_timestamp"] >= pd.Timestamp(start)]
+    if end is not None:
+        rows = rows[rows["event_timestamp"] < pd.Timestamp(end)]
+    rows = rows[[*signature.entities, *signature.request_columns]]
+    return (rows.sample(limit, random_state=seed) if len(rows) > limit else rows).reset_index(drop=True)
+
+
+def entity_request(frame: pd.DataFrame) -> dict:
+    """A KServe v2 request of one tensor per column sent, a row per entity."""
+    def datatype(column: pd.Series) -> str:
+        if pd.api.types.is_integer_dtype(column):
+            return "INT64"
+        return "FP64" if pd.api.types.is_float_dtype(column) else "BYTES"
+
+    return {"inputs": [{"name": name, "shape": [len(frame)], "datatype": datatype(frame[name]),
+                        "data": frame[name].tolist()} for name in frame.columns]}
+
+
+def vector_request(rows: np.ndarray) -> dict:
+    """A KServe v2 request carrying the model's whole feature vectors."""
+    return {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
+                        "data": rows.ravel().tolist()}]}
+
+
+Requests = np.ndarray | pd.DataFrame
+"""Feature vectors (one row each), or the columns callers send (entity requests)."""
+
+
 class Traffic:
     """Steady KServe v2 requests from a background thread. Every request has
     its own caller key, so a canary gets its share; which version answered
-    is counted."""
+    is counted, and how long each answer took (the newest LATENCIES)."""
 
-    def __init__(self, url: str, model: str, rows: np.ndarray, rate: float = 20.0, batch: int = 4, seed: int = 0,
+    LATENCIES = 5000
+
+    def __init__(self, url: str, model: str, rows: Requests, rate: float = 20.0, batch: int = 4, seed: int = 0,
                  reach: Callable[[str], str | None] | None = None):
         self.url = url
         self.path = f"/v2/models/{model}/infer"
@@ -49,6 +88,8 @@ class Traffic:
         self.rng = np.random.default_rng(seed)
         self.answered: Counter[str] = Counter()
         self.recent: deque[str] = deque(maxlen=200)
+        self.latencies: deque[float] = deque(maxlen=self.LATENCIES)
+        """Seconds to each answered request, as the caller waited."""
         self.failed = 0
         self.last_error = ""
         self._rows = rows
@@ -56,7 +97,7 @@ class Traffic:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
 
-    def use(self, rows: np.ndarray) -> None:
+    def use(self, rows: Requests) -> None:
         """Send these rows from now on (the recent answers start afresh)."""
         with self._lock:
             self._rows = rows
@@ -74,6 +115,14 @@ class Traffic:
     def sent(self) -> int:
         return sum(self.answered.values()) + self.failed
 
+    def latency_ms(self) -> dict[str, float]:
+        """The median and p99 of the kept answers' latencies (ms); empty before the first."""
+        with self._lock:
+            kept = np.array(self.latencies)
+        if not len(kept):
+            return {}
+        return {"p50": float(np.quantile(kept, 0.5)) * 1000, "p99": float(np.quantile(kept, 0.99)) * 1000}
+
     def recent_versions(self, last: int | None = None) -> Counter[str]:
         """Which versions answered the most recent requests (all kept, or the last few)."""
         with self._lock:
@@ -86,13 +135,14 @@ class Traffic:
         next_at = time.monotonic()
         while not self._stop.is_set():
             with self._lock:
-                rows = self._rows[self.rng.integers(0, len(self._rows), self.batch)]
-            body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
-                                "data": rows.ravel().tolist()}]}
+                rows, picked = self._rows, self.rng.integers(0, len(self._rows), self.batch)
+            body = entity_request(rows.iloc[picked]) if isinstance(rows, pd.DataFrame) else vector_request(rows[picked])
             version, error = None, ""
             try:
                 target = self._resolve()
+                sent = time.perf_counter()
                 response = session.post(target, json=body, timeout=5, headers={"X-Request-Key": uuid.uuid4().hex})
+                took = time.perf_counter() - sent
                 if response.status_code == 200:
                     version = response.headers.get("X-Model-Version")
                 else:
@@ -104,6 +154,7 @@ class Traffic:
                 if version:
                     self.answered[version] += 1
                     self.recent.append(version)
+                    self.latencies.append(took)
                 else:
                     self.failed += 1
                     self.last_error = error

@@ -1,0 +1,44 @@
+"""The example feature repository with its Parquet sources in object
+storage, as a team whose store Pods can open has it: a Pod reaches the
+registry (s3://), the sources (s3://) and the online store, not the
+repository folder on this machine."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+
+def upload_sources(repo: Path, url: str) -> list[str]:
+    """Copy the repository's Parquet sources (data/<name>.parquet) below the
+    s3:// prefix url; the keys written."""
+    import boto3
+
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3")  # endpoint and credentials from AWS_* in the environment
+    keys = []
+    for path in sorted((repo / "data").glob("*.parquet")):
+        keys.append(f"{prefix}/{path.name}")
+        s3.upload_file(str(path), bucket, keys[-1])
+    return keys
+
+
+def publish_sources(repo: Path, url: str, endpoint: str) -> None:
+    """Upload the sources below url and register the example's feature views
+    reading them there (FileSource on s3:// with the object store's
+    endpoint); the repository's registry is where its feature_store.yaml
+    says (an s3:// registry, for a published store)."""
+    from feast import FileSource
+
+    from kubeloop.featurestore import definitions
+    from kubeloop.featurestore.store import open_store
+
+    upload_sources(repo, url)
+    views = []
+    for view in definitions.FEATURE_VIEWS:
+        source = view.batch_source
+        moved = copy.copy(view)
+        moved.batch_source = FileSource(name=source.name, path=f"{url}/{source.name}.parquet",
+                                        timestamp_field=source.timestamp_field, s3_endpoint_override=endpoint)
+        views.append(moved)
+    open_store(repo).apply([*definitions.ENTITIES, *views, *definitions.ON_DEMAND_FEATURE_VIEWS])
