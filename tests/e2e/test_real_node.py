@@ -633,6 +633,7 @@ def test_entity_requests_through_router_pods_read_a_published_feature_store_on_t
     for name, value in env.items():  # Feast here reads the registry from the object store too
         if name.startswith(("AWS_", "FEAST_")):
             monkeypatch.setenv(name, value)
+    fresh_boto3_session(monkeypatch)
     uri = env["MLFLOW_TRACKING_URI"]
     repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5),
                              redis_address=real.platform.start_redis(),
@@ -708,6 +709,7 @@ def test_materialisation_jobs_keep_a_published_online_store_fresh_for_router_pod
     for name, value in env.items():  # this process reads the registry and the sources from the object store too
         if name.startswith(("AWS_", "FEAST_")):
             monkeypatch.setenv(name, value)
+    fresh_boto3_session(monkeypatch)
     serve_s3_through_pyarrow()
     uri = env["MLFLOW_TRACKING_URI"]
     repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5),
@@ -829,6 +831,15 @@ def test_kserve_predictors_claim_their_gpu_slice_through_dra_from_the_real_sched
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
+
+
+def fresh_boto3_session(monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+    """boto3's default session (Feast's S3 registry and boto3.client use it)
+    keeps the credentials it first read: this test's own session reads the
+    platform's, whatever an earlier test in this process used."""
+    import boto3
+
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
 
 
 def answers_from_a_pod(real: RealPlatform, namespace: str, url: str, bodies: list[dict]) -> list[dict]:
