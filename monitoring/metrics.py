@@ -73,7 +73,7 @@ class FreshnessCollector(Collector):
                                    "store since the operator started, by result.", labels=[*labels, "result"])
         now = self.clock()
         for state in self.stores.states():
-            values = [store_label(state.need.store), state.project]
+            values = [store_key(state.need.store), state.project]
             limit.add_metric(values, max_lag_seconds(state.need.interval))
             runs.add_metric([*values, "succeeded"], state.runs - state.failed_runs)
             runs.add_metric([*values, "failed"], state.failed_runs)
@@ -81,8 +81,3 @@ class FreshnessCollector(Collector):
                 lag.add_metric([*values, view], lag_seconds(now, end))
         yield from (lag, limit, runs)
 
-
-def store_label(store: str) -> str:
-    """A short stable name for a store location (its JSON can hold a whole
-    feature_store.yaml), as its materialisation Jobs are labelled too."""
-    return store_key(store)

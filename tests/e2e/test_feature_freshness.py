@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from kubeloop.api.constants import API_VERSION
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import create_repository
-from kubeloop.monitoring.metrics import store_label
+from kubeloop.featurestore.freshness import store_key
 from kubeloop.registry.tags import FEATURE_STORE
 from kubeloop.story.loop import operator_env
 from tests.e2e.test_online_features import entity_request, infer
@@ -66,7 +66,7 @@ def test_the_operator_keeps_the_online_store_fresh_and_stale_data_raises_the_ale
     model = f"{namespace}-fraud"
     version = register_fraud_model(uri, model, repo, tmp_path / "train")
     MlflowClient(uri).set_registered_model_alias(model, "champion", version)
-    store = store_label(MlflowClient(uri).get_model_version(model, version).tags[FEATURE_STORE])
+    store = store_key(MlflowClient(uri).get_model_version(model, version).tags[FEATURE_STORE])
 
     op = start_operator([namespace], **operator_env(env, repo, tmp_path / "work", resync_seconds=1))
     op.wait_for_log("webhooks and /metrics on", timeout=60)

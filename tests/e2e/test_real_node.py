@@ -696,7 +696,7 @@ def test_materialisation_jobs_keep_a_published_online_store_fresh_for_router_pod
     from kubeloop.featurestore.generate import Scenario, default_start
     from kubeloop.featurestore.job import serve_s3_through_pyarrow
     from kubeloop.featurestore.store import StoreLocation, create_repository
-    from kubeloop.monitoring.metrics import store_label
+    from kubeloop.featurestore.freshness import store_key
     from kubeloop.processes import free_port
     from kubeloop.registry.tags import FEATURE_STORE
     from tests.e2e.test_feature_freshness import NEW_CARD, NEW_MERCHANT, add_row
@@ -784,7 +784,7 @@ def test_materialisation_jobs_keep_a_published_online_store_fresh_for_router_pod
         assert len(jobs()) <= 3  # older finished Jobs go when the next starts
 
         metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        label = store_label(store)
+        label = store_key(store)
         for view in ("card_activity", "card_profile", "merchant_risk"):
             lag = re.search(rf'kubeloop_online_features_lag_seconds{{[^}}]*store="{label}"[^}}]*view="{view}"[^}}]*}} '
                             r"([0-9.e+]+|\+Inf)", metrics)

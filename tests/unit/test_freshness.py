@@ -17,10 +17,10 @@ from pydantic import ValidationError
 from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus
 from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.featurestore.freshness import (
-    Materialized, Materializer, StoreNeed, StoreState, freshness, lag_seconds, merge_needs, next_run,
+    Materialized, Materializer, StoreNeed, StoreState, freshness, lag_seconds, merge_needs, next_run, store_key,
 )
 from kubeloop.featurestore.base import FeatureStores
-from kubeloop.monitoring.metrics import FreshnessCollector, store_label
+from kubeloop.monitoring.metrics import FreshnessCollector
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.serving import reconcile_inference_service
 from kubeloop.registry.memory import InMemoryRegistry
@@ -172,7 +172,7 @@ def test_lag_metrics_per_view_with_the_stale_limit_and_runs_by_result():
     assert samples[("kubeloop_online_features_materializations_total", "failed")] == 0
     labels = next(f.samples[0].labels for f in text_string_to_metric_families(generate_latest(registry).decode())
                   if f.name == "kubeloop_online_features_lag_seconds")
-    assert labels["store"] == store_label(STORE) and labels["project"] == "fraud"
+    assert labels["store"] == store_key(STORE) and labels["project"] == "fraud"
 
 
 @pytest.mark.parametrize("every", ["0s", "500ms", "2d"])

@@ -15,12 +15,12 @@ or stale value served with policy "default" becomes the same.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 from kubeloop.api.signature import MISSING_VALUE as TRAINING_DEFAULT
+from kubeloop.featurestore.freshness import published
 
 Policy = Literal["default", "reject"]
 
@@ -51,7 +51,7 @@ class FeatureSpec:
         """Whether the store was recorded as feature_store.yaml text (what
         Feast's operator publishes to clients, openable from any Pod that
         reaches its registry and online store), not a repository folder."""
-        return "config" in json.loads(self.store)
+        return published(self.store)
 
     @property
     def inputs(self) -> tuple[str, ...]:
