@@ -78,23 +78,47 @@ def test_a_read_takes_at_most_max_rows_and_the_rest_wait_for_the_next():
 
 
 def test_a_failed_read_fails_every_request_it_served_and_the_next_read_runs():
-    failures = iter([RuntimeError("redis went away")])
+    release = threading.Event()
+    failures = iter([None, RuntimeError("redis went away")])
 
-    def read_many(requests):  # noqa: ANN001, ANN202
+    def read_many(requests):  # noqa: ANN001, ANN202 - the first read holds the next two back
         failure = next(failures, None)
         if failure:
             raise failure
+        release.wait(timeout=10)
         return _echo(requests)
 
     async def go():
         with ThreadPoolExecutor(1) as pool:
             coalescer = _reading(read_many, pool)
-            failed = await asyncio.gather(coalescer.submit({"card_id": [1]}), coalescer.submit({"card_id": [2]}),
-                                          return_exceptions=True)
-            return failed, await coalescer.submit({"card_id": [3]})
+            first = asyncio.ensure_future(coalescer.submit({"card_id": [0]}))
+            await asyncio.sleep(0)
+            joined = asyncio.gather(coalescer.submit({"card_id": [1]}), coalescer.submit({"card_id": [2]}),
+                                    return_exceptions=True)
+            await asyncio.sleep(0)
+            release.set()
+            return await first, await joined, await coalescer.submit({"card_id": [3]})
 
-    failed, later = asyncio.run(go())
+    first, failed, later = asyncio.run(go())
+    assert first.values["card"] == [0]
     assert [str(f) for f in failed] == ["redis went away"] * 2 and later.values["card"] == [3]
+
+
+def test_a_lone_request_is_served_in_its_own_task_and_counts_as_a_call():
+    """Nothing waits and nothing is under way: no task of the coalescer's
+    own (the router's answer at concurrency 1 waited a turn of the loop for it)."""
+    async def go():
+        tasks: list[asyncio.Task] = []
+
+        async def serve_many(items):  # noqa: ANN001, ANN202
+            tasks.append(asyncio.current_task())
+            return [item.upper() for item in items]
+
+        coalescer = Coalescer(serve_many, rows=len, waiting_for="Triton")
+        answers = [await coalescer.submit(item) for item in ("a", "b")]
+        return answers, tasks == [asyncio.current_task()] * 2, coalescer.calls, coalescer.busy
+
+    assert asyncio.run(go()) == (["A", "B"], True, 2, 0)
 
 
 def test_beyond_max_waiting_a_request_is_refused_with_503_and_counted():
@@ -149,12 +173,54 @@ def test_a_call_carries_one_kind_of_request_in_the_order_they_came():
 
 
 def test_a_call_that_answers_too_few_fails_its_requests_instead_of_leaving_one_waiting():
-    async def serve_many(items):  # noqa: ANN001, ANN202
-        return items[:-1]
+    async def go():
+        opened = asyncio.Event()
+
+        async def serve_many(items):  # noqa: ANN001, ANN202 - the first call holds the next two back
+            await opened.wait()
+            return items[:-1]
+
+        coalescer = Coalescer(serve_many, rows=len, waiting_for="Triton")
+        alone = asyncio.ensure_future(coalescer.submit("a"))
+        await asyncio.sleep(0)
+        joined = asyncio.gather(coalescer.submit("b"), coalescer.submit("c"), return_exceptions=True)
+        await asyncio.sleep(0)
+        opened.set()
+        answers = await asyncio.wait_for(asyncio.gather(alone, joined, return_exceptions=True), timeout=5)
+        return [str(answers[0]), [str(r) for r in answers[1]]]
+
+    assert asyncio.run(go()) == ["0 answers for 1 requests", ["1 answers for 2 requests"] * 2]
+
+
+def test_the_next_call_starts_before_the_callers_of_the_last_one_are_answered():
+    """Triton sat idle while the router answered a joined call's callers."""
+    events: list[str] = []
 
     async def go():
-        coalescer = Coalescer(serve_many, rows=len, waiting_for="Triton")
-        return await asyncio.wait_for(asyncio.gather(coalescer.submit("a"), coalescer.submit("b"),
-                                                     return_exceptions=True), timeout=5)
+        held = {"a": asyncio.Event(), "b": asyncio.Event()}
 
-    assert [str(r) for r in asyncio.run(go())] == ["1 answers for 2 requests"] * 2
+        async def serve_many(items):  # noqa: ANN001, ANN202
+            events.append(f"call {''.join(items)}")
+            if items[0] in held:
+                await held[items[0]].wait()
+            return items
+
+        async def caller(item: str) -> None:
+            await coalescer.submit(item)
+            events.append(f"answered {item}")
+
+        coalescer = Coalescer(serve_many, rows=len, waiting_for="Triton")
+        callers = [asyncio.ensure_future(caller("a"))]
+        await asyncio.sleep(0)
+        callers += [asyncio.ensure_future(caller(item)) for item in "bc"]
+        await asyncio.sleep(0)
+        held["a"].set()
+        while "call bc" not in events:
+            await asyncio.sleep(0)
+        callers.append(asyncio.ensure_future(caller("d")))
+        await asyncio.sleep(0)
+        held["b"].set()
+        await asyncio.gather(*callers)
+
+    asyncio.run(go())
+    assert events[events.index("call bc"):] == ["call bc", "call d", "answered b", "answered c", "answered d"]

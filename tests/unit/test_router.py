@@ -156,7 +156,7 @@ def test_regression_agreement_is_relative_and_two_zeros_agree():
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_the_router_counts_logs_and_compares_answers_by_task(task, tmp_path, monkeypatch):
-    """The local backend's router (aiohttp, in this process) in front of a fake
+    """The local backend's router (its own HTTP server, in this process) in front of a fake
     Triton that answers each version's tensors: the task's prediction metric,
     the request-log record shape and the shadow comparison (local backend;
     the real tritonserver is in tests/e2e)."""
@@ -212,7 +212,7 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
     import aiohttp
     from aiohttp import web
 
-    from kubeloop.serving.router import build_app
+    from kubeloop.serving.router import running
 
     async def infer(request: web.Request) -> web.Response:
         return web.Response(body=v2_answer(fields["output"], answers[request.match_info["version"]]),
@@ -229,13 +229,9 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
               "shadow": {"role": "shadow", "version": "2", "percent": 100},
               "request_log": str(tmp_path / "log"), "sample_rate": 1.0, **fields}
     (tmp_path / "router.json").write_text(json.dumps(config))
-    runners.append(web.AppRunner(build_app(tmp_path / "router.json")))
-    await runners[1].setup()
-    await web.TCPSite(runners[1], "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runners[1].addresses[0][1]}"
     body = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": ROWS}]}
     try:
-        async with aiohttp.ClientSession() as session:
+        async with running(tmp_path / "router.json") as (url, _), aiohttp.ClientSession() as session:
             async with session.post(f"{url}/v2/models/m/infer", json=body) as response:
                 assert response.status == 200
             # The shadow is asked after the caller has its answer.
@@ -247,9 +243,9 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
                         or asyncio.get_running_loop().time() > deadline:
                     break
                 await asyncio.sleep(0.05)
+        # Leaving running() stopped the router, which writes its log as it stops.
     finally:
-        for runner in reversed(runners):
-            await runner.cleanup()  # the router writes its log as it stops
+        await runners[0].cleanup()
     records = [json.loads(line) for path in sorted((tmp_path / "log").glob("*.jsonl"))
                for line in path.read_text().splitlines()]
     return metrics, records
@@ -348,6 +344,12 @@ def _triton(answer_shadow: bool):
     return app, release
 
 
+def client_of(url: str):  # noqa: ANN201 - an aiohttp session whose paths are relative to url
+    import aiohttp
+
+    return aiohttp.ClientSession(base_url=url)
+
+
 def _router_config(tmp_path, triton_url: str, shadow: bool = False, features=None) -> "Path":  # noqa: F821, ANN001
     """features: the FeatureSpec version 1's entity requests read, if any."""
     config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": triton_url,
@@ -365,7 +367,7 @@ def test_a_body_that_is_not_a_json_object_gets_400_and_mirrors_are_capped(tmp_pa
     """Local: a JSON list crashed the handler (500); shadow mirrors had no bound."""
     import asyncio
 
-    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.test_utils import TestServer
 
     from kubeloop.serving import router as module
 
@@ -375,8 +377,7 @@ def test_a_body_that_is_not_a_json_object_gets_400_and_mirrors_are_capped(tmp_pa
         triton_app, release = _triton(answer_shadow=False)
         async with TestServer(triton_app) as triton:
             path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), shadow=True)
-            app = module.build_app(path)
-            async with TestClient(TestServer(app)) as client:
+            async with module.running(path) as (url, _), client_of(url) as client:
                 bad = await client.post("/v2/models/fraud/infer", data=b"[1, 2]")
                 answers = [await client.post("/v2/models/fraud/infer", json={
                     "id": f"r{i}", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
@@ -397,7 +398,7 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
     tensor request still reaches Triton."""
     import asyncio
 
-    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.test_utils import TestServer
 
     from kubeloop import processes
     from kubeloop.serving import router as module
@@ -413,7 +414,7 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
         triton_app, _ = _triton(answer_shadow=True)
         async with TestServer(triton_app) as triton:
             path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), features=spec)
-            async with TestClient(TestServer(module.build_app(path))) as client:
+            async with module.running(path) as (url, _), client_of(url) as client:
                 first = await client.post("/v2/models/fraud/infer", json=entity)
                 again = await client.post("/v2/models/fraud/infer", json=entity)
                 malformed = await client.post("/v2/models/fraud/infer", json={"inputs": [
@@ -436,7 +437,7 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
     import asyncio
     import threading
 
-    from aiohttp.test_utils import TestClient, TestServer
+    from aiohttp.test_utils import TestServer
 
     from kubeloop.serving import router as module
     from kubeloop.serving.features import FeatureSpec, Retrieved, ViewInfo
@@ -464,7 +465,7 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
         triton_app, _ = _triton(answer_shadow=True)
         async with TestServer(triton_app) as triton:
             path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), features=spec)
-            async with TestClient(TestServer(module.build_app(path))) as client:
+            async with module.running(path) as (url, _), client_of(url) as client:
                 pending = asyncio.ensure_future(client.post("/v2/models/fraud/infer", json=entity))
                 await asyncio.sleep(0)
                 plain = await asyncio.wait_for(client.post("/v2/models/fraud/infer", json=raw), timeout=10)
@@ -474,3 +475,50 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
 
     plain, waiting, entity_status = asyncio.run(go())
     assert plain == 200 and waiting and entity_status == 200
+
+
+def test_the_fronts_routes_answer_as_kserve_v2_says_and_a_triton_that_is_gone_is_a_503(tmp_path, monkeypatch):
+    """Local: the router's own HTTP server in this process, in front of a
+    fake Triton that serves metadata and readiness, then is stopped."""
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from kubeloop import processes
+    from kubeloop.serving import router as module
+
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
+    triton_app = web.Application()
+    triton_app.router.add_get("/v2/models/{model}/versions/{version}",
+                              lambda r: web.json_response({"name": r.match_info["model"], "versions": ["1"]}))
+    triton_app.router.add_get("/v2/models/{model}/versions/{version}/ready", lambda r: web.Response(status=200))
+
+    async def go():
+        seen = {}
+        triton = TestServer(triton_app)
+        await triton.start_server()
+        path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"))
+        async with module.running(path) as (url, _), aiohttp.ClientSession(base_url=url) as client:
+            for method, route in (("GET", "/v2/health/live"), ("POST", "/v2/health/live"), ("GET", "/v2/health/ready"),
+                                  ("GET", "/v2/models/fraud"), ("GET", "/v2/models/fraud/ready"),
+                                  ("GET", "/v2/models/other"), ("GET", "/v2/models/fraud/infer"), ("GET", "/nowhere")):
+                async with client.request(method, route) as answer:
+                    seen[(method, route)] = (answer.status, await answer.read())
+            await triton.close()
+            for method, route in (("GET", "/v2/health/ready"), ("GET", "/v2/models/fraud")):
+                async with client.request(method, route) as answer:
+                    seen[("gone", route)] = (answer.status, await answer.read())
+            async with client.post("/v2/models/fraud/infer", json={"inputs": []}) as answer:
+                seen[("gone", "infer")] = (answer.status, await answer.read())
+        return seen
+
+    seen = asyncio.run(go())
+    assert seen[("GET", "/v2/health/live")][0] == 200 and seen[("POST", "/v2/health/live")][0] == 405
+    assert seen[("GET", "/v2/health/ready")][0] == 200 and seen[("GET", "/v2/models/fraud/ready")][0] == 200
+    assert json.loads(seen[("GET", "/v2/models/fraud")][1]) == {"name": "fraud", "versions": ["1"]}
+    assert seen[("GET", "/v2/models/other")] == (404, b'{"error":"unknown model other"}')
+    assert seen[("GET", "/v2/models/fraud/infer")][0] == 405 and seen[("GET", "/nowhere")][0] == 404
+    assert seen[("gone", "/v2/health/ready")][0] == 503
+    assert seen[("gone", "/v2/models/fraud")][0] == 503 and b"model server unavailable" in seen[("gone", "/v2/models/fraud")][1]
+    assert seen[("gone", "infer")][0] == 503 and b"model server unavailable" in seen[("gone", "infer")][1]

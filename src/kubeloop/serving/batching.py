@@ -25,7 +25,7 @@ from tritonclient.utils import triton_to_np_dtype
 from kubeloop.serving.features import flat_values
 
 _TENSOR_KEYS = frozenset({"name", "shape", "datatype", "data"})
-_NUMBER = (float, int)
+_NUMBER = frozenset({float, int})
 NUMERIC = frozenset({"FP16", "FP32", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
                      "UINT64"})
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -67,7 +67,7 @@ def joinable(payload: dict) -> Rows | None:
             or not all(type(n) is int and n > 0 for n in shape) or not isinstance(data, list)):
         return None
     flat = flat_values(data)
-    if len(flat) != shape[0] * shape[1] or not all(type(v) in _NUMBER for v in flat):
+    if len(flat) != shape[0] * shape[1] or not set(map(type, flat)) <= _NUMBER:
         return None
     request_id = payload.get("id")
     return Rows(str(tensor["name"]), str(tensor["datatype"]), shape[1], flat,

@@ -48,9 +48,14 @@ class Coalescer(Generic[Item, Result]):
         self.waiting: deque[tuple[Item, asyncio.Future]] = deque()
         self.calls = 0
         """Calls made so far (each serving one or more requests)."""
-        self.under_way: set[asyncio.Task] = set()
+        self.busy = 0
+        """Calls under way or about to start."""
+        self.tasks: set[asyncio.Task] = set()
+        """The calls' own tasks (the event loop keeps only weak references)."""
 
     async def submit(self, item: Item) -> Result:
+        if self.busy == 0 and not self.waiting:
+            return await self._alone(item)
         if len(self.waiting) >= self.max_waiting:
             self.on_refused()
             raise RequestError(503, f"{self.max_waiting} requests already wait for {self.waiting_for}: "
@@ -60,16 +65,33 @@ class Coalescer(Generic[Item, Result]):
         self._start_calls()
         return await answer
 
+    async def _alone(self, item: Item) -> Result:
+        """Nothing to join: the call is made in the caller's own task (a task
+        of its own cost a lone request a turn of the event loop)."""
+        self.busy += 1
+        self.calls += 1
+        try:
+            answers = await self.serve_many([item])
+        finally:
+            self._release()
+        if len(answers) != 1:
+            raise RuntimeError(f"{len(answers)} answers for 1 requests")
+        return answers[0]
+
     def _start_calls(self) -> None:
         # A call takes its requests when it starts, so requests submitted in
         # one turn of the event loop share it.
-        while len(self.under_way) < min(self.max_calls, len(self.waiting)):
+        while self.busy < min(self.max_calls, len(self.waiting)):
+            self.busy += 1
             call = asyncio.create_task(self._serve())
-            self.under_way.add(call)
-            call.add_done_callback(self._finished)
+            self.tasks.add(call)
+            call.add_done_callback(self.tasks.discard)
 
-    def _finished(self, call: asyncio.Task) -> None:
-        self.under_way.discard(call)
+    def _release(self) -> None:
+        """A call is over: the next one starts before its callers are
+        answered, so the resource works while they are (Triton sat idle
+        while the router answered a joined call's callers)."""
+        self.busy -= 1
         self._start_calls()
 
     def _take(self) -> list[tuple[Item, asyncio.Future]]:
@@ -85,6 +107,7 @@ class Coalescer(Generic[Item, Result]):
 
     async def _serve(self) -> None:
         if not self.waiting:  # an earlier call took them
+            self._release()
             return
         batch = self._take()
         self.calls += 1
@@ -92,11 +115,15 @@ class Coalescer(Generic[Item, Result]):
             answers = await self.serve_many([item for item, _ in batch])
             if len(answers) != len(batch):  # no caller may wait forever for a missing answer
                 raise RuntimeError(f"{len(answers)} answers for {len(batch)} requests")
-        except Exception as exc:  # Feast's errors have no common base: every request of the call gets it
+        except BaseException as exc:  # Feast's errors have no common base: every request of the call gets it
+            self._release()
             for _, answer in batch:
                 if not answer.done():
-                    answer.set_exception(exc)
+                    answer.set_exception(exc if isinstance(exc, Exception) else RuntimeError("the call was cancelled"))
+            if not isinstance(exc, Exception):
+                raise
             return
+        self._release()
         for (_, answer), result in zip(batch, answers, strict=True):
             if not answer.done():  # its caller may have gone
                 answer.set_result(result)

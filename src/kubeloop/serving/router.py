@@ -29,6 +29,12 @@ tritonserver (KServe v2 protocol).
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
 
+HTTP on both sides is kubeloop.serving.httpserver and .upstream (asyncio
+protocols over httptools, on uvloop): what a request costs the front
+decides how much of Triton's throughput callers keep. The metrics, the
+request log's row and the shadow's mirror are taken care of after the
+answer is written.
+
 Its routes live in a JSON file that the serving backend rewrites as aliases
 move (the local backend's file, or a ConfigMap mounted into the router's Pod
 on a cluster); the router picks up changes within half a second of seeing
@@ -42,29 +48,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache, partial
 from pathlib import Path
+from typing import AsyncIterator
 
-import aiohttp
 import orjson
 import uvloop
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kubeloop.components.triton import MAX_REQUEST_ROWS
-from kubeloop.requestlog import LogLimits, LogStoreError, RequestLog, open_store
+from kubeloop.requestlog import LogLimits, LogStoreError, ObjectStore, RequestLog, line, open_store
 from kubeloop.serving.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.serving.coalescing import Coalescer
 from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
                                        is_entity_request, parse_rows, tensor_request)
+from kubeloop.serving.httpserver import Request, Response, Server, header_lines, json_response
+from kubeloop.serving.upstream import Upstreams, UpstreamError
 
 log = logging.getLogger("kubeloop.router")
 MAX_MIRRORS = 64
@@ -73,11 +84,16 @@ SWITCH_SECONDS = 0.0005
 """How long the request log's writer may hold the GIL before the event loop
 gets it back: with Python's default, 5 ms, each flush stalled the requests
 in flight for that long."""
-TRITON_CALLS = 2
-"""Calls to one version under way at once."""
-UPSTREAM_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+TRITON_CALLS = 1
+"""Calls to one version under way at once. One joins the most requests per
+call: on the front benchmark (two cores shared with Triton, concurrency 16)
+two calls in flight carried 4.6 requests each and one 6.3, which cut
+Triton's CPU per request by a fifth and the router's by a tenth; one call
+answered 4,780 requests/s against two's 4,372 in the same run."""
+NO_COMPRESSION = b"Accept-Encoding: identity\r\n"
 """Triton compresses an answer when asked; across loopback or a Pod
 network that costs both sides CPU and saves nothing."""
+JSON_BODY = b"Content-Type: application/json\r\n" + NO_COMPRESSION
 
 
 @dataclass(frozen=True)
@@ -147,7 +163,12 @@ def bucket(key: str, salt: str = "") -> float:
 
 def pick(routes: tuple[Route, ...], key: str) -> Route:
     """The route whose share of [0, 100) holds the key's bucket (pure)."""
-    position, edge = bucket(key), 0.0
+    return route_at(routes, bucket(key))
+
+
+def route_at(routes: tuple[Route, ...], position: float) -> Route:
+    """The route whose share of [0, 100) holds the position (pure)."""
+    edge = 0.0
     for route in routes:
         edge += route.percent
         if position < edge:
@@ -169,6 +190,7 @@ class Metrics:
     kubeloop_prediction_value."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _series: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         labels = ["service", "model", "version", "role"]
@@ -226,6 +248,18 @@ class Metrics:
                                    "Request-log files removed by retention or the size limit.", ["service"],
                                    registry=self.registry)
 
+    def series(self, metric, *labels: str):  # noqa: ANN001, ANN201 - a prometheus metric and its child
+        """metric.labels(*labels), kept: prometheus_client's lookup cost a
+        request more than the observation itself. Bounded by the versions
+        served (forget() on each change of routes)."""
+        found = self._series.get((metric, labels))
+        if found is None:
+            found = self._series[(metric, labels)] = metric.labels(*labels)
+        return found
+
+    def forget(self) -> None:
+        self._series.clear()
+
 
 class Router:
     def __init__(self, config_path: Path):
@@ -238,7 +272,7 @@ class Router:
         self._store, self._store_for = None, None
         self.writing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-log")
         """Request-log writes block (a file, an object store's PUT): off the event loop, one at a time."""
-        self.session: aiohttp.ClientSession | None = None
+        self.upstream: Upstreams | None = None
         self.background: set[asyncio.Task] = set()
         self.mirrors: set[asyncio.Task] = set()
         self._expired_at = 0.0
@@ -254,10 +288,14 @@ class Router:
 
     # -- plumbing ------------------------------------------------------------
 
-    async def start(self, app: web.Application) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
-                                             connector=aiohttp.TCPConnector(limit=256),
-                                             cookie_jar=aiohttp.DummyCookieJar(), headers=UPSTREAM_HEADERS)
+    async def start(self) -> None:
+        self.upstream = Upstreams()
+        store = self._log_store()
+        if isinstance(store, ObjectStore):
+            # Building its client imports boto3 (about a second of CPU; no
+            # network): before the first request rather than in the first
+            # flush, beside requests.
+            await asyncio.get_running_loop().run_in_executor(self.writing, lambda: store.client)
         self._spawn(self._watch())
         self._spawn(self._flush_loop())
         self._open_stores()
@@ -288,11 +326,13 @@ class Router:
         return all(spec in self.online and self.online[spec].done() and self.online[spec].exception() is None
                    for spec in self.config.features.values())
 
-    async def stop(self, app: web.Application) -> None:
+    async def stop(self) -> None:
+        for task in self.background:
+            task.cancel()
         await self.flush_log(self._log_store())
         self.writing.shutdown(wait=True)
         self.retrieving.shutdown(wait=False, cancel_futures=True)
-        await self.session.close()
+        self.upstream.close()
 
     def _spawn(self, coro, tasks: set[asyncio.Task] | None = None) -> None:  # noqa: ANN001
         tasks = self.background if tasks is None else tasks
@@ -371,6 +411,7 @@ class Router:
 
     def _show_routes(self) -> None:
         c = self.config
+        self.metrics.forget()
         self.metrics.traffic.clear()
         for route in (*c.routes, *([c.shadow] if c.shadow else [])):
             self.metrics.traffic.labels(c.service, c.model, route.version, route.role).set(route.percent / 100)
@@ -380,42 +421,81 @@ class Router:
         c = self.config
         for row in outputs:
             if c.task == "multiclass":
-                self.metrics.classes.labels(c.service, c.model, version, c.label(_argmax(row))).inc()
+                self.metrics.series(self.metrics.classes, c.service, c.model, version, c.label(_argmax(row))).inc()
             elif c.task == "regression":
-                self.metrics.values.labels(c.service, c.model, version).observe(row)
+                self.metrics.series(self.metrics.values, c.service, c.model, version).observe(row)
             else:
-                self.metrics.scores.labels(c.service, c.model, version).observe(row)
+                self.metrics.series(self.metrics.scores, c.service, c.model, version).observe(row)
 
     def _infer_url(self, version: str) -> str:
         return f"{self.config.version_url(version)}/infer"
 
     # -- handlers ------------------------------------------------------------
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def handle(self, request: Request) -> Response:
+        """The KServe v2 routes the front serves, /metrics and the health checks."""
+        parts = request.path.strip("/").split("/")
+        if request.path == "/metrics":
+            return self._get(request) or self.metrics_endpoint()
+        if parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("ready", "live"):
+            return self._get(request) or (await self.ready() if parts[2] == "ready" else Response(200))
+        if parts[:2] != ["v2", "models"] or len(parts) not in (3, 4):
+            return json_response({"error": f"no route {request.path}"}, 404)
+        model, action = parts[2], (parts[3] if len(parts) == 4 else "")
+        if model not in (self.config.model, self.config.triton_model):
+            return json_response({"error": f"unknown model {model}"}, 404)
+        if action == "infer":
+            if request.method != "POST":
+                return json_response({"error": "infer takes POST"}, 405)
+            return await self.infer(request)
+        if action in ("", "ready"):
+            return self._get(request) or (await self.ready() if action else await self.metadata())
+        return json_response({"error": f"no route {request.path}"}, 404)
+
+    @staticmethod
+    def _get(request: Request) -> Response | None:
+        """405 unless the request is a GET."""
+        return None if request.method == "GET" else json_response({"error": "this route takes GET"}, 405)
+
+    async def infer(self, request: Request) -> Response:
         c = self.config
-        if request.match_info["model"] not in (c.model, c.triton_model):
-            return web.json_response({"error": f"unknown model {request.match_info['model']}"}, status=404)
         started = time.perf_counter()
-        body = await request.read()
+        body = request.body
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return web.json_response({"error": "the body is not JSON"}, status=400)
+            return json_response({"error": "the body is not JSON"}, 400)
         if not isinstance(payload, dict):
-            return web.json_response({"error": "the body must be a JSON object (KServe v2 inference request), "
-                                               f"not a {type(payload).__name__}"}, status=400)
-        key = request.headers.get("X-Request-Key") or payload.get("id") or f"{random.getrandbits(64):016x}"
-        route = pick(c.routes, key)
+            return json_response({"error": "the body must be a JSON object (KServe v2 inference request), "
+                                           f"not a {type(payload).__name__}"}, 400)
+        key = request.headers.get(b"x-request-key", b"").decode("latin-1") or payload.get("id")
+        if key:
+            route = pick(c.routes, key)
+        else:  # nothing to keep together: a random draw, without hashing a random key
+            key = f"{random.getrandbits(64):016x}"
+            route = route_at(c.routes, random.random() * 100)
         labels = (c.service, c.model, route.version, route.role)
         try:
             body, rows, columns, vectors = await self.model_request(route.version, payload, body)
             status, answer = await self.call_triton(route.version, body, rows)
         except RequestError as exc:
-            self.metrics.requests.labels(*labels, str(exc.status)).inc()
-            return web.json_response({"error": str(exc)}, status=exc.status)
-        elapsed = time.perf_counter() - started
-        self.metrics.latency.labels(*labels).observe(elapsed)
-        self.metrics.requests.labels(*labels, str(status)).inc()
+            self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
+            return json_response({"error": str(exc)}, exc.status)
+        response = Response(status, answer, headers=_answer_headers(route.version, route.role))
+        response.after = partial(self._account, route, key, payload, body, (columns, vectors), status, answer,
+                                 time.perf_counter() - started)
+        return response
+
+    def _account(self, route: Route, key: str, payload: dict, body: bytes, sent: tuple[dict | None, list | None],
+                 status: int, answer: bytes, elapsed: float) -> None:
+        """Once the caller has its answer (at concurrency 1 the router is
+        otherwise idle then): the metrics, the request log and the shadow's
+        mirror. sent: the columns of an entity request and its vectors."""
+        c = self.config
+        labels = (c.service, c.model, route.version, route.role)
+        self.metrics.series(self.metrics.latency, *labels).observe(elapsed)
+        self.metrics.series(self.metrics.requests, *labels, str(status)).inc()
+        columns, vectors = sent
         outputs = parse_outputs(answer, c) if status == 200 else None
         if outputs:
             self._observe(route.version, outputs)
@@ -424,14 +504,12 @@ class Router:
                       "features": vectors if vectors is not None else _features(payload), "outputs": outputs}
             if columns is not None:
                 record["request"] = columns
-            self.log.add(record)
+            self.log.add(line(record))
         if c.shadow and bucket(key, "shadow") < c.shadow.percent:
             if len(self.mirrors) < MAX_MIRRORS:
                 self._spawn(self._mirror(payload, body, key, route.version, outputs), self.mirrors)
             else:
                 self.metrics.shadow_skipped.labels(c.service).inc()
-        return web.Response(body=answer, status=status, content_type="application/json",
-                            headers={"X-Model-Version": route.version, "X-Model-Role": route.role})
 
     async def model_request(self, version: str, payload: dict, body: bytes,
                             count: bool = True) -> tuple[bytes, Rows | None, dict | None, list | None]:
@@ -495,11 +573,12 @@ class Router:
 
     async def _post_joined(self, version: str, items: list[tuple[Rows, bytes]]) -> list[tuple[int, bytes]]:
         """One call for the waiting requests: a lone one as it was sent."""
-        self.metrics.triton_calls.labels(self.config.service).observe(len(items))
+        self.metrics.series(self.metrics.triton_calls, self.config.service).observe(len(items))
         if len(items) == 1:
             return [(await self._post(version, items[0][1]))[:2]]
         batch = [rows for rows, _ in items]
-        status, answer, header_length = await self._post(version, *join(batch))
+        body, headers = join(batch)
+        status, answer, header_length = await self._post(version, body, headers)
         if status != 200:
             return [(status, answer)] * len(items)
         answers = split(answer, header_length, batch)
@@ -512,11 +591,12 @@ class Router:
     async def _post(self, version: str, body: bytes,
                     headers: dict[str, str] | None = None) -> tuple[int, bytes, str | None]:
         """Triton's status, answer and the length of a binary answer's JSON header."""
+        lines = JSON_BODY if headers is None else header_lines(headers) + NO_COMPRESSION
         try:
-            async with self.session.post(self._infer_url(version), data=body, headers=headers) as upstream:
-                return upstream.status, await upstream.read(), upstream.headers.get(HEADER_LENGTH)
-        except aiohttp.ClientError as exc:
-            return 503, json.dumps({"error": f"model server unavailable: {exc}"}).encode(), None
+            answer = await self.upstream.call(b"POST", self._infer_url(version), body, lines)
+        except UpstreamError as exc:
+            return 503, orjson.dumps({"error": f"model server unavailable: {exc}"}), None
+        return answer.status, answer.body, answer.headers.get(HEADER_LENGTH.lower())
 
     def _count_problems(self, problems: list) -> None:
         c = self.config
@@ -536,8 +616,8 @@ class Router:
             self.metrics.requests.labels(c.service, c.model, shadow.version, "shadow", str(exc.status)).inc()
             return
         labels = (c.service, c.model, shadow.version, "shadow")
-        self.metrics.latency.labels(*labels).observe(time.perf_counter() - started)
-        self.metrics.requests.labels(*labels, str(status)).inc()
+        self.metrics.series(self.metrics.latency, *labels).observe(time.perf_counter() - started)
+        self.metrics.series(self.metrics.requests, *labels, str(status)).inc()
         outputs = parse_outputs(answer, c) if status == 200 else None
         if outputs and primary and len(outputs) == len(primary):
             pair = (c.service, c.model, primary_version, shadow.version)
@@ -546,33 +626,31 @@ class Router:
                 if disagree(c, p, s):
                     self.metrics.shadow_disagreements.labels(*pair).inc()
         if c.request_log and outputs:
-            self.log.add({"ts": time.time(), "key": key, "role": "shadow", "version": shadow.version,
-                          "outputs": outputs})
+            self.log.add(line({"ts": time.time(), "key": key, "role": "shadow", "version": shadow.version,
+                               "outputs": outputs}))
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self) -> Response:
         """Ready when the primary version is, and every version's feature store is open."""
-        c = self.config
         if not self.stores_open():
-            return web.Response(status=503, text="opening the feature stores")
-        primary = next(r for r in c.routes if r.role == "primary")
+            return Response(503, b"opening the feature stores", "text/plain")
         try:
-            async with self.session.get(f"{c.version_url(primary.version)}/ready") as r:
-                return web.Response(status=r.status)
-        except aiohttp.ClientError:
-            return web.Response(status=503)
+            answer = await self.upstream.call(b"GET", f"{self._primary_url()}/ready", headers=NO_COMPRESSION)
+        except UpstreamError:
+            return Response(503)
+        return Response(answer.status)
 
-    async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    async def metadata(self) -> Response:
+        try:
+            answer = await self.upstream.call(b"GET", self._primary_url(), headers=NO_COMPRESSION)
+        except UpstreamError as exc:
+            return json_response({"error": f"model server unavailable: {exc}"}, 503)
+        return Response(answer.status, answer.body)
 
-    async def metadata(self, request: web.Request) -> web.Response:
-        c = self.config
-        primary = next(r for r in c.routes if r.role == "primary")
-        async with self.session.get(c.version_url(primary.version)) as r:
-            return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+    def _primary_url(self) -> str:
+        return self.config.version_url(next(r for r in self.config.routes if r.role == "primary").version)
 
-    async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def metrics_endpoint(self) -> Response:
+        return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
 
 
 def parse_outputs(answer: bytes, config: RouterConfig) -> list | None:
@@ -592,6 +670,11 @@ def parse_outputs(answer: bytes, config: RouterConfig) -> list | None:
     if config.task == "multiclass":
         return [flat[i:i + width] for i in range(0, len(flat), width)]
     return flat if width == 1 else None
+
+
+@lru_cache(maxsize=256)
+def _answer_headers(version: str, role: str) -> bytes:
+    return header_lines({"X-Model-Version": version, "X-Model-Role": role})
 
 
 def _argmax(row: list[float]) -> int:
@@ -619,18 +702,35 @@ def _features(payload: dict) -> list[list[float]]:
     return [flat[i:i + width] for i in range(0, len(flat), width)]
 
 
-def build_app(config_path: Path) -> web.Application:
+@asynccontextmanager
+async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[tuple[str, Router]]:
+    """The front serving in this event loop: its URL and its router. On the
+    way out it finishes the requests under way, then writes what its request
+    log holds."""
     router = Router(config_path)
-    app = web.Application(client_max_size=16 * 2**20)
-    app.on_startup.append(router.start)
-    app.on_cleanup.append(router.stop)
-    app.router.add_post("/v2/models/{model}/infer", router.infer)
-    app.router.add_get("/v2/models/{model}/ready", router.ready)
-    app.router.add_get("/v2/models/{model}", router.metadata)
-    app.router.add_get("/v2/health/ready", router.ready)
-    app.router.add_get("/v2/health/live", router.live)
-    app.router.add_get("/metrics", router.metrics_endpoint)
-    return app
+    await router.start()
+    server = Server(router.handle)
+    try:
+        bound = await server.start(host, port)
+        yield f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}", router
+    finally:
+        await server.close()
+        await router.stop()
+
+
+async def serve(config_path: Path, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    async with running(config_path, host, port):
+        # What the imports and the start built lives as long as the process:
+        # frozen, a full collection walks only what requests leave behind
+        # (with boto3 and Feast's imports it walked 100,000 objects for 35 ms,
+        # stalling every request in flight).
+        gc.freeze()
+        await stopping.wait()
 
 
 def main() -> None:
@@ -642,8 +742,7 @@ def main() -> None:
     logging.basicConfig(level=os.environ.get("KUBELOOP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(SWITCH_SECONDS)
-    web.run_app(build_app(args.config), host=args.host, port=args.port, access_log=None, print=None,
-                loop=uvloop.new_event_loop())
+    uvloop.run(serve(args.config, args.host, args.port))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,262 @@
+"""The serving front's HTTP layer on real sockets in this process: its
+server (kubeloop.serving.httpserver) as callers meet it, and its calls to
+Triton (kubeloop.serving.upstream) against raw servers that misbehave the
+ways a Triton Pod can. The same code runs in the local router process and in
+router Pods, so this proves the layer for both backends; what it serves is
+proven per backend in tests/e2e."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kubeloop.serving.httpserver import Request, Response, Server, json_response
+from kubeloop.serving.upstream import UpstreamError, Upstreams
+
+
+async def _serving(handler, **limits):  # noqa: ANN001, ANN202 - a started Server and its port
+    server = Server(handler, **limits)
+    return server, await server.start("127.0.0.1", 0)
+
+
+async def _exchange(port: int, raw: bytes, until: bytes, reads: int = 1) -> bytes:
+    """Send raw bytes; read until `until` was seen `reads` times or the peer closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    got = b""
+    try:
+        while got.count(until) < reads:
+            chunk = await asyncio.wait_for(reader.read(65536), timeout=5)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        writer.close()
+    return got
+
+
+def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n%s" % (path.encode(), len(body), extra, body)
+
+
+def _echo_server(handler, *exchanges):  # noqa: ANN001, ANN202 - each exchange: (raw, until, reads)
+    async def go():
+        server, port = await _serving(handler)
+        try:
+            return [await _exchange(port, *exchange) for exchange in exchanges]
+        finally:
+            await server.close()
+
+    return asyncio.run(go())
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection():
+    async def handler(request: Request) -> Response:
+        await asyncio.sleep(0.05 if request.body == b"slow" else 0)
+        return Response(200, request.body, headers=b"X-Path: " + request.path.encode() + b"\r\n")
+
+    [got] = _echo_server(handler, (_post("/a?x=1", b"slow") + _post("/b", b"fast"), b"HTTP/1.1 200", 2))
+    assert got.count(b"HTTP/1.1 200") == 2
+    assert got.index(b"X-Path: /a") < got.index(b"slow") < got.index(b"X-Path: /b") < got.index(b"fast")
+    assert b"Connection: close" not in got
+
+
+def test_a_chunked_body_arrives_whole_and_expect_100_continue_is_answered_first():
+    async def handler(request: Request) -> Response:
+        return Response(200, request.body)
+
+    chunked = (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+    got = _echo_server(handler, (chunked, b"hello world"), (_post("/", b"body", b"Expect: 100-continue\r\n"), b"body"))
+    assert got[0].startswith(b"HTTP/1.1 200 OK") and got[0].endswith(b"hello world")
+    assert got[1].startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
+
+
+def test_a_body_over_the_limit_gets_413_and_a_malformed_request_400_and_both_close():
+    async def go():
+        server, port = await _serving(lambda request: asyncio.sleep(0, Response(200)), max_body=10)
+        try:
+            return (await _exchange(port, _post("/", b"x" * 11), b"\r\n\r\n{"),
+                    await _exchange(port, b"GARBAGE\r\n\r\n", b"\r\n\r\n{"))
+        finally:
+            await server.close()
+
+    large, garbage = asyncio.run(go())
+    assert large.startswith(b"HTTP/1.1 413") and b"larger than 10 bytes" in large and b"Connection: close" in large
+    assert garbage.startswith(b"HTTP/1.1 400") and b"malformed HTTP request" in garbage
+
+
+def test_a_failing_handler_answers_500_and_the_connection_serves_the_next_request():
+    async def handler(request: Request) -> Response:
+        if request.body == b"boom":
+            raise RuntimeError("boom")
+        return json_response({"ok": True})
+
+    [got] = _echo_server(handler, (_post("/", b"boom") + _post("/", b"fine"), b"HTTP/1.1", 2))
+    assert got.startswith(b"HTTP/1.1 500") and b"internal error" in got and got.endswith(b'{"ok":true}')
+
+
+def test_work_after_the_answer_runs_once_the_answer_is_written_and_its_failure_is_not_the_callers():
+    done: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        def after() -> None:
+            done.append("after")
+            raise RuntimeError("bookkeeping failed")
+
+        return Response(200, b"answer", after=after)
+
+    [got] = _echo_server(handler, (_post("/", b"") + _post("/", b""), b"answer", 2))
+    assert got.count(b"HTTP/1.1 200") == 2 and done == ["after", "after"]
+
+
+def test_closing_waits_for_the_requests_under_way():
+    async def go():
+        started = asyncio.Event()
+
+        async def handler(request: Request) -> Response:
+            started.set()
+            await asyncio.sleep(0.2)
+            return Response(200, b"finished")
+
+        server, port = await _serving(handler)
+        answer = asyncio.ensure_future(_exchange(port, _post("/", b""), b"finished"))
+        await started.wait()
+        await server.close()
+        return await answer
+
+    assert asyncio.run(go()).endswith(b"finished")
+
+
+# -- calls to Triton ----------------------------------------------------------
+
+
+class _Raw:
+    """A raw HTTP server answering each request as `behave(n)` says: n counts
+    requests; it returns bytes to send, or None to close the connection."""
+
+    def __init__(self, behave):  # noqa: ANN001
+        self.behave = behave
+        self.requests = 0
+        self.connections = 0
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v2/models/m/infer"
+
+    async def __aexit__(self, *exc) -> None:  # noqa: ANN002
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                body = await reader.readexactly(length)
+                self.requests += 1
+                answer = await self.behave(self.requests, body)
+                if answer is None:
+                    break
+                writer.write(answer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+
+def _ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nInference-Header-Content-Length: 3\r\n\r\n%s" % (len(body), body)
+
+
+def test_calls_reuse_one_connection_and_read_status_body_and_headers():
+    async def go():
+        async def behave(n, body):  # noqa: ANN001, ANN202
+            return _ok(b"echo:" + body)
+
+        raw = _Raw(behave)
+        async with raw as url:
+            upstreams = Upstreams()
+            answers = [await upstreams.call(b"POST", url, b"%d" % i) for i in range(3)]
+            upstreams.close()
+        return answers, raw.connections
+
+    answers, connections = asyncio.run(go())
+    assert [a.body for a in answers] == [b"echo:0", b"echo:1", b"echo:2"] and connections == 1
+    assert answers[0].status == 200 and answers[0].headers["inference-header-content-length"] == "3"
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_and_the_call_made_once_more():
+    async def go():
+        async def behave(n, body):  # noqa: ANN001, ANN202 - the kept-alive connection is dropped on its next use
+            return {1: _ok(b"first"), 2: None}.get(n, _ok(b"again"))
+
+        raw = _Raw(behave)
+        async with raw as url:
+            upstreams = Upstreams()
+            first = await upstreams.call(b"POST", url)
+            second = await upstreams.call(b"POST", url)
+            upstreams.close()
+        return first.body, second.body, raw.connections, raw.requests
+
+    assert asyncio.run(go()) == (b"first", b"again", 2, 3)
+
+
+def test_a_server_that_closes_mid_answer_or_never_answers_is_an_error_and_not_called_twice():
+    async def go():
+        async def behave(n, body):  # noqa: ANN001, ANN202
+            if body == b"hang":
+                await asyncio.sleep(10)
+            return None  # closes without an answer
+
+        raw = _Raw(behave)
+        async with raw as url:
+            upstreams = Upstreams(timeout=0.3)
+            errors = []
+            for body in (b"close", b"hang"):
+                try:
+                    await upstreams.call(b"POST", url, body)
+                except UpstreamError as exc:
+                    errors.append(str(exc))
+            upstreams.close()
+        return errors, raw.requests
+
+    errors, requests = asyncio.run(go())
+    assert errors[0].startswith("the connection closed") and errors[1] == "no answer within 0.3 s"
+    assert requests == 2
+
+
+def test_an_unreachable_server_is_an_error_that_names_it():
+    async def go():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        try:
+            await Upstreams().call(b"GET", f"http://127.0.0.1:{port}/v2/health/ready")
+        except UpstreamError as exc:
+            return str(exc)
+
+    assert "cannot connect to 127.0.0.1:" in asyncio.run(go())
+
+
+def test_calls_beyond_the_connection_limit_wait_for_a_connection():
+    async def go():
+        in_flight, most = 0, 0
+
+        async def behave(n, body):  # noqa: ANN001, ANN202
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0.02)
+            in_flight -= 1
+            return _ok(body)
+
+        raw = _Raw(behave)
+        async with raw as url:
+            upstreams = Upstreams(limit=2)
+            answers = await asyncio.gather(*(upstreams.call(b"POST", url, b"%d" % i) for i in range(7)))
+            upstreams.close()
+        return [a.body for a in answers], raw.connections, most
+
+    bodies, connections, most = asyncio.run(go())
+    assert bodies == [b"%d" % i for i in range(7)] and connections == 2 and most == 2
