@@ -53,6 +53,11 @@ class Coalescer(Generic[Item, Result]):
         self.tasks: set[asyncio.Task] = set()
         """The calls' own tasks (the event loop keeps only weak references)."""
 
+    @property
+    def idle(self) -> bool:
+        """No call under way and nobody waiting: the next item is served alone, at once."""
+        return self.busy == 0 and not self.waiting
+
     async def submit(self, item: Item) -> Result:
         if self.busy == 0 and not self.waiting:
             return await self._alone(item)

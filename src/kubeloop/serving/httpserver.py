@@ -169,6 +169,8 @@ class _Connection(asyncio.Protocol):
         except Exception:  # one request's failure is its own 500; the connection goes on
             log.exception("%s %s failed", request.method, request.path)
             response = json_response({"error": "internal error (see the front's log)"}, 500)
+        finally:
+            self.server.done()
         transport = self.transport
         if transport is None:
             return
@@ -219,9 +221,12 @@ class Server:
         return self.server.sockets[0].getsockname()[1]
 
     def spawn(self, coro: Awaitable[None]) -> None:
-        task = self.loop.create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(self.loop.create_task(coro))
+
+    def done(self) -> None:
+        """The calling task's request is answered. (Not a done callback: each
+        cost a turn of the event loop, an epoll_wait per request.)"""
+        self.tasks.discard(asyncio.current_task())
 
     async def _sweep(self) -> None:
         while True:

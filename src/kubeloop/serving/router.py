@@ -476,8 +476,8 @@ class Router:
             route = route_at(c.routes, random.random() * 100)
         labels = (c.service, c.model, route.version, route.role)
         try:
-            body, rows, columns, vectors = await self.model_request(route.version, payload, body)
-            status, answer = await self.call_triton(route.version, body, rows)
+            body, request, columns, vectors = await self.model_request(route.version, payload, body)
+            status, answer = await self.call_triton(route.version, body, request)
         except RequestError as exc:
             self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
             return json_response({"error": str(exc)}, exc.status)
@@ -512,18 +512,17 @@ class Router:
                 self.metrics.shadow_skipped.labels(c.service).inc()
 
     async def model_request(self, version: str, payload: dict, body: bytes,
-                            count: bool = True) -> tuple[bytes, Rows | None, dict | None, list | None]:
-        """The request Triton takes for a version and its rows when it can
-        join others (kubeloop.serving.batching): the body as sent, or, for an
-        entity request to a version with feature views, the vectors assembled
-        from the online store (then also the columns sent and the vectors, for
-        the request log). count: whether its missing or stale values count in
+                            count: bool = True) -> tuple[bytes, dict, dict | None, list | None]:
+        """The request Triton takes for a version, as a body and as parsed: as
+        sent, or, for an entity request to a version with feature views, the
+        vectors assembled from the online store (then also the columns sent
+        and the vectors, for the request log). count: whether its missing or stale values count in
         the metrics (a shadow's second reading of the same rows does not)."""
         c = self.config
         spec = c.features.get(version)
         if spec is None or not is_entity_request(payload):
             # A version without feature views takes its tensor only; Triton judges it.
-            return body, joinable(payload), None, None
+            return body, payload, None, None
         columns = parse_rows(payload, spec)
         store = await self.online_store(spec)
         started = time.perf_counter()
@@ -544,7 +543,7 @@ class Router:
         if count:
             self._count_problems(assembled.problems)
         request = tensor_request(assembled.vectors, request_id=payload.get("id"))
-        return orjson.dumps(request), joinable(request), columns, assembled.vectors
+        return orjson.dumps(request), request, columns, assembled.vectors
 
     def _coalescer(self, spec: FeatureSpec, store: OnlineStore) -> Coalescer:
         found = self.coalescers.get(spec)
@@ -557,11 +556,9 @@ class Router:
                 on_refused=lambda: self.metrics.features_refused.labels(service).inc())
         return found
 
-    async def call_triton(self, version: str, body: bytes, rows: Rows | None) -> tuple[int, bytes]:
+    async def call_triton(self, version: str, body: bytes, request: dict) -> tuple[int, bytes]:
         """Triton's status and answer for one request to a version; joined
         with others waiting for the version when its rows can be."""
-        if rows is None:
-            return (await self._post(version, body))[:2]
         upstream = self.upstreams.get(version)
         if upstream is None:
             service = self.config.service
@@ -569,9 +566,14 @@ class Router:
                 lambda items: self._post_joined(version, items), rows=lambda item: item[0].count,
                 kind=lambda item: item[0].kind, waiting_for="Triton", max_rows=MAX_REQUEST_ROWS, max_calls=TRITON_CALLS,
                 on_refused=lambda: self.metrics.triton_refused.labels(service).inc())
+        if upstream.idle:  # it goes alone, as sent: whether it could join others does not matter
+            return await upstream.submit((None, body))
+        rows = joinable(request)
+        if rows is None:
+            return (await self._post(version, body))[:2]
         return await upstream.submit((rows, body))
 
-    async def _post_joined(self, version: str, items: list[tuple[Rows, bytes]]) -> list[tuple[int, bytes]]:
+    async def _post_joined(self, version: str, items: list[tuple[Rows | None, bytes]]) -> list[tuple[int, bytes]]:
         """One call for the waiting requests: a lone one as it was sent."""
         self.metrics.series(self.metrics.triton_calls, self.config.service).observe(len(items))
         if len(items) == 1:
@@ -610,8 +612,8 @@ class Router:
         shadow = c.shadow
         started = time.perf_counter()
         try:
-            body, rows = (await self.model_request(shadow.version, payload, body, count=False))[:2]
-            status, answer = await self.call_triton(shadow.version, body, rows)
+            body, request = (await self.model_request(shadow.version, payload, body, count=False))[:2]
+            status, answer = await self.call_triton(shadow.version, body, request)
         except RequestError as exc:
             self.metrics.requests.labels(c.service, c.model, shadow.version, "shadow", str(exc.status)).inc()
             return

@@ -72,6 +72,7 @@ class _Connection(asyncio.Protocol):
         self.answer: asyncio.Future | None = None
         self.received = False
         self.used = 0
+        self.deadline = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -113,8 +114,9 @@ class _Connection(asyncio.Protocol):
         if answer is not None and not answer.done():
             answer.set_result(result)
 
-    def send(self, request: bytes) -> asyncio.Future:
+    def send(self, request: bytes, timeout: float) -> asyncio.Future:
         self.answer = self.pool.loop.create_future()
+        self.deadline = self.pool.loop.time() + timeout
         self.received = False
         self.used += 1
         self.transport.write(request)
@@ -213,6 +215,7 @@ class Upstreams:
         self.limit = limit
         self.timeout = timeout
         self.pools: dict[tuple[bool, str, int], _Pool] = {}
+        self._sweeper: asyncio.Task | None = None
 
     async def call(self, method: bytes, url: str, body: bytes = b"", headers: bytes = b"") -> Answer:
         """The server's answer; UpstreamError when there is none."""
@@ -221,6 +224,8 @@ class Upstreams:
         if pool is None:
             pool = self.pools[(to.secure, to.host, to.port)] = _Pool(to, self.limit)
         request = encode(method, to, body, headers)
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep())
         for _ in range(2):
             connection = await pool.acquire()
             reused = connection.used > 0
@@ -233,21 +238,28 @@ class Upstreams:
         raise UpstreamError("the server closed two connections in a row")
 
     async def _exchange(self, connection: _Connection, request: bytes) -> Answer:
-        answer = connection.send(request)
-        timer = connection.pool.loop.call_later(self.timeout, self._expire, connection, answer)
+        answer = connection.send(request, self.timeout)
         try:
             return await answer
         except asyncio.CancelledError:
             connection.close()  # its answer may still come: the connection cannot be reused
             raise
-        finally:
-            timer.cancel()
 
-    def _expire(self, connection: _Connection, answer: asyncio.Future) -> None:
-        if not answer.done():
-            answer.set_exception(UpstreamError(f"no answer within {self.timeout:g} s"))
-        connection.close()
+    async def _sweep(self) -> None:
+        """Ends the calls past their deadline, a few times per timeout (a
+        timer per call cost more than the rest of the call's bookkeeping)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.timeout / 4))
+            now = asyncio.get_running_loop().time()
+            for pool in list(self.pools.values()):
+                for connection in list(pool.open):
+                    answer = connection.answer
+                    if answer is not None and not answer.done() and now > connection.deadline:
+                        answer.set_exception(UpstreamError(f"no answer within {self.timeout:g} s"))
+                        connection.close()
 
     def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for pool in self.pools.values():
             pool.close()
