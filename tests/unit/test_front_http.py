@@ -260,3 +260,27 @@ def test_calls_beyond_the_connection_limit_wait_for_a_connection():
 
     bodies, connections, most = asyncio.run(go())
     assert bodies == [b"%d" % i for i in range(7)] and connections == 2 and most == 2
+
+
+def test_a_caller_that_left_before_its_answer_still_has_its_work_after_done():
+    """The router counts and logs a request in `after`: a caller that hung up
+    while Triton answered must not vanish from the metrics and the log."""
+    async def go():
+        done: list[str] = []
+        started = asyncio.Event()
+
+        async def handler(request: Request) -> Response:
+            started.set()
+            await asyncio.sleep(0.1)
+            return Response(200, b"late", after=lambda: done.append("counted"))
+
+        server, port = await _serving(handler)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/", b""))
+        await started.wait()
+        writer.close()
+        await asyncio.sleep(0.3)
+        await server.close()
+        return done
+
+    assert asyncio.run(go()) == ["counted"]

@@ -172,15 +172,16 @@ class _Connection(asyncio.Protocol):
         finally:
             self.server.done()
         transport = self.transport
-        if transport is None:
-            return
-        transport.write(encode(response, request.keep_alive))
-        self.last_active = self.server.loop.time()
-        if response.after is not None:
+        if transport is not None:
+            transport.write(encode(response, request.keep_alive))
+            self.last_active = self.server.loop.time()
+        if response.after is not None:  # a caller that left was still served: counted and logged
             try:
                 response.after()
             except Exception:  # the caller has its answer; what failed after it is logged
                 log.exception("%s %s: the work after answering failed", request.method, request.path)
+        if transport is None:
+            return
         if not request.keep_alive:
             transport.close()
             return
