@@ -569,7 +569,8 @@ class Router:
         if upstream.idle:  # it goes alone, as sent: whether it could join others does not matter
             return await upstream.submit((None, body))
         rows = joinable(request)
-        if rows is None:
+        if rows is None:  # a call of its own, counted as one
+            self.metrics.series(self.metrics.triton_calls, self.config.service).observe(1)
             return (await self._post(version, body))[:2]
         return await upstream.submit((rows, body))
 
