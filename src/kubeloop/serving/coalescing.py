@@ -59,7 +59,7 @@ class Coalescer(Generic[Item, Result]):
         return self.busy == 0 and not self.waiting
 
     async def submit(self, item: Item) -> Result:
-        if self.busy == 0 and not self.waiting:
+        if self.idle:
             return await self._alone(item)
         if len(self.waiting) >= self.max_waiting:
             self.on_refused()
