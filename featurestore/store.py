@@ -75,12 +75,10 @@ def open_store(location: StoreLocation | Path | str):  # noqa: ANN201 - feast.Fe
     """A FeatureStore for the location. feature_store.yaml text is written
     into a private folder of this process (keyed by its content) that Feast
     treats as the repository: nothing is written where the store lives."""
-    from feast import FeatureStore
-
     if not isinstance(location, StoreLocation):
         location = StoreLocation(path=str(location))
     if location.path is not None:
-        return FeatureStore(repo_path=location.path)
+        return _serving_while_materializing(location.path)
     folder = Path(tempfile.gettempdir()) / f"kubeloop-feast-{location.fingerprint}"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "feature_store.yaml"
@@ -88,7 +86,20 @@ def open_store(location: StoreLocation | Path | str):  # noqa: ANN201 - feast.Fe
         tmp = folder / f".feature_store.{id(location)}.yaml"
         tmp.write_text(location.config)
         tmp.replace(target)
-    return FeatureStore(repo_path=str(folder))
+    return _serving_while_materializing(str(folder))
+
+
+def _serving_while_materializing(repo: str):  # noqa: ANN202 - feast.FeatureStore
+    """Feast refuses every read of a feature view, point-in-time ones too,
+    while a materialisation marks it MATERIALIZING, and leaves the mark on a
+    run that was killed. The operator materialises on a schedule alongside
+    training and serving, so its readers take the values last materialised."""
+    from feast import FeatureStore
+    from feast.repo_config import load_repo_config
+
+    config = load_repo_config(Path(repo), Path(repo) / "feature_store.yaml")
+    config.registry.serve_features_while_materializing = True
+    return FeatureStore(repo_path=repo, config=config)
 
 
 def online_store_config(redis_address: str = "") -> dict:
