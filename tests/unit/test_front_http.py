@@ -127,6 +127,31 @@ def test_closing_waits_for_the_requests_under_way():
     assert asyncio.run(go()).endswith(b"finished")
 
 
+def test_a_request_trickling_in_gets_408_an_idle_connection_is_closed_and_a_slow_answer_is_never_cut_short():
+    async def handler(request: Request) -> Response:
+        await asyncio.sleep(0.8 if request.body == b"slow" else 0)
+        return Response(200, request.body)
+
+    async def go():
+        server, port = await _serving(handler, idle=0.6, read=0.3)
+        try:
+            # Each read runs to the connection's end: one the server never closes fails the test (5 s).
+            return await asyncio.gather(
+                _exchange(port, b"POST / HTTP/1.1\r\nHost: x\r\n", b"never"),
+                _exchange(port, b"", b"never"),
+                # The half-sent request behind a slow answer waits on the server, not the caller.
+                _exchange(port, _post("/", b"slow") + b"POST / HTTP/1.1\r\n", b"never"),
+                _exchange(port, _post("/", b"quick"), b"quick"))
+        finally:
+            await server.close()
+
+    trickled, idle, behind_slow, quick = asyncio.run(go())
+    assert trickled.startswith(b"HTTP/1.1 408") and b"within 0.3 s" in trickled and b"Connection: close" in trickled
+    assert idle == b""
+    assert behind_slow.startswith(b"HTTP/1.1 200") and behind_slow.index(b"slow") < behind_slow.index(b"HTTP/1.1 408")
+    assert quick.startswith(b"HTTP/1.1 200")
+
+
 # -- calls to Triton ----------------------------------------------------------
 
 

@@ -9,8 +9,10 @@ and answers with one write per response.
 What a caller may rely on: keep-alive, pipelined requests answered in order,
 chunked bodies, `Expect: 100-continue`, a body limit (413), a malformed
 request answered 400 and its connection closed, idle connections closed
-after IDLE_SECONDS, and a handler's exception answered 500 (logged) without
-ending the connection's other requests.
+after IDLE_SECONDS, a request not read whole within READ_SECONDS answered 408
+and its connection closed (a caller trickling bytes holds no connection for
+long), and a handler's exception answered 500 (logged) without ending the
+connection's other requests.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ log = logging.getLogger("kubeloop.http")
 MAX_BODY = 16 * 2**20
 IDLE_SECONDS = 75.0
 """A connection that sent nothing for this long is closed (as aiohttp's keep-alive timeout)."""
+READ_SECONDS = 60.0
+"""A request's headers and body arrive within this long of its first byte."""
 MAX_PIPELINED = 16
 """Requests of one connection waiting for their turn; reading pauses beyond it."""
 
@@ -88,6 +92,7 @@ class _Connection(asyncio.Protocol):
         self.busy = False
         self.paused = False
         self.last_active = 0.0
+        self.reading_since: float | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -120,6 +125,7 @@ class _Connection(asyncio.Protocol):
     # -- httptools ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.reading_since = self.last_active  # set by data_received just before
         self._reset()
 
     def on_url(self, url: bytes) -> None:
@@ -144,6 +150,7 @@ class _Connection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.reading_since = None
         if self.transport is None or self.transport.is_closing():
             return
         path = self.url.split(b"?", 1)[0].decode("latin-1")
@@ -186,6 +193,8 @@ class _Connection(asyncio.Protocol):
             transport.close()
             return
         self.busy = False
+        if self.reading_since is not None:  # a pipelined request's wait was the server's, not the caller's
+            self.reading_since = self.server.loop.time()
         if self.waiting:
             self._start(self.waiting.popleft())
         if self.paused and len(self.waiting) < MAX_PIPELINED:
@@ -198,17 +207,26 @@ class _Connection(asyncio.Protocol):
             self.transport.write(encode(json_response({"error": why}, status), keep_alive=False))
             self.transport.close()
 
-    def idle_since(self, now: float) -> float:
-        return 0.0 if self.busy else now - self.last_active
+    def close_if_overdue(self, now: float) -> None:
+        """Close a connection too slow sending its request (408), or idle too long."""
+        if self.busy:  # what else it sends waits for the answer
+            return
+        if self.reading_since is not None and now - self.reading_since > self.server.read:
+            self._refuse(408, f"the request did not arrive whole within {self.server.read:g} s")
+        elif now - self.last_active > self.server.idle and self.transport:
+            self.transport.close()
 
 
 class Server:
     """Serves handler on host:port; `close()` stops taking connections and
     waits for the requests under way."""
 
-    def __init__(self, handler: Handler, max_body: int = MAX_BODY):
+    def __init__(self, handler: Handler, max_body: int = MAX_BODY, idle: float = IDLE_SECONDS,
+                 read: float = READ_SECONDS):
         self.handler = handler
         self.max_body = max_body
+        self.idle = idle
+        self.read = read
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task] = set()
@@ -231,11 +249,10 @@ class Server:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(IDLE_SECONDS / 5)
+            await asyncio.sleep(min(self.idle, self.read) / 5)
             now = self.loop.time()
-            for connection in [c for c in self.connections if c.idle_since(now) > IDLE_SECONDS]:
-                if connection.transport:
-                    connection.transport.close()
+            for connection in list(self.connections):
+                connection.close_if_overdue(now)
 
     async def close(self, grace: float = 10.0) -> None:
         if self.server:
