@@ -569,9 +569,9 @@ class Router:
         if upstream.idle:  # it goes alone, as sent: whether it could join others does not matter
             return await upstream.submit((None, body))
         rows = joinable(request)
-        if rows is None:  # a call of its own, counted as one
-            self.metrics.series(self.metrics.triton_calls, self.config.service).observe(1)
-            return (await self._post(version, body))[:2]
+        if rows is None:  # a call of its own, past the queue: it could not join one
+            [answer] = await self._post_joined(version, [(None, body)])
+            return answer
         return await upstream.submit((rows, body))
 
     async def _post_joined(self, version: str, items: list[tuple[Rows | None, bytes]]) -> list[tuple[int, bytes]]:
