@@ -304,8 +304,7 @@ def test_a_caller_that_left_before_its_answer_still_has_its_work_after_done():
         writer.write(_post("/", b""))
         await started.wait()
         writer.close()
-        await asyncio.sleep(0.3)
-        await server.close()
+        await server.close()  # waits for the request under way, its work after the answer included
         return done
 
     assert asyncio.run(go()) == ["counted"]
