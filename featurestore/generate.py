@@ -11,6 +11,11 @@ relation to them: larger amounts, more online and night-time spending, more
 fraud at risky merchants and through contactless payments. A model trained
 on drift=0 data is measurably worse on drift=1 data, which is what the
 monitoring loop has to notice.
+
+`concept` moves only the label's relation to the inputs (concept drift):
+the inputs keep the reference world's distribution while fraud leaves
+night-time online payments for contactless ones at risky merchants. Input
+drift checks see nothing; only the labels, when they arrive, tell.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ class Scenario:
     merchants: int = 250
     transactions_per_card_day: float = 0.7
     drift: float = 0.0
+    concept: float = 0.0
+    """Concept drift: how far the label's relation to the inputs moves while
+    the inputs stay where drift puts them."""
     seed: int = 7
     snapshot_at_end: bool = False
     """Also compute every feature snapshot at the period's end, as a feature
@@ -153,6 +161,8 @@ def _transactions(s: Scenario, rng: np.random.Generator, cards: pd.DataFrame, me
         + 0.6 * (channel == 1)
         # Under drift, fraud moves to contactless payments at risky merchants.
         + d * (1.8 * (channel == 2) * (risk > 1.2) - 0.5 * (channel == 1))
+        # Under concept drift it moves there from night-time online payments, the inputs unchanged.
+        + s.concept * (2.4 * (channel == 2) * (risk > 1.2) - 1.6 * night * (channel == 1) - 0.6 * (channel == 1))
         + rng.normal(0, 0.3, n)
     )
     is_fraud = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)

@@ -220,13 +220,16 @@ def write_period(repo: Path, scenario: Scenario) -> dict[str, int]:
     return counts
 
 
-def recent_period(days: int = 14, drift: float = 1.0, seed: int = 11, now: datetime | None = None) -> Scenario:
+def recent_period(days: int = 14, drift: float = 1.0, seed: int = 11, now: datetime | None = None,
+                  concept: float = 0.0) -> Scenario:
     """The last `days` up to now in a world of their own (drifted by
-    default): written with write_period, they replace what the sources held
-    for those days, and their snapshots as of now are newer than anything
-    materialised, so the next incremental materialisation serves them."""
+    default; `concept` moves the labels alone): written with write_period,
+    they replace what the sources held for those days, and their snapshots
+    as of now are newer than anything materialised, so the next incremental
+    materialisation serves them."""
     end = now or datetime.now(timezone.utc)
-    return Scenario(start=end - timedelta(days=days), days=days, drift=drift, seed=seed, snapshot_at_end=True)
+    return Scenario(start=end - timedelta(days=days), days=days, drift=drift, seed=seed, snapshot_at_end=True,
+                    concept=concept)
 
 
 @dataclass

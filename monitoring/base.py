@@ -4,8 +4,28 @@ what its latest run found."""
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 from kubeloop.api.refs import ObjectRef
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """A kind of monitoring job: both runners (a process beside the
+    operator, a Job on a cluster) run either kind the same way."""
+
+    name: str
+    """The job's purpose: its process's, its Job's name part and label."""
+    module: str
+    """The module run as `python -m MODULE <folder>`."""
+    env: str
+    """The variable a Job's Pod gets its job in."""
+    folder: str
+    """Where results are kept under the operator's state directory."""
+
+
+DRIFT = JobKind("drift", "kubeloop.monitoring.job", "KUBELOOP_DRIFT_JOB", "monitoring")
+OUTCOMES = JobKind("outcomes", "kubeloop.monitoring.outcomes.job", "KUBELOOP_OUTCOME_JOB", "outcomes")
 
 
 class DriftMonitor(abc.ABC):

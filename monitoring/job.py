@@ -21,6 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -131,7 +132,15 @@ def run(folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubeloop.monitoring.job")
+    return run_job("drift", run, argv)
+
+
+def run_job(what: str, run: Callable[[Path], dict], argv: list[str] | None = None) -> int:
+    """A monitoring job's entry point (drift and outcomes alike): run it on
+    its folder; a failure is recorded as its result for the operator, which
+    reports it in a condition; --summary also writes the result, compact,
+    to PATH (a Job Pod's termination message)."""
+    parser = argparse.ArgumentParser(prog=f"kubeloop {what} job")
     parser.add_argument("folder", type=Path)
     parser.add_argument("--summary", type=Path, help="also write the result here, at most 4 KiB")
     args = parser.parse_args(argv)
@@ -139,12 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result, code = run(args.folder), 0
     except Exception as exc:  # recorded for the operator, which reports it in a condition
-        log.exception("drift job failed")
+        log.exception("%s job failed", what)
         result, code = {"error": f"{type(exc).__name__}: {exc}", "at": time.time()}, 1
         write_atomic(args.folder / "latest.json", json.dumps(result))
     if args.summary:
         args.summary.write_text(summary(result))
-    log.info("drift: %s", {k: result.get(k) for k in ("share", "drifted", "rows", "skipped", "error")})
+    log.info("%s: %s", what, {k: result.get(k) for k in ("share", "drifted", "rows", "labels", "skipped", "error")})
     return code
 
 

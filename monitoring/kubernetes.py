@@ -23,7 +23,7 @@ from kubeloop.api.jobs import TERMINATION_LOG, failure, finished, object_store_a
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_atomic
 from kubeloop.kube import Kube, KubeError
-from kubeloop.monitoring.base import DriftMonitor
+from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind
 
 LABEL_PURPOSE = "kubeloop.dev/purpose"
 KEEP_JOBS = 3
@@ -45,34 +45,36 @@ class DriftJobSettings:
     object_store_endpoint: str | None = None
 
 
-def job_name(ref: ObjectRef, started: float) -> str:
-    """One name per service and minute: a second start within the minute
-    (a restarted operator) finds the Job it already created."""
-    return dns_name(ref.name, "drift", str(int(started // 60)))
+def job_name(ref: ObjectRef, started: float, kind: JobKind = DRIFT) -> str:
+    """One name per service, kind and minute: a second start within the
+    minute (a restarted operator) finds the Job it already created."""
+    return dns_name(ref.name, kind.name, str(int(started // 60)))
 
 
-def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, started: float) -> dict:
-    """The Job that runs one drift check (pure)."""
-    labels = {LABEL_PURPOSE: "drift"}
-    env = [{"name": "KUBELOOP_DRIFT_JOB", "value": json.dumps(
+def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, started: float,
+                    kind: JobKind = DRIFT) -> dict:
+    """The Job that runs one monitoring job of the kind (pure)."""
+    labels = {LABEL_PURPOSE: kind.name}
+    env = [{"name": kind.env, "value": json.dumps(
         {**job, "tracking_uri": settings.tracking_uri, "feast_repo": settings.feast_repo}, sort_keys=True)}]
     container = restricted({
-        "name": "drift",
+        "name": kind.name,
         "image": settings.image,
-        "command": ["python", "-m", "kubeloop.monitoring.job", WORK, "--summary", TERMINATION_LOG],
+        "command": ["python", "-m", kind.module, WORK, "--summary", TERMINATION_LOG],
         "env": env,
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "tmp", "mountPath": "/tmp"}],
     })
     object_store_access(container, settings.object_store_secret, settings.object_store_endpoint)
-    return task_job(child_metadata(ref, job_name(ref, started), labels), {**owner_labels(ref), **labels}, container,
+    return task_job(child_metadata(ref, job_name(ref, started, kind), labels), {**owner_labels(ref), **labels}, container,
                     deadline=DEADLINE_SECONDS, ttl=TTL_SECONDS, backoff_limit=1,
                     volumes=[{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}])
 
 
 class KubernetesDriftMonitor(DriftMonitor):
     def __init__(self, kube: Kube, settings: DriftJobSettings, results: Path,
-                 clock=time.time):  # noqa: ANN001 - () -> float
+                 clock=time.time, kind: JobKind = DRIFT):  # noqa: ANN001 - () -> float
+        self.kind = kind
         self.kube = kube
         self.settings = settings
         self.results = Path(results)
@@ -85,7 +87,7 @@ class KubernetesDriftMonitor(DriftMonitor):
 
     def _jobs(self, ref: ObjectRef) -> list[dict]:
         """The service's drift Jobs, newest first."""
-        jobs = self.kube.list("batch/v1", "Job", ref.namespace, f"{owner_selector(ref)},{LABEL_PURPOSE}=drift")
+        jobs = self.kube.list("batch/v1", "Job", ref.namespace, f"{owner_selector(ref)},{LABEL_PURPOSE}={self.kind.name}")
         return sorted(jobs, key=lambda j: j["metadata"].get("creationTimestamp", ""), reverse=True)
 
     def running(self, ref: ObjectRef) -> bool:
@@ -98,7 +100,7 @@ class KubernetesDriftMonitor(DriftMonitor):
         for old in jobs[KEEP_JOBS - 1:]:
             self.kube.delete("batch/v1", "Job", old["metadata"]["name"], ref.namespace)
         try:
-            self.kube.create(build_drift_job(ref, job, self.settings, self.clock()))
+            self.kube.create(build_drift_job(ref, job, self.settings, self.clock(), self.kind))
         except KubeError as exc:
             if exc.status != 409:  # 409: this minute's Job exists already
                 raise
@@ -126,9 +128,9 @@ class KubernetesDriftMonitor(DriftMonitor):
             try:
                 return json.loads(message)
             except ValueError:
-                return {"error": f"drift Job {name} left an unreadable result", "at": self.clock()}
+                return {"error": f"{self.kind.name} Job {name} left an unreadable result", "at": self.clock()}
         if failure(job):
-            return {"error": f"drift Job {name} failed: {failure(job)}", "at": self.clock()}
+            return {"error": f"{self.kind.name} Job {name} failed: {failure(job)}", "at": self.clock()}
         return None
 
     def forget(self, ref: ObjectRef) -> None:

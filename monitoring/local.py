@@ -1,4 +1,4 @@
-"""Drift jobs as background processes on the operator's machine; their
+"""Monitoring jobs (drift, outcomes) as background processes on the operator's machine; their
 results are files the operator's /metrics and the reconciler read."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop import processes
-from kubeloop.monitoring.base import DriftMonitor
+from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind
 
 
 class LocalDriftMonitor(DriftMonitor):
-    def __init__(self, work_dir: Path, tracking_uri: str, feast_repo: str = ""):
-        self.root = Path(work_dir) / "monitoring"
+    def __init__(self, work_dir: Path, tracking_uri: str, feast_repo: str = "", kind: JobKind = DRIFT):
+        self.kind = kind
+        self.root = Path(work_dir) / kind.folder
         self.where = {"tracking_uri": tracking_uri, "feast_repo": feast_repo}
         """MLflow and the default feature repository, as this machine reaches them."""
 
@@ -41,7 +42,7 @@ class LocalDriftMonitor(DriftMonitor):
         folder = self.folder(ref)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "job.json").write_text(json.dumps({**job, **self.where}, indent=2))
-        record = processes.start("drift", [sys.executable, "-m", "kubeloop.monitoring.job", str(folder)],
+        record = processes.start(self.kind.name, [sys.executable, "-m", self.kind.module, str(folder)],
                                  folder / "logs")
         (folder / "process.json").write_text(json.dumps(record.to_dict()))
 

@@ -11,9 +11,16 @@ from typing import Callable, Protocol
 from kubeloop.featurestore.base import FeatureStores
 from kubeloop.gpu.placement import NodeInfo
 from kubeloop.monitoring.base import DriftMonitor
+from kubeloop.monitoring.outcomes.traffic import TrafficSample
 from kubeloop.pipelines.backends.base import PipelineBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
+
+
+class TrafficAnalysis(Protocol):
+    """The front's measurements of two versions (kubeloop.monitoring.outcomes.traffic)."""
+
+    def sample(self, service: str, champion: str, challenger: str, window: float) -> TrafficSample: ...
 
 
 class Objects(Protocol):
@@ -42,5 +49,9 @@ class Ports:
     objects: Objects | None = None
     """Child custom objects (drift-triggered TrainingJobs and OptimizedModels)."""
     monitor: DriftMonitor | None = None
+    outcomes: DriftMonitor | None = None
+    """Outcome jobs: late labels joined to logged predictions (the drift monitor's runner, another job)."""
+    traffic: TrafficAnalysis | None = None
+    """What rollouts are analysed on; None: no Prometheus, rollouts wait."""
     features: FeatureStores = field(default_factory=FeatureStores)
     clock: Callable[[], float] = time.time

@@ -122,6 +122,9 @@ class OperatorConfig(BaseSettings):
     """This operator's /hooks/mlflow as MLflow reaches it; set, the operator registers the webhook."""
     prometheus_targets: Path | None = _env("KUBELOOP_PROMETHEUS_TARGETS")
     """A Prometheus file_sd folder where local routers and Triton servers register."""
+    prometheus_url: str | None = _env("KUBELOOP_PROMETHEUS_URL")
+    """The Prometheus that scrapes the serving front, whose query API rollouts
+    are analysed on (unset: rollouts wait at their first step, and say so)."""
     drift_monitor: DriftMonitorKind = _env("KUBELOOP_DRIFT_MONITOR", "local")
     """Where drift checks run: local (processes beside the operator) or
     kubernetes (a Job per check on the components image; the operator's Pod

@@ -2,10 +2,11 @@
 /metrics for Prometheus.
 
 Webhooks never act on their own: they record what they heard as an
-annotation on the InferenceServices it concerns (the drift alert, the alias
-that moved), which wakes the reconciler, and the reconciler decides. So a
-redelivered webhook changes nothing, and nothing is lost if the operator
-restarts between hearing and acting.
+annotation on the InferenceServices it concerns (the drift alert, whether
+its inputs drifted or its live quality dropped; the alias that moved),
+which wakes the reconciler, and the reconciler decides. So a redelivered
+webhook changes nothing, and nothing is lost if the operator restarts
+between hearing and acting.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from kubeloop.api.times import instant
 from kubeloop.kube import Kube, KubeError
 
 log = logging.getLogger("kubeloop.operator.webhooks")
-DRIFT_ALERTS = ("KubeloopDataDrift",)
+DRIFT_ALERTS = ("KubeloopDataDrift", "KubeloopConceptDrift")
+"""Alerts that ask for a retrain: the inputs drifted (data drift), or the
+serving version's live metric dropped below its training-time one (concept
+drift)."""
 MAX_SKEW_SECONDS = 300
 
 
@@ -136,10 +140,18 @@ def drift_alerts(payload: dict) -> list[tuple[str, str, dict]]:
             continue
         if not labels.get("namespace") or not labels.get("inferenceservice"):
             continue
-        record = {"fingerprint": alert.fingerprint, "startsAt": alert.startsAt,
-                  "share": alert.annotations.get("share", "")}
+        record = {"alertname": labels["alertname"], "fingerprint": alert.fingerprint, "startsAt": alert.startsAt,
+                  **_evidence(alert)}
         out.append((labels["namespace"], labels["inferenceservice"], record))
     return out
+
+
+def _evidence(alert: Alert) -> dict[str, str]:
+    """What the alert measured, for whoever reads the annotation: the share
+    of drifted features, or the metric and how far it dropped."""
+    if alert.labels["alertname"] == "KubeloopConceptDrift":
+        return {"drop": alert.annotations.get("drop", ""), "metric": alert.labels.get("metric", "")}
+    return {"share": alert.annotations.get("share", "")}
 
 
 def follows(spec: dict, model: str, alias: str) -> bool:

@@ -9,6 +9,8 @@ import kopf
 
 from kubeloop.featurestore.base import FeatureStores
 from kubeloop.kube import Kube
+from kubeloop.monitoring.base import DRIFT, OUTCOMES, JobKind
+from kubeloop.monitoring.outcomes.traffic import PrometheusTraffic
 from kubeloop.operator.fleet import FleetView
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.settings import ConfigurationError, OperatorConfig
@@ -135,9 +137,10 @@ def _in_process(need, end):  # noqa: ANN001, ANN202 - the Materializer's Run, im
     return materialize_views(need, end)
 
 
-def build_monitor(config: OperatorConfig, kube: Kube) -> DriftMonitor | None:
-    """Drift checks beside the operator, or as Jobs on a cluster; both keep
-    their results under the work dir, where /metrics reads them."""
+def build_monitor(config: OperatorConfig, kube: Kube, kind: JobKind = DRIFT) -> DriftMonitor | None:
+    """Monitoring jobs of a kind (drift checks, outcome joins) beside the
+    operator, or as Jobs on a cluster; both keep their results under the
+    work dir, where /metrics reads them."""
     if not config.tracking_uri:
         return None
     if config.drift_monitor == "kubernetes":
@@ -148,10 +151,10 @@ def build_monitor(config: OperatorConfig, kube: Kube) -> DriftMonitor | None:
                                     object_store_secret=config.object_store_secret,
                                     object_store_endpoint=config.object_store_endpoint,
                                     feast_repo=str(config.feast_repo or ""))
-        return KubernetesDriftMonitor(kube, settings, config.state_dir / "monitoring")
+        return KubernetesDriftMonitor(kube, settings, config.state_dir / kind.folder, kind=kind)
     from kubeloop.monitoring.local import LocalDriftMonitor
 
-    return LocalDriftMonitor(config.state_dir, config.tracking_uri, str(config.feast_repo or ""))
+    return LocalDriftMonitor(config.state_dir, config.tracking_uri, str(config.feast_repo or ""), kind)
 
 
 def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
@@ -166,6 +169,8 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         default_serving_backend=config.default_serving_backend,
         objects=kube,
         monitor=build_monitor(config, kube),
+        outcomes=build_monitor(config, kube, OUTCOMES),
+        traffic=PrometheusTraffic(config.prometheus_url) if config.prometheus_url else None,
         features=FeatureStores(str(config.feast_repo or ""), build_materializer(config, serving, kube)),
     )
 
@@ -174,14 +179,15 @@ async def serve_webhooks(config: OperatorConfig, ports: Ports):  # noqa: ANN202 
     """Alertmanager's and MLflow's webhooks and /metrics, in kopf's event loop."""
     from prometheus_client import CollectorRegistry
 
-    from kubeloop.monitoring.metrics import DriftCollector, FreshnessCollector
+    from kubeloop.monitoring.metrics import DriftCollector, FreshnessCollector, OutcomeCollector
     from kubeloop.operator.webhooks import SecretFile, WebhookConfig, Webhooks, keep_mlflow_webhook, serve
 
     token, mlflow_secret = SecretFile(config.webhook_token_file), SecretFile(config.mlflow_webhook_secret_file)
     if not token.value():
         raise kopf.PermanentError(f"KUBELOOP_WEBHOOK_TOKEN_FILE ({config.webhook_token_file}) holds no token")
     metrics = CollectorRegistry()
-    metrics.register(DriftCollector(config.state_dir / "monitoring"))
+    metrics.register(DriftCollector(config.state_dir / DRIFT.folder))
+    metrics.register(OutcomeCollector(config.state_dir / OUTCOMES.folder))
     if ports.features.materializes:
         metrics.register(FreshnessCollector(ports.features))
     webhooks = Webhooks(ports.objects, WebhookConfig(token.value, mlflow_secret.value, tuple(config.namespaces)),

@@ -70,6 +70,16 @@ def pending_alert(ref: ObjectRef) -> str | None:
     return f"{alert.get('fingerprint', '')}@{starts_at}"
 
 
+def alert_reason(ref: ObjectRef) -> str:
+    """The alert that the pending annotation records (KubeloopDataDrift when
+    the webhook that wrote it named none)."""
+    try:
+        alert = json.loads(ref.annotations.get(DRIFT_ALERT) or "{}")
+    except ValueError:
+        return "KubeloopDataDrift"
+    return str(alert.get("alertname") or "KubeloopDataDrift") if isinstance(alert, dict) else "KubeloopDataDrift"
+
+
 def advance_retraining(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServiceStatus,
                        ports: Ports) -> RetrainStep:
     now = ports.clock()
@@ -109,7 +119,7 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
     if started:
         # This alert's job exists, though the status does not say so (written by a
         # reconcile that raced this one, or lost): take it up again, start nothing.
-        _start(step, alert, name, started["metadata"].get("creationTimestamp") or iso(now))
+        _start(step, alert, name, started["metadata"].get("creationTimestamp") or iso(now), alert_reason(ref))
         return
     reason = None
     if step.retraining and step.retraining.state not in FINAL:
@@ -127,15 +137,15 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
         step.observations.append(Observation("RetrainSuppressed", "True", "Suppressed", f"drift alert {alert}: {reason}"))
         return
     ports.objects.apply(build_retrain_job(ref, spec, name, now))
-    _start(step, alert, name, iso(now))
+    _start(step, alert, name, iso(now), alert_reason(ref))
 
 
-def _start(step: RetrainStep, alert: str, name: str, at: str) -> None:
+def _start(step: RetrainStep, alert: str, name: str, at: str, reason: str) -> None:
     if name not in step.retrains:
         step.retrains = (step.retrains + [name])[-HANDLED_LIMIT:]
     step.last_retrain_at = at
-    step.retraining = RetrainingStatus(state="Training", alert=alert, training_job=name,
-                                       message=f"drift alert {alert} started TrainingJob {name}")
+    step.retraining = RetrainingStatus(state="Training", alert=alert, training_job=name, reason=reason,
+                                       message=f"{reason} alert {alert} started TrainingJob {name}")
     step.observations.append(Observation("RetrainSuppressed", "False", "Started", f"TrainingJob {name}"))
 
 
@@ -180,21 +190,30 @@ def _advance(ref: ObjectRef, spec: InferenceServiceSpec, status: InferenceServic
             return r.model_copy(update={"state": "GateFailed", "message": verdict.summary()})
         ports.registry.set_alias(model, alias_for(policy.register_as), r.challenger)
         return r.model_copy(update={"state": "Canary", "canary_since": iso(now),
-                                    "message": f"gates passed ({verdict.summary()}); canary "
-                                               f"{retraining.canary_percent}% for {retraining.canary_duration}"})
+                                    "message": f"gates passed ({verdict.summary()}); rolling out"})
     if r.state == "Canary":
-        policy = retraining.promotion
-        if status.rolled_back_version == r.challenger:
-            reject(ports.registry, model, r.challenger, policy.promote_to or "champion", by=by,
-                   reason="the canary failed readiness and was rolled back")
-            return r.model_copy(update={"state": "RolledBack",
-                                        "message": f"version {r.challenger} failed its canary; the champion stays"})
-        healthy = status.canary_version == r.challenger and any(
-            c.type == "CanaryReady" and c.status == "True" for c in status.conditions)
-        if healthy and now - epoch(r.canary_since) >= seconds(retraining.canary_duration):
-            promote(ports.registry, model, r.challenger, policy.promote_to or "champion", by=by,
-                    reason=f"drift retrain; healthy canary for {retraining.canary_duration}")
-            return r.model_copy(update={"state": "Promoted",
-                                        "message": f"version {r.challenger} promoted to "
-                                                   f"{alias_for(policy.promote_to or 'champion')}"})
+        return _judged(r, status, model, retraining.promotion.promote_to or "champion", by, ports)
+    return r
+
+
+def _judged(r: RetrainingStatus, status: InferenceServiceStatus, model: str, alias: str, by: str,
+            ports: Ports) -> RetrainingStatus:
+    """The challenger's rollout decides: promoted after its last step passed,
+    rolled back when it failed readiness or a step's analysis."""
+    if status.rolled_back_version == r.challenger:
+        reject(ports.registry, model, r.challenger, alias, by=by, reason="the canary failed readiness and was rolled back")
+        return r.model_copy(update={"state": "RolledBack",
+                                    "message": f"version {r.challenger} failed its canary; the champion stays"})
+    rollout = status.rollout
+    if rollout is None or rollout.challenger != r.challenger:
+        return r
+    if rollout.phase == "Aborted":
+        reject(ports.registry, model, r.challenger, alias, by=by, reason=f"rollout aborted: {rollout.message}")
+        return r.model_copy(update={"state": "RolledBack", "message": f"version {r.challenger} {rollout.message}; "
+                                                                       "the champion stays"})
+    if rollout.phase == "Promoted":
+        promote(ports.registry, model, r.challenger, alias, by=by, reason=f"retrain ({r.reason or 'drift'}); "
+                                                                          f"{rollout.message}")
+        return r.model_copy(update={"state": "Promoted", "message": f"version {r.challenger} promoted to "
+                                                                    f"{alias_for(alias)}: {rollout.message}"})
     return r

@@ -18,9 +18,12 @@ from kubeloop.operator.conditions import Observation
 from kubeloop.kube import KubeError
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish
+from kubeloop.operator.reconcilers.outcomes import (advance_rollout, observe_outcomes, rollout_observation,
+                                                    rollout_of)
 from kubeloop.operator.reconcilers.retraining import RetrainStep, advance_retraining
 from kubeloop.registry import tags
 from kubeloop.registry.base import ModelVersion, RegistryUnavailable
+from kubeloop.registry.promotion import promote
 from kubeloop.serving.base import ServedVersion, ServingBackend, ServingRequest, ServingState, ServingUnavailable
 
 KIND = "InferenceService"
@@ -78,6 +81,16 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     canary = splits.get("canary")
     if canary and canary.version == primary.version:
         canary = None  # promoted: nothing left to compare
+    rollout = status.rollout
+    plan = rollout_of(spec, bool(retrain and retrain.canary())) if canary else None
+    if plan:
+        rollout = advance_rollout(ref, plan, status.rollout, primary.version, canary.version, ports)
+        observations.append(rollout_observation(rollout))
+        canary_percent = rollout.weight
+        if rollout.phase == "Aborted":
+            canary = None  # every request back to the champion; the alias stays
+        elif rollout.phase == "Promoted" and not (retrain and retrain.canary()):
+            _promote_canary(ref, spec, rollout.challenger, ports)
     # A canary that failed readiness stays out until another version replaces it.
     rolled_back = status.rolled_back_version if canary and canary.version == status.rolled_back_version else None
     if rolled_back:
@@ -110,6 +123,9 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                                         _canary_share(canary, canary_percent, traffic)))
     drift, drift_obs = _monitor(ref, spec, primary, backend, ports)
     observations += drift_obs
+    pair = (primary.version, canary.version) if canary and plan else None
+    performance, outcome_obs = observe_outcomes(ref, spec, versions, pair, backend, ports)
+    observations += outcome_obs
     fresh = _keep_fresh(ref, spec, versions, backend, ports)
     observations += fresh
     degraded = bool(missing) or bool(rolled_back) or any(
@@ -124,7 +140,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,
         traffic=traffic, model_version=answering or primary.version,
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
-        drift=drift if spec.monitoring else None, **retrained,
+        drift=drift if spec.monitoring else None, performance=performance, rollout=rollout, **retrained,
     )
     gone = {"CanaryReady"} if not canary and not rolled_back else set()
     gone |= {"FeaturesFresh"} if not fresh else set()
@@ -135,6 +151,16 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         return Outcome(new, retry_after=backoff(attempt, base=1.0, cap=10.0),
                        retry_reason=served.message or "waiting for the primary version to become ready")
     return Outcome(new)
+
+
+def _promote_canary(ref: ObjectRef, spec: InferenceServiceSpec, challenger: str, ports: Ports) -> None:
+    """A rollout of spec.canary that passed every step moves the served
+    alias to its version (the API asks spec.model to follow an alias with a
+    rollout); the primary then resolves to it."""
+    current = ports.registry.get_alias(spec.model.name, spec.model.alias)
+    if current is None or current.version != challenger:
+        promote(ports.registry, spec.model.name, challenger, spec.model.alias,
+                by=f"InferenceService {ref.namespace}/{ref.name}", reason="rollout passed every step")
 
 
 def _retrain_fields(retrain: RetrainStep | None) -> dict:

@@ -17,6 +17,7 @@ Two stores, chosen by the location's form:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -31,6 +32,19 @@ import orjson
 
 LOG_QUEUE = 10_000
 """Rows held between flushes, or while the store refuses them."""
+
+
+def position(key: str, salt: str = "") -> float:
+    """A stable position in [0, 100) for a request key: the router splits
+    traffic by it, and samples what it logs by it (salt "log"), so a label
+    that arrives later for a key can be told apart as sampled or not."""
+    digest = hashlib.sha256(f"{salt}{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 10000 / 100
+
+
+def sampled(key: str, rate: float) -> bool:
+    """Whether the request log keeps the rows of this key at this sample rate."""
+    return position(key, "log") < rate * 100
 
 
 class LogStoreError(Exception):

@@ -36,6 +36,7 @@ from tests.bench import (  # noqa: E402
     front_suite,
     operator_suite,
     optimization_suite,
+    outcomes_suite,
     repeatability_suite,
     serving_suite,
     training_suite,
@@ -43,7 +44,8 @@ from tests.bench import (  # noqa: E402
 
 SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optimization": optimization_suite.run,
           "repeatability": repeatability_suite.run, "serving": serving_suite.run, "drift": drift_suite.run,
-          "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run}
+          "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run,
+          "outcomes": outcomes_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 

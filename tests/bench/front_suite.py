@@ -1,6 +1,11 @@
 """Front suite: the serving front (kubeloop's router, logging every request
 to the platform's object store) against the same Triton called directly, at
-concurrency 1 and 16 with batch-1 requests, the two alternating over rounds;
+concurrency 1 and 16 with batch-1 requests, alternating over rounds with a
+second front in the middle of a rollout (a 25% canary, a share of its
+requests paired with the primary: the comparison's extra call, its counters
+and log row); the suite's Triton serves one version, so the canary is that
+version again and the paired calls join its calls rather than a second
+version's;
 the CPU each process spends per request at concurrency 16 (on a machine
 whose cores the load generator, the front and Triton share, that decides
 the throughput ratio); and the request log's own rates in the same run: rows
@@ -25,6 +30,7 @@ from rich.table import Table
 from kubeloop import processes
 from kubeloop.monitoring.drift import load_requests
 from kubeloop.requestlog import FolderStore, ObjectStore
+from kubeloop.serving.routes import COMPARE_PERCENT
 from tests.bench.repeat import RUNS, Figure, figures_table, repeat
 from tests.bench.serving_suite import _round, load_bodies, round_medians, triton_serving, vector_bodies, wait_ready
 from tests.support.models import N_FEATURES
@@ -32,6 +38,10 @@ from tests.support.models import N_FEATURES
 COLUMNS = [f"f{i}" for i in range(N_FEATURES)]
 FLUSH_ROWS = 5000
 """Rows per flush: five seconds of a router answering 1,000 requests a second."""
+ROLLOUT = {"routes": [{"role": "primary", "version": "1", "percent": 75},
+                      {"role": "canary", "version": "1", "percent": 25}],
+           "compare": {"percent": COMPARE_PERCENT}}
+"""A rollout's step as the backends' routes say it: the canary at 25%, compared."""
 
 
 def run(context, console: Console, quick: bool = False) -> dict:
@@ -41,22 +51,26 @@ def run(context, console: Console, quick: bool = False) -> dict:
     repeated: list[Figure] = []
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, _plan):
-        router, front = _start_router(Path(tmp), base, f"{prefix}/front", env)
+        router, front = _start_router(Path(tmp), "router", base, f"{prefix}/front", env)
+        rollout_router, rollout = _start_router(Path(tmp), "rollout-router", base, f"{prefix}/rollout", env, ROLLOUT)
         try:
-            urls = {"triton": f"{base}/v2/models/tuned/infer", "front": f"{front}/v2/models/tuned/infer"}
+            urls = {"triton": f"{base}/v2/models/tuned/infer", "front": f"{front}/v2/models/tuned/infer",
+                    "rollout": f"{rollout}/v2/models/tuned/infer"}
             for concurrency in (1, 16):
-                with console.status(f"front: Triton and the front alternating at concurrency {concurrency}"):
+                with console.status(f"front: Triton and the fronts alternating at concurrency {concurrency}"):
                     rounds = [_round(urls, x, concurrency, seconds, r) for r in range(RUNS)]
                 for name in urls:
                     results[f"{name}_c{concurrency}"] = round_medians(rounds, name)
-                repeated += [
-                    Figure(f"front / Triton throughput c{concurrency}",
-                           [r["front"]["requests_per_s"] / r["triton"]["requests_per_s"] for r in rounds], "x"),
-                    Figure(f"front / Triton p99 c{concurrency}",
-                           [r["front"]["p99_ms"] / r["triton"]["p99_ms"] for r in rounds], "x")]
+                for name, baseline in (("front", "triton"), ("rollout", "front")):
+                    repeated += [
+                        Figure(f"{name} / {baseline} throughput c{concurrency}",
+                               [r[name]["requests_per_s"] / r[baseline]["requests_per_s"] for r in rounds], "x"),
+                        Figure(f"{name} / {baseline} p99 c{concurrency}",
+                               [r[name]["p99_ms"] / r[baseline]["p99_ms"] for r in rounds], "x")]
             with console.status("front: CPU per request at concurrency 16"):
-                repeated += _cpu_per_request(urls, x, router, seconds)
+                repeated += _cpu_per_request({k: urls[k] for k in ("triton", "front")}, x, router, seconds)
         finally:
+            processes.stop(rollout_router)
             processes.stop(router)
         results["log"] = _log_rates(Path(tmp), prefix, env, console, quick, repeated)
     _print(console, results, repeated, seconds)
@@ -88,15 +102,17 @@ def _cpu(procs: list[psutil.Process]) -> float:
     return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
-def _start_router(root: Path, triton: str, request_log: str, env: dict[str, str]):  # noqa: ANN202
-    config = root / "router.json"
+def _start_router(root: Path, name: str, triton: str, request_log: str, env: dict[str, str],  # noqa: ANN202
+                  routes: dict | None = None):
+    """A router process; routes: the config's routes (and compare) in place of the primary alone."""
+    config = root / f"{name}.json"
     config.write_text(json.dumps({
         "service": "bench/front", "model": "tuned", "triton_model": "tuned", "triton_url": triton,
         "routes": [{"role": "primary", "version": "1", "percent": 100}], "request_log": request_log,
-        "sample_rate": 1.0, "task": "binary", "output": "probability"}))
+        "sample_rate": 1.0, "task": "binary", "output": "probability", **(routes or {})}))
     port = processes.free_port()
-    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
-                                        "--port", str(port)], root / "logs", env=_s3_env(env))
+    router = processes.start(name, [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+                                    "--port", str(port)], root / "logs", env=_s3_env(env))
     url = f"http://127.0.0.1:{port}"
     wait_ready([f"{url}/v2/health/ready"], router)
     return router, url
@@ -161,12 +177,13 @@ def _log_rates(root: Path, prefix: str, env: dict[str, str], console: Console, q
 
 
 def _print(console: Console, results: dict, repeated: list[Figure], seconds: float) -> None:
-    table = Table(title=f"The serving front (router, request log to the object store) vs Triton direct "
+    table = Table(title=f"The serving front (router, request log to the object store) vs Triton direct, and "
+                        f"the front during a rollout (25% canary, {COMPARE_PERCENT}% of it paired) "
                         f"(batch-1 requests, medians of {RUNS} alternating rounds of {seconds} s)")
     for column in ("concurrency", "target", "requests/s", "p50 ms", "p99 ms"):
         table.add_column(column)
     for concurrency in (1, 16):
-        for name in ("triton", "front"):
+        for name in ("triton", "front", "rollout"):
             r = results[f"{name}_c{concurrency}"]
             table.add_row(str(concurrency), name, str(r["requests_per_s"]), str(r["p50_ms"]), str(r["p99_ms"]))
     console.print(table)

@@ -97,7 +97,7 @@ def test_drift_retrains_gates_canaries_and_promotes(loop):
     assert loop.champion() == champion
     # The alias did not move, so the service has nothing to follow: the
     # answers that come after the failed gate are all the champion's.
-    loop.traffic.use(loop.traffic_rows_now())
+    loop.traffic.use(*loop.traffic_rows_now())
     wait_until(lambda: sum(loop.traffic.recent_versions().values()) >= 50, 30, "answers")
     assert set(loop.traffic.recent_versions()) == {champion}
     assert loop.status("InferenceService")["modelVersion"] == champion

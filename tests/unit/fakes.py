@@ -94,3 +94,22 @@ class FakeObjects:
 
     def set_status(self, kind: str, namespace: str, name: str, **status) -> None:
         self.objects[(kind, namespace, name)]["status"] = status
+
+
+class FakeTraffic:
+    """The front's measurements as a rollout's analysis reads them: a
+    healthy challenger by default; tests set what Prometheus would say."""
+
+    def __init__(self):
+        self.sample_for: dict[tuple[str, str], "TrafficSample"] = {}
+        self.windows: list[float] = []
+
+    def healthy(self, champion: str, challenger: str, requests: float = 500) -> "TrafficSample":
+        from kubeloop.monitoring.outcomes.traffic import TrafficSample
+
+        return TrafficSample(requests={champion: requests * 4, challenger: requests}, errors={},
+                             p99={champion: 0.01, challenger: 0.011}, comparisons=requests / 10, disagreements=0)
+
+    def sample(self, service: str, champion: str, challenger: str, window: float) -> "TrafficSample":
+        self.windows.append(window)
+        return self.sample_for.get((champion, challenger)) or self.healthy(champion, challenger)

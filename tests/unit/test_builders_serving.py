@@ -255,6 +255,7 @@ def test_with_the_front_the_service_selects_the_router_and_each_version_has_its_
     assert routes["routes"] == [{"role": "primary", "version": "1", "percent": 80},
                                 {"role": "canary", "version": "2", "percent": 20}]
     assert routes["shadow"] == {"role": "shadow", "version": "3", "percent": 10}
+    assert routes["compare"] == {"percent": 25}  # 25% of a 20% canary: 5% of all requests paired
     assert routes["version_urls"] == {"1": "http://fraud-primary.ml.svc.cluster.local",
                                       "2": "http://fraud-canary.ml.svc.cluster.local",
                                       "3": "http://fraud-shadow.ml.svc.cluster.local"}
@@ -312,3 +313,13 @@ def test_without_an_object_store_the_cluster_backend_keeps_no_request_log():
     assert KubernetesServing(FakeObjects(), ServingImages()).request_log(REF, spec()) is None
     given = spec(requestLogging={"destination": "s3://team/logs"})
     assert KubernetesServing(FakeObjects(), FRONT).request_log(REF, given) == "s3://team/logs"
+
+
+@pytest.mark.parametrize("canary, paired", [(0, 0), (1, 100), (5, 100), (10, 50), (20, 25), (50, 10), (100, 5)])
+def test_the_paired_share_keeps_the_extra_load_at_five_percent_of_requests(canary, paired):
+    """Local and cluster routers take the same config: every request of a
+    small first step is paired, a large step a few."""
+    from kubeloop.serving.routes import compare_percent
+
+    assert compare_percent(canary) == paired
+    assert canary * paired / 100 <= 5 or canary < 5

@@ -13,7 +13,7 @@ from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.serving import reconcile_inference_service
 from kubeloop.registry.memory import InMemoryRegistry
 from kubeloop.registry.promotion import audit_trail
-from tests.unit.fakes import FakeObjects, RecordingServing
+from tests.unit.fakes import FakeObjects, FakeTraffic, RecordingServing
 
 SPEC = InferenceServiceSpec.model_validate({
     "model": {"name": "fraud", "alias": "champion"},
@@ -40,7 +40,8 @@ def world():
     registry.add_version("fraud", "s3://1", tags={"metric.auc": "0.85"})
     registry.set_alias("fraud", "champion", "1")
     objects, serving, clock = FakeObjects(), RecordingServing(), Clock()
-    ports = Ports(registry=registry, serving={"kubernetes": serving}, objects=objects, clock=clock)
+    ports = Ports(registry=registry, serving={"kubernetes": serving}, objects=objects, clock=clock,
+                  traffic=FakeTraffic())
     return registry, objects, serving, clock, ports
 
 
@@ -134,8 +135,11 @@ def test_train_optimise_gate_canary_promote(world):
     served = {v.role: (v.model.version, v.percent) for v in serving.requests[-1].versions}
     assert served == {"primary": ("1", 80), "canary": ("3", 20)}
     assert registry.get_alias("fraud", "champion").version == "1", "not before the canary period"
+    assert status.rollout.phase == "Progressing" and status.rollout.weight == 20
     clock.now += 121
-    status = step(ports, status)
+    status = step(ports, status)  # the one-step rollout's analysis passes, its time has run
+    assert status.rollout.phase == "Promoted" and "promoted after 1 step(s)" in status.rollout.message
+    status = step(ports, status)  # the retrain reads its rollout's verdict
     assert status.retraining.state == "Promoted"
     assert registry.get_alias("fraud", "champion").version == "3"
     trail = audit_trail(registry, "fraud")

@@ -522,3 +522,204 @@ def test_the_fronts_routes_answer_as_kserve_v2_says_and_a_triton_that_is_gone_is
     assert seen[("gone", "/v2/health/ready")][0] == 503
     assert seen[("gone", "/v2/models/fraud")][0] == 503 and b"model server unavailable" in seen[("gone", "/v2/models/fraud")][1]
     assert seen[("gone", "infer")][0] == 503 and b"model server unavailable" in seen[("gone", "infer")][1]
+
+
+# -- sticky sampling, paired comparison -----------------------------------------
+# The real router in this process (local backend) in front of a fake Triton
+# whose answer for a row depends on the version and the row's first feature.
+
+def fake_triton(score, hold: str | None = None):  # noqa: ANN001, ANN201 - score(version, x) -> probability
+    """A KServe v2 stand-in answering each row score(version, its first
+    feature), for a lone JSON request and for the router's joined binary
+    one alike; the version `hold` answers only once released."""
+    import numpy as np
+    from aiohttp import web
+
+    from kubeloop.serving.features import flat_values
+
+    release = asyncio.Event()
+
+    async def infer(request: web.Request) -> web.Response:
+        version, body = request.match_info["version"], await request.read()
+        if version == hold:
+            await release.wait()
+        length = int(request.headers.get("Inference-Header-Content-Length", len(body)))
+        tensor = json.loads(body[:length])["inputs"][0]
+        flat = np.frombuffer(body[length:], np.float32) if length < len(body) else flat_values(tensor["data"])
+        data = [score(version, float(x)) for x in flat[::tensor["shape"][1]]]
+        return web.json_response({"outputs": [{"name": "probability", "datatype": "FP32",
+                                               "shape": [len(data), 1], "data": data}]})
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    return app, release
+
+
+def keyed_config(tmp_path, triton_url: str, **fields) -> "Path":  # noqa: F821, ANN001
+    config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": triton_url,
+              "routes": [{"role": "primary", "version": "1", "percent": 100}],
+              "request_log": str(tmp_path / "requests"), "task": "binary", "output": "probability", **fields}
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+async def send_keyed(tmp_path, fields: dict, score, requests: list[tuple[str | None, dict]],  # noqa: ANN001
+                     callers: int = 8) -> tuple[list[tuple[str | None, str, dict]], dict, list[dict]]:
+    """Each (key, body) through a router of keyed_config(**fields), `callers`
+    at a time (so calls to Triton are joined too), the key in
+    X-Request-Key: each caller's key,
+    answering role and answer; then, once every mirror is done, the metrics
+    (name and labels -> value) and the request log's rows."""
+    from aiohttp.test_utils import TestServer
+
+    from kubeloop.serving import router as module
+
+    triton_app, _ = fake_triton(score)
+    async with TestServer(triton_app) as triton:
+        config = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"), **fields)
+        async with module.running(config) as (url, router), client_of(url) as client:
+            gate = asyncio.Semaphore(callers)
+
+            async def one(key: str | None, body: dict) -> tuple[str | None, str, dict]:
+                async with gate, client.post("/v2/models/fraud/infer", json=body,
+                                             headers={"X-Request-Key": key} if key else {}) as answer:
+                    assert answer.status == 200, await answer.text()
+                    return key, answer.headers["X-Model-Role"], await answer.json()
+
+            answers = await asyncio.gather(*(one(key, body) for key, body in requests))
+            # Mirrors start as each answer is written: all are under way by now.
+            deadline = time.monotonic() + 10
+            while router.mirrors and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            metrics = await (await client.get("/metrics")).text()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics) for s in family.samples}
+    return answers, samples, list(request_records(tmp_path / "requests"))
+
+
+def one_row(x: float = 0.0) -> dict:
+    return {"inputs": [{"name": "features", "shape": [1, 2], "datatype": "FP32", "data": [x, x]}]}
+
+
+def test_request_logging_samples_by_key_so_a_key_is_always_logged_or_never(tmp_path, monkeypatch):
+    """Local: rows were sampled by a random draw per request, so a label
+    could not tell whether its prediction was logged, nor which share was."""
+    from kubeloop import processes
+    from kubeloop.requestlog import sampled
+
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
+    keys = [f"caller-{i}" for i in range(2000)]
+    again = keys[:300]  # asked twice: logged both times or neither
+    answers, samples, rows = asyncio.run(send_keyed(
+        tmp_path, {"sample_rate": 0.3}, lambda version, x: 0.9,
+        [(key, one_row()) for key in keys + again], callers=16))
+    assert len(answers) == len(keys) + len(again)
+    logged = Counter(row["key"] for row in rows)
+    assert set(logged) == {key for key in keys if sampled(key, 0.3)}
+    assert abs(len(logged) / len(keys) - 0.3) < 0.02
+    assert all(logged[key] == 2 for key in again if key in logged)
+    assert all(logged[key] == 1 for key in keys[300:] if key in logged)
+    assert samples[("kubeloop_request_log_sample_rate", (("service", "ml/fraud"),))] == 0.3
+
+
+PAIRED_ROUTES = (Route("primary", "1", 50), Route("canary", "2", 50))
+
+
+def paired_score(version: str, x: float) -> float:
+    """The primary (1) and the canary (2) agree on rows of x = 0 (both below
+    0.5) and decide differently on rows of x = 1."""
+    return {("1", 0.0): 0.2, ("1", 1.0): 0.7, ("2", 0.0): 0.3, ("2", 1.0): 0.4}[(version, x)]
+
+
+def test_a_keyed_share_of_the_canarys_requests_is_paired_with_the_primary(tmp_path, monkeypatch):
+    """Local: the canary and the primary were never asked the same request,
+    so a rollout could not compare them on the same traffic nor join one
+    label to both predictions."""
+    from kubeloop import processes
+
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
+    keys = [f"k{i}" for i in range(400)]
+    two_rows = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": [0, 0, 1, 1]}]}
+    config = {"routes": [{"role": r.role, "version": r.version, "percent": r.percent} for r in PAIRED_ROUTES],
+              "compare": {"percent": 50}, "sample_rate": 1.0}
+    answers, samples, rows = asyncio.run(send_keyed(
+        tmp_path, config, paired_score, [(key, two_rows) for key in keys] + [(None, two_rows)]))
+    by_role: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_role.setdefault(row["role"], {})[row["key"]] = row
+    # A request without a key is logged under the random key it was given
+    # (and reaches a version at random).
+    [unkeyed] = {*by_role["primary"], *by_role["canary"]} - set(keys)
+    assert len(unkeyed) == 16
+    canary = {key for key in [*keys, unkeyed] if key in by_role["canary"]}
+    assert canary - {unkeyed} == {key for key in keys if pick(PAIRED_ROUTES, key).role == "canary"}
+    paired = {key for key in canary if bucket(key, "compare") < 50}
+    assert 0 < len(paired) < len(canary) < len(keys)
+    # Callers get the version their key reaches, never the paired answer.
+    for key, role, answer in answers[:-1]:
+        assert role == ("canary" if key in canary else "primary")
+        assert answer["outputs"][0]["data"] == pytest.approx([0.3, 0.4] if key in canary else [0.2, 0.7])
+    # The primary's answer to each paired request, under the canary row's key.
+    assert set(by_role["paired"]) == paired
+    assert all(row["version"] == "1" and row["outputs"] == pytest.approx([0.2, 0.7])
+               for row in by_role["paired"].values())
+    pair = (("canary", "2"), ("model", "fraud"), ("primary", "1"), ("service", "ml/fraud"))
+    # Two rows per paired request, the second decided differently.
+    assert samples[("kubeloop_canary_comparisons_total", pair)] == 2 * len(paired)
+    assert samples[("kubeloop_canary_disagreements_total", pair)] == len(paired)
+
+    def requests(version: str, role: str) -> float:
+        return samples[("kubeloop_inference_requests_total", (("code", "200"), ("model", "fraud"), ("role", role),
+                                                               ("service", "ml/fraud"), ("version", version)))]
+
+    # The paired calls count as such: the primary's callers' figures stay theirs.
+    assert requests("1", "paired") == len(paired)
+    assert (requests("1", "primary"), requests("2", "canary")) == (len(keys) + 1 - len(canary), len(canary))
+
+
+def test_paired_requests_share_the_mirrors_bound_and_what_does_not_fit_is_counted(tmp_path, monkeypatch):
+    """Local: with MAX_MIRRORS paired calls waiting for a slow primary, the
+    canary's next requests are answered at once and not paired, counted."""
+    from aiohttp.test_utils import TestServer
+
+    from kubeloop.serving import router as module
+
+    monkeypatch.setattr(module, "MAX_MIRRORS", 2)
+
+    async def go() -> tuple[list[str], int, str]:
+        triton_app, release = fake_triton(paired_score, hold="1")
+        async with TestServer(triton_app) as triton:
+            path = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"), compare={"percent": 100},
+                                routes=[{"role": "primary", "version": "1", "percent": 0},
+                                        {"role": "canary", "version": "2", "percent": 100}])
+            async with module.running(path) as (url, router), client_of(url) as client:
+                roles = []
+                for i in range(5):
+                    async with client.post("/v2/models/fraud/infer", json=one_row(),
+                                           headers={"X-Request-Key": f"k{i}"}) as answer:
+                        roles.append(answer.headers["X-Model-Role"])
+                in_flight = len(router.mirrors)
+                metrics = await (await client.get("/metrics")).text()
+                release.set()
+                return roles, in_flight, metrics
+
+    roles, in_flight, metrics = asyncio.run(go())
+    assert roles == ["canary"] * 5 and in_flight == 2
+    assert 'kubeloop_canary_comparisons_skipped_total{service="ml/fraud"} 3.0' in metrics
+
+
+def test_the_router_compares_only_when_its_routes_say_so(tmp_path):
+    """The backends' routes pair a canary's requests (25% of a 20% canary) only while a canary is served."""
+    from kubeloop.serving.routes import build_router_config
+    from tests.unit.test_builders_serving import _front_request
+
+    with_canary = build_router_config(_front_request(replicas=1), "m", "http://t", None)
+    without = build_router_config(_front_request(replicas=1), "m", "http://t", None, roles=("primary", "shadow"))
+    assert with_canary["compare"] == {"percent": 25} and "compare" not in without
+    for routes, percent in ((with_canary, 25), (without, 0.0)):
+        path = tmp_path / "router.json"
+        path.write_text(json.dumps(routes))
+        assert RouterConfig.load(path).compare_percent == percent

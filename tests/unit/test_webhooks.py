@@ -15,8 +15,23 @@ def test_only_firing_drift_alerts_with_a_target_count():
         {"status": "firing", "labels": {"alertname": "KubeloopHighLatencyP95", "service": "ml/f"}},
         {"status": "firing", "labels": {"alertname": "KubeloopDataDrift"}},
     ]}
-    assert drift_alerts(payload) == [("ml", "f", {"fingerprint": "abc", "startsAt": "2027-01-01T00:00:00Z",
-                                                  "share": "0.5"})]
+    assert drift_alerts(payload) == [("ml", "f", {"alertname": "KubeloopDataDrift", "fingerprint": "abc",
+                                                  "startsAt": "2027-01-01T00:00:00Z", "share": "0.5"})]
+
+
+def test_a_firing_concept_drift_alert_is_recorded_with_its_metric_and_drop():
+    """Local and cluster: a live metric that dropped asks for a retrain the way input drift does."""
+    labels = {"alertname": "KubeloopConceptDrift", "namespace": "ml", "inferenceservice": "f", "model": "fraud",
+              "version": "3", "role": "primary", "metric": "auc"}
+    payload = {"alerts": [
+        {"status": "firing", "labels": labels, "annotations": {"drop": "0.07"},
+         "startsAt": "2027-01-01T00:00:00Z", "fingerprint": "def"},
+        {"status": "resolved", "labels": labels, "annotations": {"drop": "0.01"}, "fingerprint": "def"},
+        {"status": "firing", "labels": {**labels, "alertname": "KubeloopGroundTruthStale"}},
+    ]}
+    assert drift_alerts(payload) == [("ml", "f", {"alertname": "KubeloopConceptDrift", "fingerprint": "def",
+                                                  "startsAt": "2027-01-01T00:00:00Z", "drop": "0.07",
+                                                  "metric": "auc"})]
 
 
 def test_followers_of_an_alias():
@@ -80,7 +95,8 @@ def test_a_drift_alert_is_recorded_on_its_inference_service():
     assert post(kube, json.dumps({"alerts": [alert]}).encode()) == (200, {"recorded": 1})
     [(namespace, name, patch)] = kube.patches
     assert (namespace, name) == ("ml", "f")
-    assert json.loads(patch["metadata"]["annotations"]["signals.kubeloop.dev/drift-alert"])["fingerprint"] == "abc"
+    record = json.loads(patch["metadata"]["annotations"]["signals.kubeloop.dev/drift-alert"])
+    assert (record["fingerprint"], record["alertname"]) == ("abc", "KubeloopDataDrift")
 
 
 class FailingKube(RecordingKube):
@@ -101,6 +117,18 @@ def drift(namespace: str = "ml", name: str = "f", **overrides) -> dict:
                                             "inferenceservice": name},
              "startsAt": "2027-01-01T00:00:00.36Z", "fingerprint": "abc"}
     return {**alert, **overrides}
+
+
+def test_a_concept_drift_alert_is_recorded_on_its_inference_service():
+    kube = RecordingKube()
+    alert = drift(labels={"alertname": "KubeloopConceptDrift", "namespace": "ml", "inferenceservice": "f",
+                          "metric": "auc"}, annotations={"drop": "0.07"})
+    assert post(kube, json.dumps({"alerts": [alert]}).encode()) == (200, {"recorded": 1})
+    [(namespace, name, patch)] = kube.patches
+    record = json.loads(patch["metadata"]["annotations"]["signals.kubeloop.dev/drift-alert"])
+    assert (namespace, name) == ("ml", "f")
+    assert record == {"alertname": "KubeloopConceptDrift", "fingerprint": "abc",
+                      "startsAt": "2027-01-01T00:00:00.36Z", "drop": "0.07", "metric": "auc"}
 
 
 def test_an_alert_that_was_not_recorded_is_not_acknowledged():

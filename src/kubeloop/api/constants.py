@@ -22,3 +22,5 @@ ANNOTATION_INPUT_HASH = f"{GROUP}/input-hash"
 SIGNALS = f"signals.{GROUP}"
 ANNOTATION_DRIFT_ALERT = f"{SIGNALS}/drift-alert"
 ANNOTATION_REGISTRY_EVENT = f"{SIGNALS}/registry-event"
+# A person's word on the rollout in progress: pause, resume, promote or abort.
+ANNOTATION_ROLLOUT = f"{SIGNALS}/rollout"

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from kubeloop.api.base import BaseStatus, Duration, KubeModel, ModelRef, VersionSelector
 from kubeloop.api.optimization import AccuracyBudget, LatencySLO, Technique
+from kubeloop.api.outcomes import GroundTruth, PerformanceMonitoring, PerformanceStatus, Rollout, RolloutStatus
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.schema import cel
 from kubeloop.api.times import seconds
@@ -141,6 +142,11 @@ class DriftMonitoring(KubeModel):
     """The dataset counts as drifted when this share of features drift."""
     min_rows: int = Field(default=200, ge=1)
     """Windows with fewer logged rows are not evaluated."""
+    ground_truth: GroundTruth | None = None
+    """Where late labels land; with it the service is also judged by its
+    outcomes (live quality, concept drift, rollout analysis)."""
+    performance: PerformanceMonitoring = Field(default_factory=PerformanceMonitoring)
+    """How live quality is judged once groundTruth is set."""
 
 
 class RetrainOptimization(KubeModel):
@@ -170,9 +176,10 @@ class Retraining(KubeModel):
     optimization: RetrainOptimization | None = None
     """Optimise the retrained model before it is canaried; omitted serves it as trained."""
     canary_percent: int = Field(default=20, ge=0, le=100)
-    """Traffic the challenger gets while it is evaluated."""
+    """Traffic the challenger gets while it is evaluated, without spec.rollout:
+    a one-step rollout at this share."""
     canary_duration: Duration = "2m"
-    """How long the challenger serves its canary share, healthy, before it is promoted."""
+    """How long that one step lasts; it is promoted when its analysis passes."""
     promotion: PromotionPolicy = Field(default_factory=lambda: PromotionPolicy(promote_to="champion"))
     """Aliases and gates for the retrained version."""
 
@@ -229,6 +236,11 @@ class InferenceServiceSpec(KubeModel):
         json_schema_extra=cel(
             ("!has(self.retraining) || has(self.monitoring)",
              "retraining is triggered by drift: set monitoring too", "retraining"),
+            ("!has(self.rollout) || has(self.canary) || has(self.retraining)",
+             "a rollout moves a challenger: set canary (or retraining) too", "rollout"),
+            ("!has(self.rollout) || !has(self.canary) || has(self.model.alias)",
+             "a rollout of spec.canary promotes it by moving spec.model's alias: follow an alias (for example "
+             "champion)", "model"),
         )
     )
 
@@ -263,6 +275,10 @@ class InferenceServiceSpec(KubeModel):
     features: OnlineFeatures = Field(default_factory=OnlineFeatures)
     """Entity requests: how missing or stale online features are handled, and
     how often the online store is refreshed."""
+    rollout: Rollout | None = None
+    """Move a challenger to all traffic step by step with analysis at every
+    step: spec.canary (its percent is then the steps'), and a retrained
+    version; omitted, spec.canary is a static split."""
 
 
 class Placement(KubeModel):
@@ -327,6 +343,8 @@ class RetrainingStatus(KubeModel):
     """The OptimizedModel it created."""
     challenger: str | None = None
     """The registered version being evaluated."""
+    reason: str | None = None
+    """The alert that started it: KubeloopDataDrift or KubeloopConceptDrift."""
     canary_since: str | None = None
     """When the challenger started serving its canary share (RFC 3339)."""
     message: str = ""
@@ -365,3 +383,7 @@ class InferenceServiceStatus(BaseStatus):
     """The latest drift evaluation."""
     retraining: RetrainingStatus | None = None
     """The current or last retrain."""
+    performance: PerformanceStatus | None = None
+    """The latest outcome evaluation (spec.monitoring.groundTruth)."""
+    rollout: RolloutStatus | None = None
+    """The rollout in progress, or the last one."""

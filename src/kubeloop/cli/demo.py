@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,6 +25,11 @@ from kubeloop.dev.platform import Platform, PlatformError, default_state_dir
 
 console = Console()
 MODEL = "fraud-detector"
+
+
+class Story(str, Enum):
+    drift = "drift"
+    outcomes = "outcomes"
 
 
 def load_examples(folder: Path) -> list[dict]:
@@ -44,6 +50,10 @@ def demo(
     cluster: Annotated[bool, typer.Option(
         "--cluster", help="Serve the way a cluster does: a real node, KServe's controller, kubeloop's front and "
                           "images in Pods, drift checks as Jobs (changes the host, see README).")] = False,
+    story: Annotated[Story, typer.Option(
+        help="drift: the inputs drift, Evidently sees it, retrain; outcomes: the labels arrive late and "
+             "the label function changes while the inputs do not, the live AUC falls, retrain, roll out "
+             "step by step on live metrics, and abort a worse challenger.")] = Story.drift,
 ) -> None:
     """Run the loop on this machine: train, optimise, serve, drift, alert, retrain, gate, canary, promote."""
     from kubeloop.registry.mlflow import MlflowRegistry, fail_fast
@@ -87,8 +97,16 @@ def demo(
         fail_fast()
         # The cluster flavour's store is a repository folder on this machine, which Pods cannot open: its
         # callers send feature vectors.
-        loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale,
-                    reach=reach, entities=not cluster)
+        if story is Story.outcomes:
+            from kubeloop.story.outcomes import OutcomeLoop, outcome_docs
+
+            labels = platform.dir / "labels" / namespace
+            loop = OutcomeLoop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env,
+                               outcome_docs(docs, labels, OutcomeLoop.outcome_timings), repo, scale=scale,
+                               reach=reach, labels_dir=labels)
+        else:
+            loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale,
+                        reach=reach, entities=not cluster)
         console.print(f"  [dim]demo timings: drift checked every {timings.schedule} over the last {timings.window}; "
                       f"canary for {timings.canary_duration}[/dim]")
         for title, step in loop.steps():
@@ -170,7 +188,10 @@ def _summary(platform: Platform, loop, namespace: str, took: float) -> None:  # 
         f"  Prometheus:   {env['PROMETHEUS_URL']}/graph?g0.expr=kubeloop_drift_share  (alerts: /alerts; "
         "kubeloop_online_feature_retrieval_seconds, kubeloop_online_features_lag_seconds)\n"
         f"  Alertmanager: {env['ALERTMANAGER_URL']}/#/alerts\n"
-        f"  drift report: {report}  (and in MLflow: {facts['drift'].get('report')})\n"
+        f"  drift report: {report}  (and in MLflow: {facts.get('drift', {}).get('report', '-')})\n"
+        + (f"  outcomes:     {facts['decayed_performance'].get('report')}  (kubectl get inferenceservice "
+           f"-o jsonpath='{{.status.performance}}'; kubeloop_live_metric in Prometheus)\n"
+           if "decayed_performance" in facts else "") +
         f"  logs:         {platform.logs}\n"
         f"  stop it all:  kubeloop dev down --state-dir {platform.dir}")
 

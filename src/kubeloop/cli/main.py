@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kubeloop.cli import api, demo, dev, operator, placement, registry, serving
+from kubeloop.cli import api, demo, dev, operator, placement, registry, rollout, serving
 from kubeloop.featurestore import cli as features
 from kubeloop.pipelines import cli as pipelines
 
@@ -15,6 +15,7 @@ app.add_typer(features.app, name="features")
 app.add_typer(pipelines.app, name="pipelines")
 app.add_typer(serving.app, name="serving")
 app.add_typer(placement.app, name="placement")
+app.add_typer(rollout.app, name="rollout")
 app.command("operator")(operator.run)
 app.command("crds")(api.crds)
 app.command("rbac")(api.rbac)

@@ -6,16 +6,24 @@ tritonserver (KServe v2 protocol).
   version; requests without a key are spread at random.
 - Shadow mirroring: a share of requests is also sent to the shadow version;
   its answer is logged and compared with the primary's, never returned.
-- Request logging for drift monitoring (sampled; the format and its two
-  stores, a folder or an s3:// prefix, are kubeloop.requestlog's): each
-  record holds the input rows under "features" and the answers under
-  "outputs", one entry per row (a float, or the list of class
+- Paired comparison during a rollout (the config's "compare"): a keyed share
+  of the requests the canary answers is also sent to the primary (role
+  "paired"); its answer is compared with the canary's and logged under the
+  same key, never returned, so late labels judge champion and challenger on
+  the same requests.
+- Request logging for drift monitoring and outcome joins (the format and
+  its two stores, a folder or an s3:// prefix, are kubeloop.requestlog's):
+  sampled by the request key's hash (kubeloop.requestlog.sampled), so a key
+  has all its rows (every role's) logged or none, and the share logged is
+  known; a request without a key is logged under the random key it was
+  given. Each record holds the input rows under "features" and the answers
+  under "outputs", one entry per row (a float, or the list of class
   probabilities). Bounded: a queue of LOG_QUEUE rows between flushes (what
   does not fit is dropped and counted); writes run off the event loop; a
   failed write (disk full, object store down) is counted and retried, never
   fatal.
-- Shadow mirroring is bounded too: at most MAX_MIRRORS in flight, the rest
-  skipped and counted.
+- Mirrors (shadow and paired) are bounded too: at most MAX_MIRRORS in
+  flight together, the rest skipped and counted.
 - Entity requests: a request whose inputs are the entity keys and
   request-time columns of the version's signature (instead of the tensor
   "features") gets its vector from the version's Feast online store
@@ -23,8 +31,9 @@ tritonserver (KServe v2 protocol).
   service's policy and are counted by view. Such rows are logged with the
   columns the caller sent ("request") beside the assembled vector.
 - Prometheus metrics on /metrics: request latency, requests per version and
-  outcome, the predictions (per task, see Metrics), shadow comparisons and
-  disagreements, and what the request log and the shadow dropped.
+  outcome, the predictions (per task, see Metrics), shadow and canary
+  comparisons and disagreements, the request log's sample rate, and what
+  the request log and the mirrors dropped.
 
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
@@ -32,8 +41,8 @@ output, classes and threshold; see kubeloop.api.signature).
 HTTP on both sides is kubeloop.serving.httpserver and .upstream (asyncio
 protocols over httptools, on uvloop): what a request costs the front
 decides how much of Triton's throughput callers keep. The metrics, the
-request log's row and the shadow's mirror are taken care of after the
-answer is written.
+request log's row and the mirrors are taken care of after the answer is
+written.
 
 Its routes live in a JSON file that the serving backend rewrites as aliases
 move (the local backend's file, or a ConfigMap mounted into the router's Pod
@@ -49,7 +58,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import hashlib
 import json
 import logging
 import os
@@ -69,7 +77,8 @@ import uvloop
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kubeloop.components.triton import MAX_REQUEST_ROWS
-from kubeloop.requestlog import LogLimits, LogStoreError, ObjectStore, RequestLog, line, open_store
+from kubeloop.requestlog import LogLimits, LogStoreError, ObjectStore, RequestLog, line, open_store, sampled
+from kubeloop.requestlog import position as bucket
 from kubeloop.serving.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.serving.coalescing import Coalescer
 from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
@@ -79,7 +88,7 @@ from kubeloop.serving.upstream import Upstreams, UpstreamError
 
 log = logging.getLogger("kubeloop.router")
 MAX_MIRRORS = 64
-"""Shadow requests in flight at once."""
+"""Mirrored requests (shadow and paired) in flight at once."""
 SWITCH_SECONDS = 0.0005
 """How long the request log's writer may hold the GIL before the event loop
 gets it back: with Python's default, 5 ms, each flush stalled the requests
@@ -130,6 +139,9 @@ class RouterConfig:
     version_urls: dict[str, str] = field(default_factory=dict)
     """Version -> the Triton serving it, where versions are served apart
     (one predictor each on a cluster); others are on triton_url."""
+    compare_percent: float = 0.0
+    """The keyed share (0-100) of the canary's requests also sent to the
+    primary to compare ("compare": {"percent": P}); 0 compares none."""
 
     @classmethod
     def load(cls, path: Path) -> "RouterConfig":
@@ -143,22 +155,20 @@ class RouterConfig:
                    classes=tuple(data.get("classes", ())), tolerance=data.get("tolerance", 0.05),
                    log_limits=LogLimits(**data.get("log_limits", {})),
                    features={v: FeatureSpec.from_dict(f) for v, f in data.get("features", {}).items()},
-                   missing=data.get("missing", "default"), version_urls=data.get("version_urls", {}))
+                   missing=data.get("missing", "default"), version_urls=data.get("version_urls", {}),
+                   compare_percent=(data.get("compare") or {}).get("percent", 0.0))
 
     def version_url(self, version: str) -> str:
         """The Triton model URL of a version."""
         base = self.version_urls.get(version, self.triton_url)
         return f"{base}/v2/models/{self.triton_model}/versions/{version}"
 
+    def primary(self) -> Route:
+        return next(r for r in self.routes if r.role == "primary")
+
     def label(self, index: int) -> str:
         """Multiclass: the class label of an output position."""
         return self.classes[index] if index < len(self.classes) else str(index)
-
-
-def bucket(key: str, salt: str = "") -> float:
-    """A stable position in [0, 100) for a key."""
-    digest = hashlib.sha256(f"{salt}{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 10000 / 100
 
 
 def pick(routes: tuple[Route, ...], key: str) -> Route:
@@ -220,6 +230,22 @@ class Metrics:
         self.shadow_skipped = Counter("kubeloop_shadow_skipped_total",
                                       f"Requests not mirrored because {MAX_MIRRORS} mirrors were in flight.",
                                       ["service"], registry=self.registry)
+        versions = ["service", "model", "primary", "canary"]
+        self.canary_comparisons = Counter("kubeloop_canary_comparisons_total",
+                                          "Rows of canary requests answered by the primary too (paired).",
+                                          versions, registry=self.registry)
+        self.canary_disagreements = Counter("kubeloop_canary_disagreements_total",
+                                            "Paired rows where the canary's decision differs from the primary's.",
+                                            versions, registry=self.registry)
+        self.canary_skipped = Counter("kubeloop_canary_comparisons_skipped_total",
+                                      f"Canary requests not paired because {MAX_MIRRORS} mirrors were in flight.",
+                                      ["service"], registry=self.registry)
+        self.mirroring = {"shadow": (self.shadow_comparisons, self.shadow_disagreements, self.shadow_skipped),
+                          "paired": (self.canary_comparisons, self.canary_disagreements, self.canary_skipped)}
+        """A mirror's role -> its comparisons, disagreements and skipped counters."""
+        self.sample_rate = Gauge("kubeloop_request_log_sample_rate",
+                                 "Share of request keys whose rows the request log keeps (0: no request log).",
+                                 ["service"], registry=self.registry)
         self.log_dropped = Counter("kubeloop_request_log_dropped_total",
                                    "Request-log rows dropped because the queue was full (the store refused or lagged).",
                                    ["service"], registry=self.registry)
@@ -415,6 +441,7 @@ class Router:
         self.metrics.traffic.clear()
         for route in (*c.routes, *([c.shadow] if c.shadow else [])):
             self.metrics.traffic.labels(c.service, c.model, route.version, route.role).set(route.percent / 100)
+        self.metrics.sample_rate.labels(c.service).set(c.sample_rate if c.request_log else 0.0)
 
     def _observe(self, version: str, outputs: list) -> None:
         """The predictions' metric, by task (per row: a float, or class probabilities)."""
@@ -489,8 +516,9 @@ class Router:
     def _account(self, route: Route, key: str, payload: dict, body: bytes, sent: tuple[dict | None, list | None],
                  status: int, answer: bytes, elapsed: float) -> None:
         """Once the caller has its answer (at concurrency 1 the router is
-        otherwise idle then): the metrics, the request log and the shadow's
-        mirror. sent: the columns of an entity request and its vectors."""
+        otherwise idle then): the metrics, the request log and the mirrors
+        (shadow, paired). sent: the columns of an entity request and its
+        vectors."""
         c = self.config
         labels = (c.service, c.model, route.version, route.role)
         self.metrics.series(self.metrics.latency, *labels).observe(elapsed)
@@ -499,17 +527,28 @@ class Router:
         outputs = parse_outputs(answer, c) if status == 200 else None
         if outputs:
             self._observe(route.version, outputs)
-        if c.request_log and outputs and random.random() < c.sample_rate:
+        # Sampled by the key, so the key's other rows (mirrors) follow; rate 1 needs no hash.
+        logged = bool(c.request_log) and (c.sample_rate >= 1 or sampled(key, c.sample_rate))
+        if logged and outputs:
             record = {"ts": time.time(), "key": key, "role": route.role, "version": route.version,
                       "features": vectors if vectors is not None else _features(payload), "outputs": outputs}
             if columns is not None:
                 record["request"] = columns
             self.log.add(line(record))
+        mirrored = (payload, body, key, outputs, logged)
         if c.shadow and bucket(key, "shadow") < c.shadow.percent:
-            if len(self.mirrors) < MAX_MIRRORS:
-                self._spawn(self._mirror(payload, body, key, route.version, outputs), self.mirrors)
-            else:
-                self.metrics.shadow_skipped.labels(c.service).inc()
+            self._send_mirror("shadow", c.shadow, (c.service, c.model, route.version, c.shadow.version), mirrored)
+        if route.role == "canary" and c.compare_percent and bucket(key, "compare") < c.compare_percent:
+            primary = c.primary()
+            self._send_mirror("paired", primary, (c.service, c.model, primary.version, route.version), mirrored)
+
+    def _send_mirror(self, role: str, to: Route, pair: tuple[str, ...],
+                     mirrored: tuple[dict, bytes, str, list | None, bool]) -> None:
+        """Mirror a request (_mirror's arguments) unless MAX_MIRRORS are in flight: then skipped and counted."""
+        if len(self.mirrors) < MAX_MIRRORS:
+            self._spawn(self._mirror(role, to, pair, *mirrored), self.mirrors)
+        else:
+            self.metrics.series(self.metrics.mirroring[role][2], self.config.service).inc()
 
     async def model_request(self, version: str, payload: dict, body: bytes,
                             count: bool = True) -> tuple[bytes, dict, dict | None, list | None]:
@@ -606,30 +645,34 @@ class Router:
         for problem in problems:
             self.metrics.features_missing.labels(c.service, problem.view, problem.reason, c.missing).inc()
 
-    async def _mirror(self, payload: dict, body: bytes, key: str, primary_version: str,
-                      primary: list | None) -> None:
-        """Send the request to the shadow; log and compare, never answer."""
+    async def _mirror(self, role: str, to: Route, pair: tuple[str, ...], payload: dict, body: bytes, key: str,
+                      answered: list | None, logged: bool) -> None:
+        """Send the request to another version under a role of its own (the
+        shadow, or the primary paired with a canary's answer); compare its
+        answer with the one the caller got (the role's counters, by pair)
+        and log it under the same key, never answer. Its requests and
+        latency count under that role: the version's callers' error rate
+        and latency stay theirs."""
         c = self.config
-        shadow = c.shadow
+        labels = (c.service, c.model, to.version, role)
         started = time.perf_counter()
         try:
-            body, request = (await self.model_request(shadow.version, payload, body, count=False))[:2]
-            status, answer = await self.call_triton(shadow.version, body, request)
+            body, request = (await self.model_request(to.version, payload, body, count=False))[:2]
+            status, answer = await self.call_triton(to.version, body, request)
         except RequestError as exc:
-            self.metrics.requests.labels(c.service, c.model, shadow.version, "shadow", str(exc.status)).inc()
+            self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
             return
-        labels = (c.service, c.model, shadow.version, "shadow")
         self.metrics.series(self.metrics.latency, *labels).observe(time.perf_counter() - started)
         self.metrics.series(self.metrics.requests, *labels, str(status)).inc()
         outputs = parse_outputs(answer, c) if status == 200 else None
-        if outputs and primary and len(outputs) == len(primary):
-            pair = (c.service, c.model, primary_version, shadow.version)
-            for p, s in zip(primary, outputs, strict=True):
-                self.metrics.shadow_comparisons.labels(*pair).inc()
-                if disagree(c, p, s):
-                    self.metrics.shadow_disagreements.labels(*pair).inc()
-        if c.request_log and outputs:
-            self.log.add(line({"ts": time.time(), "key": key, "role": "shadow", "version": shadow.version,
+        if outputs and answered and len(outputs) == len(answered):
+            comparisons, disagreements, _ = self.metrics.mirroring[role]
+            self.metrics.series(comparisons, *pair).inc(len(outputs))
+            # Counted even when 0, so the series exists from the first comparison.
+            self.metrics.series(disagreements, *pair).inc(sum(disagree(c, a, o)
+                                                              for a, o in zip(answered, outputs, strict=True)))
+        if logged and outputs:
+            self.log.add(line({"ts": time.time(), "key": key, "role": role, "version": to.version,
                                "outputs": outputs}))
 
     async def ready(self) -> Response:
@@ -650,7 +693,7 @@ class Router:
         return Response(answer.status, answer.body)
 
     def _primary_url(self) -> str:
-        return self.config.version_url(next(r for r in self.config.routes if r.role == "primary").version)
+        return self.config.version_url(self.config.primary().version)
 
     def metrics_endpoint(self) -> Response:
         return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)

@@ -11,11 +11,25 @@ from kubeloop.registry.tags import FEATURE_STORE
 from kubeloop.serving.base import ServedVersion, ServingRequest
 from kubeloop.serving.features import FeatureSpec
 
+PAIRED_BUDGET = 5.0
+"""While a canary is served, the percent of all requests the router also
+sends to the primary to compare (paired rows for the rollout's analysis).
+Each costs the primary's Triton one more call, so the budget holds the
+extra load at 5% whatever the canary's share: a 5% step pairs every
+canary request, a 50% step one in ten. A small first step is where a bad
+challenger must be caught, and there it gets the most pairs."""
+
+
+def compare_percent(canary_percent: int) -> int:
+    """The keyed share of the canary's requests that are paired (pure)."""
+    return min(100, round(100 * PAIRED_BUDGET / canary_percent)) if canary_percent > 0 else 0
+
 
 def build_router_config(request: ServingRequest, triton_model: str, triton_url: str, request_log: str | None,
                         roles: Collection[str] = ("primary", "canary", "shadow"),
                         version_urls: dict[str, str] | None = None, published_stores_only: bool = False) -> dict:
-    """Routes (primary and canary by share, shadow mirrored) for the versions
+    """Routes (primary and canary by share, shadow mirrored, a share of the
+    canary's requests paired with the primary) for the versions
     of the given roles, what the answers mean, where requests are logged, and
     what entity requests read from each version's online store; with
     published_stores_only (a router in a Pod) only stores recorded as a
@@ -35,6 +49,7 @@ def build_router_config(request: ServingRequest, triton_model: str, triton_url: 
         **signature_fields(ModelSignature.from_tags(by_role["primary"].model.tags)),
         "features": feature_specs(list(by_role.values()), published_stores_only),
         "missing": request.spec.features.missing,
+        **({"compare": {"percent": compare_percent(canary.percent)}} if canary else {}),
         **({"version_urls": version_urls} if version_urls else {}),
     }
 

@@ -80,6 +80,8 @@ def operator_env(platform_env: dict[str, str], feast_repo: Path, work_dir: Path,
             "AWS_DEFAULT_REGION")
     return {
         **{k: platform_env[k] for k in keys},
+        # Rollouts are analysed on what the platform's Prometheus scraped of the front.
+        "KUBELOOP_PROMETHEUS_URL": platform_env["PROMETHEUS_URL"],
         "KUBELOOP_REGISTRY": "mlflow",
         "KUBELOOP_PIPELINE_BACKENDS": "local", "KUBELOOP_PIPELINE_BACKEND": "local",
         "KUBELOOP_SERVING_BACKENDS": "local", "KUBELOOP_SERVING_BACKEND": "local",
@@ -367,7 +369,7 @@ class Loop:
         challenger = self.facts["challenger"]
         wait_until(lambda: self.status("InferenceService").get("modelVersion") == challenger, 60 * self.scale,
                    f"the InferenceService serving version {challenger}", seen=lambda: self._service_seen())
-        self.traffic.use(self.traffic_rows_now())
+        self.traffic.use(*self.traffic_rows_now())
         wait_until(lambda: (v := self.traffic.recent_versions()) and sum(v.values()) >= 50 and set(v) == {challenger},
                    60 * self.scale, f"every answer from version {challenger}",
                    seen=lambda: str(dict(self.traffic.recent_versions())))
@@ -381,9 +383,10 @@ class Loop:
 
     # -- helpers -------------------------------------------------------------
 
-    def traffic_rows_now(self):  # noqa: ANN201 - numpy array or DataFrame
-        """The drifted requests, as the version now served takes them."""
-        return self._requests(self.facts["challenger"], self.facts["drift_period"].start, None)
+    def traffic_rows_now(self) -> tuple:
+        """The drifted requests, as the version now served takes them, and
+        their labels where callers' outcomes are fed back (None here)."""
+        return self._requests(self.facts["challenger"], self.facts["drift_period"].start, None), None
 
     def _requests(self, version: str, start: dt.datetime, end: dt.datetime | None):  # noqa: ANN202
         """What callers send for the transactions between start and end: the

@@ -23,13 +23,19 @@ def feature_rows(repo: Path, spec: TrainingJobSpec, columns: list[str], start: d
     """Rows of the model's features (in its column order) for the labelled
     rows between start and end, point-in-time from Feast (repo: a repository
     folder, or a StoreLocation)."""
+    return labelled_feature_rows(repo, spec, columns, start, end, limit, seed)[0]
+
+
+def labelled_feature_rows(repo: Path, spec: TrainingJobSpec, columns: list[str], start: datetime | None,
+                          end: datetime | None, limit: int = 20_000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """feature_rows, and each row's label (the outcome a label pipeline delivers later)."""
     from kubeloop.featurestore.store import LabelRows, training_data
 
     data = training_data(repo, spec.features.feature_views, LabelRows.of(spec.features.labels), start, end)
-    frame = data.frame[columns]
+    frame = data.frame
     if len(frame) > limit:
         frame = frame.sample(limit, random_state=seed)
-    return frame.to_numpy(np.float32)
+    return frame[columns].to_numpy(np.float32), frame[data.label].to_numpy()
 
 
 def sent_columns(repo: Path, signature: ModelSignature, start: datetime | None, end: datetime | None,
@@ -93,14 +99,19 @@ class Traffic:
         self.failed = 0
         self.last_error = ""
         self._rows = rows
+        self._labels: np.ndarray | None = None
+        self.feed = None
+        """A kubeloop.story.labels.LabelFeed that gets the outcomes of answered requests."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
 
-    def use(self, rows: Requests) -> None:
-        """Send these rows from now on (the recent answers start afresh)."""
+    def use(self, rows: Requests, labels: np.ndarray | None = None) -> None:
+        """Send these rows from now on (the recent answers start afresh);
+        with labels (one per row) and a label feed, each answered request's
+        outcomes go to the feed."""
         with self._lock:
-            self._rows = rows
+            self._rows, self._labels = rows, labels
             self.recent.clear()
 
     def start(self) -> "Traffic":
@@ -135,13 +146,14 @@ class Traffic:
         next_at = time.monotonic()
         while not self._stop.is_set():
             with self._lock:
-                rows, picked = self._rows, self.rng.integers(0, len(self._rows), self.batch)
+                rows, labels, picked = self._rows, self._labels, self.rng.integers(0, len(self._rows), self.batch)
+            key = uuid.uuid4().hex
             body = entity_request(rows.iloc[picked]) if isinstance(rows, pd.DataFrame) else vector_request(rows[picked])
             version, error = None, ""
             try:
                 target = self._resolve()
                 sent = time.perf_counter()
-                response = session.post(target, json=body, timeout=5, headers={"X-Request-Key": uuid.uuid4().hex})
+                response = session.post(target, json=body, timeout=5, headers={"X-Request-Key": key})
                 took = time.perf_counter() - sent
                 if response.status_code == 200:
                     version = response.headers.get("X-Model-Version")
@@ -150,6 +162,8 @@ class Traffic:
             except (requests.RequestException, LookupError) as exc:
                 error = str(exc)
                 self._target = None
+            if version and labels is not None and self.feed is not None:
+                self.feed.record(key, labels[picked].tolist(), time.time())
             with self._lock:
                 if version:
                     self.answered[version] += 1

@@ -1,0 +1,195 @@
+"""A rollout: the challenger's share of traffic moves through the spec's
+steps; at every step the challenger is judged against the champion on the
+same keyed traffic, and the first guardrail that fails aborts it (all
+traffic back to the champion, the alias not moved).
+
+Guardrails, each checked whenever the reconcile runs (so they look many
+times per step: the sequential tests keep the false-alarm rate at alpha
+however often they look):
+- failed requests: an always-valid test that the challenger's 5xx share is
+  higher than the champion's by more than maxErrorRateIncrease;
+- p99 latency: the challenger's over the champion's, once both answered
+  minRequests;
+- disagreement: the lower end of the 95% interval of the share of paired
+  requests decided differently above maxDisagreement;
+- live loss: once labels arrive (spec.monitoring.groundTruth), an
+  always-valid paired test that the challenger's mean loss on the same
+  requests is higher than the champion's by more than maxLossIncrease.
+A step passes when its duration has run, the challenger answered
+minRequests in it, minLabelled paired requests have labels, and no
+guardrail failed.
+
+Pure: the traffic sample and the outcome streams come in, a status goes out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from kubeloop.api.outcomes import ROLLOUT_ACTIONS, Rollout, RolloutAnalysis, RolloutStatus, StepAnalysis
+from kubeloop.api.times import epoch, iso, seconds
+from kubeloop.monitoring.outcomes.sequential import Stream, compare, compare_paired
+from kubeloop.monitoring.outcomes.traffic import TrafficSample
+
+FINAL = ("Promoted", "Aborted")
+MIN_PAIRED = 30
+"""Paired requests before disagreement is judged (its interval is wide below)."""
+
+
+@dataclass(frozen=True)
+class PairedLosses:
+    """Per-request losses of both versions on the same labelled requests."""
+
+    champion: Stream
+    challenger: Stream
+    differences: Stream
+    """challenger - champion, request by request."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a step's analysis reads."""
+
+    traffic: TrafficSample | None
+    """The front's measurements over the step, None while they cannot be had."""
+    losses: PairedLosses | None = None
+    """The labelled paired requests, once labels have arrived."""
+
+
+def start(rollout: Rollout, champion: str, challenger: str, now: float, action: str | None) -> RolloutStatus:
+    """A new rollout at its first step. A hand action already on the object
+    was meant for an earlier rollout: it is remembered, not applied."""
+    first = rollout.steps[0]
+    return RolloutStatus(challenger=challenger, champion=champion, weight=first.weight, step_started_at=iso(now),
+                         action=action, message=f"step 1 of {len(rollout.steps)}: {first.weight}% for {first.duration}")
+
+
+def advance(rollout: Rollout, status: RolloutStatus, evidence: Evidence, now: float,
+            action: str | None = None) -> RolloutStatus:
+    """The rollout's next state: a new hand action first, then the analysis."""
+    if status.phase in FINAL:
+        return status
+    if action and action != status.action:
+        return _act(rollout, status, action, now)
+    if status.phase == "Paused":
+        return status
+    analysis = judge(rollout.analysis, status, evidence)
+    if analysis.verdict == "Fail":
+        return status.model_copy(update={"phase": "Aborted", "weight": 0, "analysis": analysis,
+                                         "message": f"aborted at step {status.step + 1}: {analysis.message}"})
+    step = rollout.steps[status.step]
+    if analysis.verdict == "Pass" and now - epoch(status.step_started_at) >= seconds(step.duration):
+        return _next_step(rollout, status, analysis, now)
+    return status.model_copy(update={"analysis": analysis})
+
+
+def _act(rollout: Rollout, status: RolloutStatus, action: str, now: float) -> RolloutStatus:
+    if action not in ROLLOUT_ACTIONS:
+        return status.model_copy(update={"action": action, "message": f"unknown rollout action {action!r}: "
+                                         f"use one of {', '.join(ROLLOUT_ACTIONS)}"})
+    update = {"action": action, "message": f"{action} by hand at step {status.step + 1}"}
+    if action == "pause":
+        update["phase"] = "Paused"
+    elif action == "resume":
+        update |= {"phase": "Progressing", "step_started_at": iso(now)}  # the step's time starts again
+    elif action == "abort":
+        update |= {"phase": "Aborted", "weight": 0}
+    else:
+        update |= {"phase": "Promoted", "weight": 100}
+    return status.model_copy(update=update)
+
+
+def _next_step(rollout: Rollout, status: RolloutStatus, analysis: StepAnalysis, now: float) -> RolloutStatus:
+    following = status.step + 1
+    if following == len(rollout.steps):
+        return status.model_copy(update={"phase": "Promoted", "weight": 100, "analysis": analysis,
+                                         "message": f"promoted after {len(rollout.steps)} step(s): {analysis.message}"})
+    step = rollout.steps[following]
+    return status.model_copy(update={
+        "step": following, "weight": step.weight, "step_started_at": iso(now), "analysis": None,
+        "message": f"step {following + 1} of {len(rollout.steps)}: {step.weight}% for {step.duration} "
+                   f"(step {following} passed: {analysis.message})"})
+
+
+def judge(spec: RolloutAnalysis, status: RolloutStatus, evidence: Evidence) -> StepAnalysis:
+    """The step's guardrails over what was measured."""
+    if evidence.traffic is None:
+        return StepAnalysis(message="the front's measurements cannot be read yet")
+    t, champion, challenger = evidence.traffic, status.champion, status.challenger
+    served, base = t.requests.get(challenger, 0.0), t.requests.get(champion, 0.0)
+    result = {"requests": int(served)}
+    failures = []
+    if served and base:
+        rate, base_rate = t.errors.get(challenger, 0.0) / served, t.errors.get(champion, 0.0) / base
+        result |= {"error_rate": round(rate, 5), "champion_error_rate": round(base_rate, 5)}
+        verdict = compare(_bernoulli(base, base_rate), _bernoulli(served, rate), alpha=spec.alpha,
+                          margin=spec.max_error_rate_increase).verdict
+        if verdict == "worse":
+            failures.append(f"error rate {rate:.2%} against the champion's {base_rate:.2%} "
+                            f"(at most +{spec.max_error_rate_increase:.2%})")
+    if served >= spec.min_requests and base >= spec.min_requests and champion in t.p99 and challenger in t.p99:
+        ratio = t.p99[challenger] / t.p99[champion] if t.p99[champion] > 0 else math.inf
+        result["latency_ratio"] = round(ratio, 3)
+        if ratio > spec.max_latency_ratio:
+            failures.append(f"p99 latency {ratio:.2f}x the champion's (at most {spec.max_latency_ratio}x)")
+    failures += _disagreement(spec, t, result)
+    failures += _losses(spec, evidence.losses, result)
+    if failures:
+        return StepAnalysis(**result, verdict="Fail", message="; ".join(failures))
+    if served < spec.min_requests:
+        return StepAnalysis(**result, message=f"{int(served)} of {spec.min_requests} requests answered")
+    if result.get("labelled", 0) < spec.min_labelled:
+        return StepAnalysis(**result, message=f"{result.get('labelled', 0)} of {spec.min_labelled} paired "
+                                              "requests labelled")
+    return StepAnalysis(**result, verdict="Pass", message=_passed(result))
+
+
+def _disagreement(spec: RolloutAnalysis, t: TrafficSample, result: dict) -> list[str]:
+    if t.comparisons < MIN_PAIRED:
+        return []
+    share = t.disagreements / t.comparisons
+    result["disagreement"] = round(share, 4)
+    low = _wilson_low(t.disagreements, t.comparisons)
+    if low > spec.max_disagreement:
+        return [f"{share:.1%} of {int(t.comparisons)} paired requests decided differently "
+                f"(at most {spec.max_disagreement:.0%})"]
+    return []
+
+
+def _losses(spec: RolloutAnalysis, losses: PairedLosses | None, result: dict) -> list[str]:
+    if losses is None or losses.differences.n < 2:
+        return []
+    comparison = compare_paired(losses.differences, alpha=spec.alpha, margin=spec.max_loss_increase)
+    result |= {"loss_difference": round(comparison.difference, 5), "labelled": losses.differences.n}
+    if comparison.verdict == "worse":
+        return [f"loss per labelled request {losses.challenger.mean:.4f} against the champion's "
+                f"{losses.champion.mean:.4f} on the same {losses.differences.n} requests "
+                f"(at most +{spec.max_loss_increase})"]
+    return []
+
+
+def _passed(result: dict) -> str:
+    parts = [f"{result['requests']} requests"]
+    if "error_rate" in result:
+        parts.append(f"error rate {result['error_rate']:.2%}")
+    if "latency_ratio" in result:
+        parts.append(f"p99 {result['latency_ratio']}x")
+    if "disagreement" in result:
+        parts.append(f"disagreement {result['disagreement']:.1%}")
+    if "loss_difference" in result:
+        parts.append(f"loss {result['loss_difference']:+.4f} over {result['labelled']} labels")
+    return ", ".join(parts)
+
+
+def _bernoulli(n: float, rate: float) -> Stream:
+    return Stream(n=int(n), mean=rate, m2=n * rate * (1 - rate))
+
+
+def _wilson_low(hits: float, n: float, confidence: float = 0.95) -> float:
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = hits / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - spread) / (1 + z * z / n)
