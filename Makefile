@@ -38,11 +38,12 @@ PKG_FILES_HASH := $(shell find src operator pipelines components featurestore mo
   -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
   | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo demo-cluster crds pipelines lock clean
+.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo demo-cluster demo-outcomes crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
 	@echo "make demo-cluster - the same loop on the cluster path (real node, KServe, front, drift Jobs)"
+	@echo "make demo-outcomes - the loop judged by outcomes: late labels, concept drift, rollouts"
 	@echo "make test   - run the test suite (unit, architecture, end-to-end)"
 	@echo "make bench  - run the benchmarks and print their tables (BENCH=repeatability for one suite)"
 	@echo "make setup  - install everything the above need (done by them when needed)"
@@ -125,6 +126,10 @@ demo: setup
 # The same story on the cluster path: a real node, KServe, the front and drift Jobs in Pods.
 demo-cluster: setup
 	$(VENV)/bin/kubeloop demo --cluster
+
+# Late labels, concept drift that the inputs do not show, rollouts judged on live metrics.
+demo-outcomes: setup
+	$(VENV)/bin/kubeloop demo --story outcomes
 
 crds: python link
 	$(VENV)/bin/kubeloop crds --output charts/kubeloop/crds

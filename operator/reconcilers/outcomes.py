@@ -143,8 +143,9 @@ def rollout_of(spec: InferenceServiceSpec, retrained: bool) -> Rollout | None:
 
 
 def advance_rollout(ref: ObjectRef, rollout: Rollout, current: RolloutStatus | None, champion: str,
-                    challenger: str, ports: Ports) -> RolloutStatus:
-    """The rollout of this challenger, one reconcile further."""
+                    challenger: str, ports: Ports, serving: bool = True) -> RolloutStatus:
+    """The rollout of this challenger, one reconcile further (serving:
+    whether the challenger answered its share at the last look)."""
     now = ports.clock()
     action = ref.annotations.get(ANNOTATION_ROLLOUT)
     if current is None or current.challenger != challenger:
@@ -152,7 +153,7 @@ def advance_rollout(ref: ObjectRef, rollout: Rollout, current: RolloutStatus | N
     if current.phase in rollouts.FINAL:
         return current
     evidence = rollouts.Evidence(traffic=_traffic(ref, current, now, ports), losses=_losses(current, ports, ref))
-    return rollouts.advance(rollout, current, evidence, now, action)
+    return rollouts.advance(rollout, current, evidence, now, action, serving)
 
 
 def _traffic(ref: ObjectRef, current: RolloutStatus, now: float, ports: Ports):  # noqa: ANN202

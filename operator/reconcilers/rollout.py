@@ -9,7 +9,7 @@ however often they look):
 - failed requests: an always-valid test that the challenger's 5xx share is
   higher than the champion's by more than maxErrorRateIncrease;
 - p99 latency: the challenger's over the champion's, once both answered
-  minRequests;
+  minRequests and at least LATENCY_REQUESTS in the step;
 - disagreement: the lower end of the 95% interval of the share of paired
   requests decided differently above maxDisagreement;
 - live loss: once labels arrive (spec.monitoring.groundTruth), an
@@ -36,6 +36,11 @@ from kubeloop.monitoring.outcomes.traffic import TrafficSample
 FINAL = ("Promoted", "Aborted")
 MIN_PAIRED = 30
 """Paired requests before disagreement is judged (its interval is wide below)."""
+LATENCY_REQUESTS = 200
+"""Requests each version answers in a step before their p99s are compared:
+with fewer, a p99 is one slow call (a version's first calls after it
+loaded are slower, and measured that way a challenger as fast as the
+champion read 8x its p99)."""
 
 
 @dataclass(frozen=True)
@@ -67,14 +72,19 @@ def start(rollout: Rollout, champion: str, challenger: str, now: float, action: 
 
 
 def advance(rollout: Rollout, status: RolloutStatus, evidence: Evidence, now: float,
-            action: str | None = None) -> RolloutStatus:
-    """The rollout's next state: a new hand action first, then the analysis."""
+            action: str | None = None, serving: bool = True) -> RolloutStatus:
+    """The rollout's next state: a new hand action first, then the analysis.
+    serving: whether the challenger answers its share yet; until it does,
+    its step's time does not run."""
     if status.phase in FINAL:
         return status
     if action and action != status.action:
         return _act(rollout, status, action, now)
     if status.phase == "Paused":
         return status
+    if not serving:
+        return status.model_copy(update={"step_started_at": iso(now), "message": f"step {status.step + 1} waits "
+                                         f"for version {status.challenger} to answer its {status.weight}%"})
     analysis = judge(rollout.analysis, status, evidence)
     if analysis.verdict == "Fail":
         return status.model_copy(update={"phase": "Aborted", "weight": 0, "analysis": analysis,
@@ -129,7 +139,8 @@ def judge(spec: RolloutAnalysis, status: RolloutStatus, evidence: Evidence) -> S
         if verdict == "worse":
             failures.append(f"error rate {rate:.2%} against the champion's {base_rate:.2%} "
                             f"(at most +{spec.max_error_rate_increase:.2%})")
-    if served >= spec.min_requests and base >= spec.min_requests and champion in t.p99 and challenger in t.p99:
+    enough = max(spec.min_requests, LATENCY_REQUESTS)
+    if served >= enough and base >= enough and champion in t.p99 and challenger in t.p99:
         ratio = t.p99[challenger] / t.p99[champion] if t.p99[champion] > 0 else math.inf
         result["latency_ratio"] = round(ratio, 3)
         if ratio > spec.max_latency_ratio:

@@ -4,10 +4,11 @@ drift-triggered retrain through to promotion."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from kubeloop.api.base import ModelRef
 from kubeloop.api.refs import ObjectRef
-from kubeloop.api.times import iso, seconds
+from kubeloop.api.times import epoch, iso, seconds
 from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, ServedTraffic, TrafficSplit,
 )
@@ -84,7 +85,9 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     rollout = status.rollout
     plan = rollout_of(spec, bool(retrain and retrain.canary())) if canary else None
     if plan:
-        rollout = advance_rollout(ref, plan, status.rollout, primary.version, canary.version, ports)
+        serving = status.canary_version == canary.version and any(
+            c.type == "CanaryReady" and c.status == "True" for c in status.conditions)
+        rollout = advance_rollout(ref, plan, status.rollout, primary.version, canary.version, ports, serving)
         observations.append(rollout_observation(rollout))
         canary_percent = rollout.weight
         if rollout.phase == "Aborted":
@@ -108,6 +111,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
                               placement=_placement_status(placement), **retrained),
                        retry_after=backoff(attempt), retry_reason=str(exc))
 
+    served, unready_since = steady(status, served, primary.version, ports.clock())
     answering = None if served.primary_ready else served.answering
     observations.append(_deployed(served, answering))
     traffic = effective_traffic(versions, served)
@@ -140,17 +144,42 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,
         traffic=traffic, model_version=answering or primary.version,
         placement=_placement_status(placement), ready_replicas=served.ready_replicas,
-        drift=drift if spec.monitoring else None, performance=performance, rollout=rollout, **retrained,
+        drift=drift if spec.monitoring else None, performance=performance, rollout=rollout,
+        primary_unready_since=unready_since, **retrained,
     )
     gone = {"CanaryReady"} if not canary and not rolled_back else set()
     gone |= {"FeaturesFresh"} if not fresh else set()
     if gone:
         new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type not in gone]})
-    if not served.primary_ready:
+    if not served.primary_ready or unready_since:
         # Backends start things and return; look again soon rather than at the next resync.
         return Outcome(new, retry_after=backoff(attempt, base=1.0, cap=10.0),
                        retry_reason=served.message or "waiting for the primary version to become ready")
     return Outcome(new)
+
+
+UNSTEADY_SECONDS = 30.0
+"""How long the primary version that was Ready may fail its readiness
+checks before the phase says so: one slow or failed check (a busy machine,
+a router opening a store) is not an outage, and callers were still
+answered; an outage lasts longer, or shows as dead containers at once."""
+
+
+def steady(status: InferenceServiceStatus, served: ServingState, primary: str,
+           now: float) -> tuple[ServingState, str | None]:
+    """The backend's view with hysteresis: a primary that was Ready and is
+    the same version stays ready through UNSTEADY_SECONDS of failed checks
+    (unless its containers are failing). Also when the failures began, while
+    they last."""
+    if served.primary_ready or served.failing or status.phase not in ("Ready", "Degraded") \
+            or status.model_version != primary:
+        return served, None
+    since = status.primary_unready_since or iso(now)
+    if now - epoch(since) >= UNSTEADY_SECONDS:
+        return served, None
+    message = (f"version {primary} answered until {since} and its readiness checks have failed since "
+               f"({served.message or 'no reason given'}); Ready for up to {UNSTEADY_SECONDS:.0f} s of failures")
+    return replace(served, ready={**served.ready, "primary": True}, message=message), since
 
 
 def _promote_canary(ref: ObjectRef, spec: InferenceServiceSpec, challenger: str, ports: Ports) -> None:

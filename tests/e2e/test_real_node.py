@@ -591,6 +591,108 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         operator.stop()
 
 
+# Keyed requests of varied rows for a number of seconds, ~rate a second;
+# the answers counted by the version that gave them.
+STEADY_CLIENT = """
+import collections, json, random, sys, time, urllib.request, uuid
+url, model, seconds, rate, width = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+versions, failed, end = collections.Counter(), 0, time.monotonic() + seconds
+while time.monotonic() < end:
+    rows = [[random.gauss(0, 1) for _ in range(width)] for _ in range(4)]
+    body = json.dumps({"inputs": [{"name": "features", "shape": [4, width], "datatype": "FP32", "data": rows}]})
+    request = urllib.request.Request(f"{url}/v2/models/{model}/infer", body.encode(),
+                                     {"Content-Type": "application/json", "X-Request-Key": uuid.uuid4().hex})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            versions[answer.headers["X-Model-Version"]] += 1
+    except OSError:
+        failed += 1
+    time.sleep(1 / rate)
+open("/dev/termination-log", "w").write(json.dumps({"versions": versions, "failed": failed}))
+"""
+
+
+def steady_traffic(real: RealPlatform, namespace: str, service: str, model: str, seconds: int) -> str:
+    """A Pod sending keyed requests through the service for `seconds`; its name."""
+    url = f"http://{real.kube.get('v1', 'Service', service, namespace)['spec']['clusterIP']}"
+    name = f"steady-{uuid.uuid4().hex[:6]}"
+    real.kube.create(pod(name, namespace, base_image().ref, ["python3", "-c", STEADY_CLIENT, url, triton_name(model),
+                                                             str(seconds), "30", str(N_FEATURES)],
+                         restartPolicy="Never"))
+    return name
+
+
+def rollout_of(kube, namespace: str, name: str, challenger: str, timeout: float) -> dict:
+    return wait_for(lambda: (r := isvc_status(kube, namespace, name).get("rollout") or {})
+                    .get("challenger") == challenger and r.get("phase") in ("Promoted", "Aborted") and r,
+                    timeout=timeout, interval=1, what=f"the rollout of version {challenger} ending")
+
+
+@pytest.mark.timeout(1200)
+def test_rollouts_through_router_pods_promote_a_good_challenger_and_abort_a_contrary_one_on_the_real_node(
+        real, tmp_path):
+    """Cluster path (kserve backend, router Pods on the real node, the
+    platform's Prometheus scraping them): a challenger as good as the
+    champion steps 20% -> 50% on what the routers measured (requests, 5xx,
+    p99, paired disagreement) and is promoted, the alias moved; a challenger
+    that decides the opposite on almost every request is aborted at its first
+    step by the paired-disagreement guardrail, every request goes back to the
+    champion and the alias stays."""
+    import json
+
+    from mlflow import MlflowClient
+
+    namespace, env = real.namespace(), real.platform.env()
+    uri = env["MLFLOW_TRACKING_URI"]
+    model = f"{namespace}-rollout"
+    champion, good = (register_model(uri, model, seed=seed) for seed in (1, 2))
+    contrary = register_model(uri, model, seed=3, contrary=True)
+    registry = MlflowClient(uri)
+    registry.set_registered_model_alias(model, "champion", champion)
+    registry.set_registered_model_alias(model, "challenger", good)
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "request-log", "namespace": namespace},
+                      "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    kserve.install(real.platform)
+    operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_SERVING_BACKENDS="kserve,local",
+                                KUBELOOP_SERVING_BACKEND="kserve", KUBELOOP_REQUEST_LOG=env["KUBELOOP_REQUEST_LOG"],
+                                KUBELOOP_OBJECT_STORE_SECRET="request-log",
+                                KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"],
+                                KUBELOOP_PROMETHEUS_URL=env["PROMETHEUS_URL"])
+    rollout = {"steps": [{"weight": 20, "duration": "20s"}, {"weight": 50, "duration": "20s"}],
+               "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "maxDisagreement": 0.3}}
+    try:
+        real.kube.create(inference_service(namespace, "canaried", model, resources={"cpu": "200m", "memory": "512Mi"},
+                                           canary={"alias": "challenger", "percent": 20}, rollout=rollout))
+        wait_for(lambda: isvc_status(real.kube, namespace, "canaried").get("phase") == "Ready", timeout=420,
+                 interval=1, what="the front and its versions Ready")
+        assert_served_by_kserve(real, namespace, "canaried")
+        client = steady_traffic(real, namespace, "canaried", model, seconds=420)
+        promoted = rollout_of(real.kube, namespace, "canaried", good, timeout=300)
+        print(f"rollout of version {good}: {promoted}")
+        assert promoted["phase"] == "Promoted", promoted
+        assert promoted["analysis"]["verdict"] == "Pass" and promoted["analysis"]["requests"] >= 60
+        assert registry.get_model_version_by_alias(model, "champion").version == good
+
+        registry.set_registered_model_alias(model, "challenger", contrary)
+        aborted = rollout_of(real.kube, namespace, "canaried", contrary, timeout=300)
+        print(f"rollout of version {contrary}: {aborted}")
+        assert aborted["phase"] == "Aborted" and aborted["step"] == 0 and aborted["weight"] == 0, aborted
+        assert aborted["analysis"]["disagreement"] > 0.3 and "decided differently" in aborted["message"]
+        assert registry.get_model_version_by_alias(model, "champion").version == good
+        status = wait_for(lambda: (s := isvc_status(real.kube, namespace, "canaried"))["traffic"] == [
+            {"role": "primary", "version": good, "percent": 100}] and s, timeout=60, what="all traffic back")
+        healthy = next(c for c in status["conditions"] if c["type"] == "RolloutHealthy")
+        assert healthy["status"] == "False" and healthy["reason"] == "Aborted"
+        url = f"http://{real.kube.get('v1', 'Service', 'canaried', namespace)['spec']['clusterIP']}"
+        answers = answers_from_a_pod(real, namespace, f"{url}/v2/models/{triton_name(model)}/infer",
+                                     [v2_body([[0.1 * i for i in range(N_FEATURES)]])] * 8)
+        assert {json.loads(a["body"])["model_version"] for a in answers} == {good}, answers
+        real.kube.delete("v1", "Pod", client, namespace)
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
+
+
 def recent_through_the_router(real: RealPlatform, namespace: str, name: str, registry, model: str, version: str,
                               repo: Path) -> tuple:
     """The service's inference URL as Pods call it, recent transactions and

@@ -24,9 +24,14 @@ def synthetic(rows: int = 4000, seed: int = 0, shift: float = 0.0) -> tuple[np.n
     return x, y
 
 
-def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: str | None = None) -> str:
-    """Train for a second on synthetic data and register; returns the version."""
+def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: str | None = None,
+                   contrary: bool = False) -> str:
+    """Train for a second on synthetic data and register; returns the version.
+    contrary: trained on the opposite labels (a challenger that decides
+    otherwise on almost every request)."""
     x, y = synthetic(seed=seed)
+    if contrary:
+        y = 1 - y
     model = train(x, y, None, None, TrainSettings(epochs=2, batch_size=256, seed=seed)).model
     spec = TrainingJobSpec.model_validate({"modelName": name, "features": {"featureViews": ["synthetic"], "labels": {"source": "transactions", "column": "is_fraud"}}})
     info = DatasetInfo(entity_rows=len(y), dropped_by_ttl=0, rows=len(y), train_rows=len(y), holdout_rows=0,

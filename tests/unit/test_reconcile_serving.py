@@ -278,3 +278,46 @@ def test_a_model_that_fits_after_a_relayout_says_so_in_its_condition(ports, serv
     assert cond.reason == "FitsAfterRelayout", cond
     assert "fits after relabelling node gpu-h100-mig-mixed to nvidia.com/mig.config=" in cond.message
     assert serving.requests == []
+
+
+class Flaky(RecordingServing):
+    """A backend whose readiness checks fail on demand (a slow health check,
+    a router opening a store) or whose containers die."""
+
+    def __init__(self):
+        super().__init__()
+        self.failing = False
+
+    def ensure(self, request):  # noqa: ANN001, ANN201
+        from dataclasses import replace
+
+        return replace(super().ensure(request), failing=self.failing)
+
+
+def test_a_ready_service_stays_ready_through_a_short_run_of_failed_checks(registry):
+    """Local and cluster alike (the reconcile's hysteresis): one failed
+    readiness check does not flip the phase of a service that answers; 30 s
+    of them do, and dead containers do at once."""
+    now = [1_800_000_000.0]
+    backend = Flaky()
+    ports = Ports(registry=registry, serving={"kubernetes": backend}, fleet=fleet, clock=lambda: now[0])
+    status = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports).status
+    assert status.phase == "Ready" and status.primary_unready_since is None
+    backend.ready = False
+    out = reconcile_inference_service(REF, spec(), status, ports)
+    assert out.status.phase == "Ready" and out.status.primary_unready_since == "2027-01-15T08:00:00Z"
+    assert out.retry_after is not None, "looked at again soon, not at the next resync"
+    deployed = next(c for c in out.status.conditions if c.type == "Deployed")
+    assert deployed.status == "True" and "readiness checks have failed since" in deployed.message
+    now[0] += 29
+    status = reconcile_inference_service(REF, spec(), out.status, ports).status
+    assert status.phase == "Ready"
+    now[0] += 2
+    status = reconcile_inference_service(REF, spec(), status, ports).status
+    assert status.phase == "Pending" and status.primary_unready_since is None
+    backend.ready = True
+    status = reconcile_inference_service(REF, spec(), status, ports).status
+    assert status.phase == "Ready"
+    backend.ready, backend.failing = False, True
+    status = reconcile_inference_service(REF, spec(), status, ports).status
+    assert status.phase == "Pending", "containers dying are an outage at once"

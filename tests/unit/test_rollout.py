@@ -122,3 +122,14 @@ def test_the_queries_count_callers_answers_only():
     assert 'role=~"primary|canary"' in text["requests"] and "[60s]" in text["requests"]
     assert 'code=~"5.."' in text["errors"] and "histogram_quantile(0.99" in text["p99"]
     assert 'primary="1", canary="2"' in text["comparisons"]
+
+
+def test_a_step_s_time_runs_only_while_the_challenger_answers():
+    """A challenger still loading (its predictor starting) does not use up
+    its first step: the step's time starts when it answers."""
+    status = start(ROLLOUT, "1", "2", T0, None)
+    loading = advance(ROLLOUT, status, healthy(), T0 + 100, serving=False)
+    assert loading.step == 0 and loading.step_started_at != status.step_started_at
+    assert "waits for version 2" in loading.message
+    assert advance(ROLLOUT, loading, healthy(), T0 + 110).step == 0  # 10 s of answering: not yet
+    assert advance(ROLLOUT, loading, healthy(), T0 + 131).step == 1

@@ -373,6 +373,10 @@ class InferenceServiceStatus(BaseStatus):
     """The placement decision."""
     ready_replicas: int = 0
     """Replicas passing readiness."""
+    primary_unready_since: str | None = None
+    """When the serving version's readiness checks began to fail while it was
+    Ready (RFC 3339): the phase stays Ready through 30 s of failures, then
+    says so; unset while they pass."""
     last_retrain_at: str | None = None
     """When the last retrain started (RFC 3339)."""
     retrains: list[str] = Field(default_factory=list, max_length=64)
