@@ -9,6 +9,7 @@ from dataclasses import replace
 from kubeloop.api.base import ModelRef
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.times import epoch, iso, seconds
+from kubeloop.api.outcomes import RolloutStatus
 from kubeloop.api.serving import (
     DriftStatus, InferenceServiceSpec, InferenceServiceStatus, Placement, ServedTraffic, TrafficSplit,
 )
@@ -24,7 +25,7 @@ from kubeloop.operator.reconcilers.outcomes import (advance_rollout, observe_out
 from kubeloop.operator.reconcilers.retraining import RetrainStep, advance_retraining
 from kubeloop.registry import tags
 from kubeloop.registry.base import ModelVersion, RegistryUnavailable
-from kubeloop.registry.promotion import promote
+from kubeloop.registry.promotion import promote, reject
 from kubeloop.serving.base import ServedVersion, ServingBackend, ServingRequest, ServingState, ServingUnavailable
 
 KIND = "InferenceService"
@@ -92,8 +93,8 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         canary_percent = rollout.weight
         if rollout.phase == "Aborted":
             canary = None  # every request back to the champion; the alias stays
-        elif rollout.phase == "Promoted" and not (retrain and retrain.canary()):
-            _promote_canary(ref, spec, rollout.challenger, ports)
+        if not (retrain and retrain.canary()):  # a retrain records its own verdict
+            _record_verdict(ref, spec, rollout, ports)
     # A canary that failed readiness stays out until another version replaces it.
     rolled_back = status.rolled_back_version if canary and canary.version == status.rolled_back_version else None
     if rolled_back:
@@ -182,14 +183,18 @@ def steady(status: InferenceServiceStatus, served: ServingState, primary: str,
     return replace(served, ready={**served.ready, "primary": True}, message=message), since
 
 
-def _promote_canary(ref: ObjectRef, spec: InferenceServiceSpec, challenger: str, ports: Ports) -> None:
-    """A rollout of spec.canary that passed every step moves the served
-    alias to its version (the API asks spec.model to follow an alias with a
-    rollout); the primary then resolves to it."""
-    current = ports.registry.get_alias(spec.model.name, spec.model.alias)
-    if current is None or current.version != challenger:
-        promote(ports.registry, spec.model.name, challenger, spec.model.alias,
-                by=f"InferenceService {ref.namespace}/{ref.name}", reason="rollout passed every step")
+def _record_verdict(ref: ObjectRef, spec: InferenceServiceSpec, rollout: RolloutStatus, ports: Ports) -> None:
+    """A finished rollout of spec.canary in the registry: promoted, the
+    served alias moves to its version (the API asks spec.model to follow an
+    alias with a rollout) and the primary then resolves to it; aborted, the
+    audit trail says why. Both are recorded once, however often reconciled."""
+    by, model, alias = f"InferenceService {ref.namespace}/{ref.name}", spec.model.name, spec.model.alias
+    if rollout.phase == "Promoted":
+        current = ports.registry.get_alias(model, alias)
+        if current is None or current.version != rollout.challenger:
+            promote(ports.registry, model, rollout.challenger, alias, by=by, reason="rollout passed every step")
+    elif rollout.phase == "Aborted":
+        reject(ports.registry, model, rollout.challenger, alias, by=by, reason=f"rollout {rollout.message}")
 
 
 def _retrain_fields(retrain: RetrainStep | None) -> dict:

@@ -211,7 +211,8 @@ def run(context, console: Console, quick: bool = False) -> dict:
                                                        "pandas peak RSS": "MiB", "streamed peak RSS": "MiB"}))
         with console.status("outcomes: reading the log alone, pyarrow.json against orjson, alternating"):
             reads = repeat(lambda _: _reads(log, labels))
-        timings += _named("1,000,000 read", figures(reads, {"arrow s": "s", "orjson s": "s", "orjson / arrow": "x"}))
+        timings += _named("1,000,000 read", figures(reads, {"arrow s": "s", "orjson s": "s", "orjson / arrow": "x",
+                                                                 "arrow peak RSS": "MiB", "orjson peak RSS": "MiB"}))
     console.print(figures_table("outcomes: late labels joined to logged predictions (binary, 20 features a row; "
                                 "each run a fresh process)", timings))
     console.print(f"labels of the {sizes[0]:,}-prediction join: {results[f'streamed {sizes[0]:,}']['counts']}")
@@ -241,4 +242,5 @@ def _paired(log: Path, labels: Path) -> dict:
 def _reads(log: Path, labels: Path) -> dict:
     arrow, slow = _fresh("read arrow", log, labels), _fresh("read orjson", log, labels)
     assert arrow["predictions"] == slow["predictions"]
-    return {"arrow s": arrow["seconds"], "orjson s": slow["seconds"], "orjson / arrow": slow["seconds"] / arrow["seconds"]}
+    return {"arrow s": arrow["seconds"], "orjson s": slow["seconds"], "orjson / arrow": slow["seconds"] / arrow["seconds"],
+            "arrow peak RSS": arrow["peak RSS"], "orjson peak RSS": slow["peak RSS"]}

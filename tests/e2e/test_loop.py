@@ -13,26 +13,18 @@ from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch, instant
-from kubeloop.cli.demo import load_examples
-from kubeloop.paths import repo_root
-from kubeloop.featurestore.generate import Scenario, default_start
-from kubeloop.featurestore.store import create_repository
 from kubeloop.registry.mlflow import MlflowRegistry
-from kubeloop.story.loop import Loop, Timings, operator_env, prepare, wait_until
+from kubeloop.story.loop import Loop, wait_until
 
 from tests.support.alerts import post_alert
+from tests.support.stories import story_inputs
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def loop(platform, kube, namespace, start_operator, tmp_path):
-    env = platform.env()
-    # A repository of its own, up to today: the story's drift replaces its last two weeks.
-    repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45), days=45))
-    op = start_operator([namespace], **operator_env(env, repo, tmp_path / "work"))
-    op.wait_for_log("webhooks and /metrics on", timeout=60)
-    docs = prepare(load_examples(repo_root() / "examples"), namespace, f"{namespace}-fraud", Timings())
+    env, repo, docs = story_inputs(platform, namespace, start_operator, tmp_path)
     story = Loop(kube, MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=2.0, entities=True)
     story.webhook = f"http://127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}/hooks/alertmanager"
     story.token = open(env["KUBELOOP_WEBHOOK_TOKEN_FILE"]).read().strip()

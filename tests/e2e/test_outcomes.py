@@ -12,26 +12,18 @@ from __future__ import annotations
 import pytest
 
 from kubeloop.api.times import epoch
-from kubeloop.cli.demo import load_examples
-from kubeloop.featurestore.generate import Scenario, default_start
-from kubeloop.featurestore.store import create_repository
-from kubeloop.paths import repo_root
 from kubeloop.registry.mlflow import MlflowRegistry
 from kubeloop.registry.promotion import audit_trail
-from kubeloop.story.loop import Timings, operator_env, prepare
 from kubeloop.story.outcomes import OutcomeLoop, outcome_docs
+from tests.support.stories import story_inputs
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def story(platform, kube, namespace, start_operator, tmp_path):
-    env = platform.env()
-    repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45), days=45))
-    op = start_operator([namespace], **operator_env(env, repo, tmp_path / "work"))
-    op.wait_for_log("webhooks and /metrics on", timeout=60)
+    env, repo, docs = story_inputs(platform, namespace, start_operator, tmp_path)
     labels = tmp_path / "labels"
-    docs = prepare(load_examples(repo_root() / "examples"), namespace, f"{namespace}-fraud", Timings())
     loop = OutcomeLoop(kube, MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env,
                        outcome_docs(docs, labels, OutcomeLoop.outcome_timings), repo, scale=2.0, labels_dir=labels)
     yield loop
@@ -67,7 +59,8 @@ def test_concept_drift_is_caught_by_outcomes_retrained_rolled_out_and_a_worse_ch
     assert aborted["phase"] == "Aborted" and aborted["step"] == 0 and aborted["weight"] == 0
     assert aborted["analysis"]["verdict"] == "Fail"
     assert story.champion() == facts["challenger"]
-    reject = [e for e in audit_trail(story.registry, story.model) if e.version == facts["serving"]]
-    assert all(e.action != "promote" or epoch(e.at) < epoch(job["metadata"]["creationTimestamp"]) for e in reject)
+    trail = [e for e in audit_trail(story.registry, story.model) if e.version == facts["serving"]]
+    assert [e.action for e in trail] == ["promote", "reject"], trail  # trained and promoted once; rejected now
+    assert "aborted at step 1" in trail[-1].reason
     condition = next(c for c in story.status("InferenceService")["conditions"] if c["type"] == "RolloutHealthy")
     assert condition["status"] == "False" and condition["reason"] == "Aborted"

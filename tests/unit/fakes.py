@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kubeloop.api.refs import ObjectRef
+from kubeloop.monitoring.outcomes.traffic import TrafficSample
 from kubeloop.pipelines.backends.base import BackendUnavailable, PipelineBackend, RunRequest, RunStatus
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState
 
@@ -101,15 +102,13 @@ class FakeTraffic:
     healthy challenger by default; tests set what Prometheus would say."""
 
     def __init__(self):
-        self.sample_for: dict[tuple[str, str], "TrafficSample"] = {}
+        self.sample_for: dict[tuple[str, str], TrafficSample] = {}
         self.windows: list[float] = []
 
-    def healthy(self, champion: str, challenger: str, requests: float = 500) -> "TrafficSample":
-        from kubeloop.monitoring.outcomes.traffic import TrafficSample
-
+    def healthy(self, champion: str, challenger: str, requests: float = 500) -> TrafficSample:
         return TrafficSample(requests={champion: requests * 4, challenger: requests}, errors={},
                              p99={champion: 0.01, challenger: 0.011}, comparisons=requests / 10, disagreements=0)
 
-    def sample(self, service: str, champion: str, challenger: str, window: float) -> "TrafficSample":
+    def sample(self, service: str, champion: str, challenger: str, window: float) -> TrafficSample:
         self.windows.append(window)
         return self.sample_for.get((champion, challenger)) or self.healthy(champion, challenger)

@@ -177,6 +177,8 @@ def test_a_worse_canary_is_aborted_at_its_first_step_and_the_alias_stays(world):
     status = reconcile(ports, rolled, status)
     assert served(ports) == {"primary": ("1", 100)}, "an aborted challenger stays out"
     assert registry.get_alias("fraud", "champion").version == "1"
+    rejected = [e for e in audit_trail(registry, "fraud") if e.action == "reject"]
+    assert len(rejected) == 1 and rejected[0].version == "2" and "error rate 30.00%" in rejected[0].reason
 
 
 def test_a_rollout_paused_by_hand_holds_its_share_and_an_abort_sends_traffic_back(world):
