@@ -54,8 +54,9 @@ class DriftCollector(Collector):
         yield from (share, threshold, detected, rows, last, score)
 
 
-LABEL_REASONS = ("matched", "late", "duplicate", "unmatched", "not_sampled")
-"""What became of the ground-truth labels of a window: each is exported, a
+LABEL_REASONS = ("matched", "late", "duplicate", "unmatched", "not_sampled", "invalid")
+"""What became of the ground-truth labels of a window (kubeloop.monitoring.outcomes.join.REASONS,
+which pulls in pyarrow, absent from the operator's image): each is exported, a
 reason with no labels as 0, so a share of them (late over matched) never
 meets a missing series."""
 DELAY_QUANTILES = {"p50": "0.5", "p90": "0.9", "max": "1"}

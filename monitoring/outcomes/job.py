@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kubeloop.components.intervals import Estimate
 from kubeloop.files import write_atomic
 from kubeloop.monitoring.job import run_job
-from kubeloop.monitoring.outcomes.join import JoinResult, LabelSpec, join_labels, prediction_batches, read_labels
+from kubeloop.monitoring.outcomes.join import LabelSpec, join_labels, prediction_batches, read_labels
 from kubeloop.monitoring.outcomes.quality import LiveQuality, drop, live_quality
 from kubeloop.monitoring.outcomes.sequential import Stream
 
@@ -76,23 +77,29 @@ def run(folder: Path, now: float | None = None) -> dict:
     spec = LabelSpec(**job.ground_truth)
     since = now - job.window_seconds
     labels = read_labels(job.labels, spec, since=since)
-    joined = join_labels(prediction_batches(job.request_log, since=since), labels, spec, now=now)
+    # A label that arrived in the window may judge a prediction made shortly
+    # before it: the log is read a window (or the max delay) further back,
+    # so it is matched, not counted as lost; only the window's predictions
+    # are judged.
+    before = since - min(job.window_seconds, spec.max_delay_seconds)
+    joined = join_labels(prediction_batches(job.request_log, since=before), labels, spec, now=now)
+    judged = joined.joined.filter(pc.greater_equal(joined.joined["ts"], since))
     result = {"service": job.service, "model": job.model, "at": now, "task": job.task, "metric": job.metric,
               "max_drop": job.max_drop, "min_rows": job.min_rows, "window_seconds": job.window_seconds,
               "labels": joined.counts, "pending": joined.pending, "delay_seconds": joined.delays}
-    result["versions"] = judged_versions(job, joined)
+    result["versions"] = judged_versions(job, judged)
     if len(job.pair) == 2:
-        result["pairs"] = paired_losses(job, joined.joined)
+        result["pairs"] = paired_losses(job, judged)
     if job.tracking_uri:
         result["report"] = _log_report(job, result)
     write_atomic(folder / "latest.json", json.dumps(result))
     return result
 
 
-def judged_versions(job: OutcomeJob, joined: JoinResult) -> dict[str, dict]:
-    """Each served version's live metric, and how far it dropped below the
-    metric it was trained to (positive: worse), both with their intervals."""
-    table = joined.joined
+def judged_versions(job: OutcomeJob, table: pa.Table) -> dict[str, dict]:
+    """Each served version's live metric over its labelled predictions (the
+    joined rows), and how far it dropped below the metric it was trained to
+    (positive: worse), both with their intervals."""
     out = {}
     for version, served in job.versions.items():
         rows = _rows_of(table, version, served.get("role", "primary"))
@@ -138,8 +145,6 @@ def losses(job: OutcomeJob, outputs: list, labels: list) -> np.ndarray:
 
 
 def _rows_of(table: pa.Table, version: str, role: str) -> pa.Table:
-    import pyarrow.compute as pc
-
     mask = pc.and_(pc.equal(table.column("version"), version), pc.equal(table.column("role"), role))
     return table.filter(mask)
 

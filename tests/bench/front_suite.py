@@ -30,7 +30,7 @@ from rich.table import Table
 from kubeloop import processes
 from kubeloop.monitoring.drift import load_requests
 from kubeloop.requestlog import FolderStore, ObjectStore
-from kubeloop.serving.routes import COMPARE_PERCENT
+from kubeloop.serving.routes import compare_percent
 from tests.bench.repeat import RUNS, Figure, figures_table, repeat
 from tests.bench.serving_suite import _round, load_bodies, round_medians, triton_serving, vector_bodies, wait_ready
 from tests.support.models import N_FEATURES
@@ -38,9 +38,10 @@ from tests.support.models import N_FEATURES
 COLUMNS = [f"f{i}" for i in range(N_FEATURES)]
 FLUSH_ROWS = 5000
 """Rows per flush: five seconds of a router answering 1,000 requests a second."""
-ROLLOUT = {"routes": [{"role": "primary", "version": "1", "percent": 75},
-                      {"role": "canary", "version": "1", "percent": 25}],
-           "compare": {"percent": COMPARE_PERCENT}}
+CANARY = 25
+ROLLOUT = {"routes": [{"role": "primary", "version": "1", "percent": 100 - CANARY},
+                      {"role": "canary", "version": "1", "percent": CANARY}],
+           "compare": {"percent": compare_percent(CANARY)}}
 """A rollout's step as the backends' routes say it: the canary at 25%, compared."""
 
 
@@ -178,7 +179,7 @@ def _log_rates(root: Path, prefix: str, env: dict[str, str], console: Console, q
 
 def _print(console: Console, results: dict, repeated: list[Figure], seconds: float) -> None:
     table = Table(title=f"The serving front (router, request log to the object store) vs Triton direct, and "
-                        f"the front during a rollout (25% canary, {COMPARE_PERCENT}% of it paired) "
+                        f"the front during a rollout ({CANARY}% canary, {compare_percent(CANARY)}% of it paired) "
                         f"(batch-1 requests, medians of {RUNS} alternating rounds of {seconds} s)")
     for column in ("concurrency", "target", "requests/s", "p50 ms", "p99 ms"):
         table.add_column(column)

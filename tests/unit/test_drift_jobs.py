@@ -114,3 +114,23 @@ def test_a_pods_job_comes_from_its_environment(tmp_path, monkeypatch):
                                                   if e["name"] == "KUBELOOP_DRIFT_JOB"))
     job = DriftJob.read(tmp_path)
     assert (job.request_log, job.feast_repo) == ("s3://requests/ml-fraud", "s3://feast/default")
+
+
+def test_an_outcome_job_is_the_same_runner_with_its_own_module_variable_and_purpose(tmp_path):
+    """The outcome join on a cluster: a Job of its own kind beside the drift
+    Jobs of the same service, each monitor seeing only its own."""
+    from kubeloop.monitoring.base import OUTCOMES
+
+    job = build_drift_job(REF, {"service": "ml/fraud"}, SETTINGS, started=120.5, kind=OUTCOMES)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert job["metadata"]["name"] == "fraud-outcomes-2"
+    assert job["metadata"]["labels"]["kubeloop.dev/purpose"] == "outcomes"
+    assert container["command"][:3] == ["python", "-m", "kubeloop.monitoring.outcomes.job"]
+    assert [e["name"] for e in container["env"]][0] == "KUBELOOP_OUTCOME_JOB"
+    objects = FakeObjects()
+    drift = KubernetesDriftMonitor(objects, SETTINGS, tmp_path / "monitoring", clock=lambda: 60.0)
+    outcomes = KubernetesDriftMonitor(objects, SETTINGS, tmp_path / "outcomes", clock=lambda: 60.0, kind=OUTCOMES)
+    drift.start(REF, JOB)
+    assert not outcomes.running(REF) and drift.running(REF)
+    outcomes.start(REF, {"service": "ml/fraud"})
+    assert sorted(name for (kind, _, name) in objects.objects if kind == "Job") == ["fraud-drift-1", "fraud-outcomes-1"]

@@ -14,6 +14,7 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec, InferenceServiceStatus
 from kubeloop.monitoring.outcomes.traffic import TrafficSample
 from kubeloop.operator.ports import Ports
+from kubeloop.operator.reconcilers.common import transition_events
 from kubeloop.operator.reconcilers.outcomes import decayed, judged_metric, performance
 from kubeloop.operator.reconcilers.serving import reconcile_inference_service
 from kubeloop.registry.memory import InMemoryRegistry
@@ -167,9 +168,11 @@ def test_a_worse_canary_is_aborted_at_its_first_step_and_the_alias_stays(world):
     rolled = spec(canary={"alias": "challenger", "percent": 30}, rollout=ROLLOUT)
     ports.traffic.sample_for[("1", "2")] = TrafficSample(requests={"1": 2000, "2": 100}, errors={"1": 2, "2": 30},
                                                          p99={"1": 0.01, "2": 0.01})
-    status = reconcile(ports, rolled, InferenceServiceStatus())
-    status = reconcile(ports, rolled, status)
+    started = reconcile(ports, rolled, InferenceServiceStatus())
+    status = reconcile(ports, rolled, started)
     assert status.rollout.phase == "Aborted" and "error rate 30.00%" in status.rollout.message
+    events = [e for e in transition_events("InferenceService", started, status) if e.reason == "Aborted"]
+    assert events and events[0].type == "Warning" and "error rate 30.00%" in events[0].message
     assert served(ports) == {"primary": ("1", 100)} and status.canary_version is None
     condition = next(c for c in status.conditions if c.type == "RolloutHealthy")
     assert condition.status == "False" and condition.reason == "Aborted"

@@ -147,7 +147,7 @@ class PerformanceStatus(KubeModel):
     """Each served version's live metric."""
     labels: dict[str, int] = Field(default_factory=dict)
     """Labels in the window by what became of them: matched, late,
-    duplicate, unmatched, not_sampled."""
+    duplicate, unmatched, not_sampled, invalid."""
     decayed: bool = False
     """Whether the primary's live metric fell more than maxDrop below its
     training-time metric, with confidence."""

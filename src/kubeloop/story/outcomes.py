@@ -237,7 +237,15 @@ class OutcomeLoop(Loop):
 
         tags = self.registry.get_version(self.model, version).tags
         when = [dt.datetime.fromtimestamp(t, dt.timezone.utc) if t is not None else None for t in (start, end)]
-        return labelled_feature_rows(self.feast_repo, self.training_spec, json.loads(tags["feature_columns"]), *when)
+
+        def rows() -> tuple | None:
+            try:
+                return labelled_feature_rows(self.feast_repo, self.training_spec, json.loads(tags["feature_columns"]),
+                                             *when)
+            except Exception:  # noqa: BLE001 - the operator's materialisation may be rewriting the registry file
+                return None
+
+        return wait_until(rows, 60 * self.scale, "the offline store's labelled rows", interval=1)
 
     def _window(self) -> float:
         from kubeloop.api.times import seconds
