@@ -16,8 +16,8 @@ however often they look):
   always-valid paired test that the challenger's mean loss on the same
   requests is higher than the champion's by more than maxLossIncrease.
 A step passes when its duration has run, the challenger answered
-minRequests in it, minLabelled paired requests have labels, and no
-guardrail failed.
+minRequests in it, MIN_PAIRED of its rows were paired, minLabelled paired
+requests have labels, and no guardrail failed.
 
 Pure: the traffic sample and the outcome streams come in, a status goes out.
 """
@@ -35,7 +35,9 @@ from kubeloop.monitoring.outcomes.traffic import TrafficSample
 
 FINAL = ("Promoted", "Aborted")
 MIN_PAIRED = 30
-"""Paired requests before disagreement is judged (its interval is wide below)."""
+"""Paired rows before disagreement is judged (its interval is wide below),
+and before a step can pass: a contrary challenger at a small first step
+with little traffic passed it unjudged on the real node."""
 LATENCY_REQUESTS = 200
 """Requests each version answers in a step before their p99s are compared:
 with fewer, a p99 is one slow call (a version's first calls after it
@@ -151,6 +153,8 @@ def judge(spec: RolloutAnalysis, status: RolloutStatus, evidence: Evidence) -> S
         return StepAnalysis(**result, verdict="Fail", message="; ".join(failures))
     if served < spec.min_requests:
         return StepAnalysis(**result, message=f"{int(served)} of {spec.min_requests} requests answered")
+    if t.comparisons < MIN_PAIRED:
+        return StepAnalysis(**result, message=f"{int(t.comparisons)} of {MIN_PAIRED} paired rows compared")
     if result.get("labelled", 0) < spec.min_labelled:
         return StepAnalysis(**result, message=f"{result.get('labelled', 0)} of {spec.min_labelled} paired "
                                               "requests labelled")
@@ -160,9 +164,9 @@ def judge(spec: RolloutAnalysis, status: RolloutStatus, evidence: Evidence) -> S
 def _disagreement(spec: RolloutAnalysis, t: TrafficSample, result: dict) -> list[str]:
     if t.comparisons < MIN_PAIRED:
         return []
-    share = t.disagreements / t.comparisons
+    share = min(1.0, t.disagreements / t.comparisons)  # increase() extrapolates each counter on its own
     result["disagreement"] = round(share, 4)
-    low = _wilson_low(t.disagreements, t.comparisons)
+    low = _wilson_low(share * t.comparisons, t.comparisons)
     if low > spec.max_disagreement:
         return [f"{share:.1%} of {int(t.comparisons)} paired requests decided differently "
                 f"(at most {spec.max_disagreement:.0%})"]

@@ -663,9 +663,10 @@ def test_rollouts_through_router_pods_promote_a_good_challenger_and_abort_a_cont
     try:
         real.kube.create(inference_service(namespace, "canaried", model, resources={"cpu": "200m", "memory": "512Mi"},
                                            canary={"alias": "challenger", "percent": 20}, rollout=rollout))
-        wait_for(lambda: isvc_status(real.kube, namespace, "canaried").get("phase") == "Ready", timeout=420,
-                 interval=1, what="the front and its versions Ready")
-        assert_served_by_kserve(real, namespace, "canaried")
+        wait_for(lambda: (s := isvc_status(real.kube, namespace, "canaried")).get("phase") == "Ready"
+                 and any(c["type"] == "CanaryReady" and c["status"] == "True" for c in s["conditions"]),
+                 timeout=420, interval=1, what="the front and both versions Ready")
+        assert_served_by_kserve(real, namespace, "canaried", roles=("primary", "canary"))
         client = steady_traffic(real, namespace, "canaried", model, seconds=420)
         promoted = rollout_of(real.kube, namespace, "canaried", good, timeout=300)
         print(f"rollout of version {good}: {promoted}")
@@ -1089,12 +1090,13 @@ def assert_least_privilege(real: RealPlatform, user: str, since: float, serving:
     assert serving != "kserve" or kserve <= used, sorted(kserve - used)
 
 
-def assert_served_by_kserve(real: RealPlatform, namespace: str, name: str) -> None:
+def assert_served_by_kserve(real: RealPlatform, namespace: str, name: str,
+                            roles: tuple[str, ...] = ("primary", "canary", "shadow")) -> None:
     """Each version is a KServe InferenceService that KServe reports Ready,
     whose predictor Pod KServe's webhook gave kubeloop's storage initializer
     (the runtime image, from the ClusterStorageContainer for models:/ URIs)
     and whose Triton container comes from kubeloop's ServingRuntime."""
-    for role in ("primary", "canary", "shadow"):
+    for role in roles:
         isvc = real.kube.get("serving.kserve.io/v1beta1", "InferenceService", f"{name}-{role}", namespace)
         assert any(c["type"] == "Ready" and c["status"] == "True" for c in isvc["status"]["conditions"]), isvc["status"]
         assert isvc["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"

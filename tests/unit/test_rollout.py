@@ -133,3 +133,11 @@ def test_a_step_s_time_runs_only_while_the_challenger_answers():
     assert "waits for version 2" in loading.message
     assert advance(ROLLOUT, loading, healthy(), T0 + 110).step == 0  # 10 s of answering: not yet
     assert advance(ROLLOUT, loading, healthy(), T0 + 131).step == 1
+
+
+def test_a_step_does_not_pass_before_enough_rows_were_paired():
+    """Paired disagreement is part of every step's verdict: too few pairs, no pass."""
+    status = start(ROLLOUT, "1", "2", T0, None)
+    few = advance(ROLLOUT, status, healthy(comparisons=12, disagreements=12), T0 + 60)
+    assert few.step == 0 and "12 of 30 paired rows compared" in few.analysis.message
+    assert advance(ROLLOUT, status, healthy(comparisons=40, disagreements=2), T0 + 60).step == 1
