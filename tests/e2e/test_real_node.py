@@ -684,10 +684,14 @@ def test_rollouts_through_router_pods_promote_a_good_challenger_and_abort_a_cont
             {"role": "primary", "version": good, "percent": 100}] and s, timeout=60, what="all traffic back")
         healthy = next(c for c in status["conditions"] if c["type"] == "RolloutHealthy")
         assert healthy["status"] == "False" and healthy["reason"] == "Aborted"
+        # The router takes the new routes up when the kubelet refreshes its ConfigMap volume.
         url = f"http://{real.kube.get('v1', 'Service', 'canaried', namespace)['spec']['clusterIP']}"
-        answers = answers_from_a_pod(real, namespace, f"{url}/v2/models/{triton_name(model)}/infer",
-                                     [v2_body([[0.1 * i for i in range(N_FEATURES)]])] * 8)
-        assert {json.loads(a["body"])["model_version"] for a in answers} == {good}, answers
+        aborted_at = time.monotonic()
+        wait_for(lambda: {json.loads(a["body"])["model_version"] for a in answers_from_a_pod(
+            real, namespace, f"{url}/v2/models/{triton_name(model)}/infer",
+            [v2_body([[0.1 * i for i in range(N_FEATURES)]])] * 8)} == {good}, timeout=120, interval=1,
+            what=f"every answer from version {good} again")
+        print(f"abort -> every answer from the champion: {time.monotonic() - aborted_at:.0f} s")
         real.kube.delete("v1", "Pod", client, namespace)
     finally:
         _delete_inference_services(real.kube, [namespace])
