@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,12 +61,11 @@ class OutcomeJob:
     pair: list[str] = field(default_factory=list)
     """[champion, challenger] during a rollout."""
     tracking_uri: str = ""
-    feast_repo: str = ""
 
     @classmethod
     def read(cls, folder: Path) -> "OutcomeJob":
-        import os
-
+        """From <folder>/job.json, else the Job's variable; what the runner
+        adds and this job does not read (the feature repository) is left out."""
         path = folder / "job.json"
         data = json.loads(path.read_text() if path.exists() else os.environ[ENV])
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

@@ -168,7 +168,7 @@ def _disagreement(spec: RolloutAnalysis, t: TrafficSample, result: dict) -> list
     result["disagreement"] = round(share, 4)
     low = _wilson_low(share * t.comparisons, t.comparisons)
     if low > spec.max_disagreement:
-        return [f"{share:.1%} of {int(t.comparisons)} paired requests decided differently "
+        return [f"{share:.1%} of {int(t.comparisons)} paired rows decided differently "
                 f"(at most {spec.max_disagreement:.0%})"]
     return []
 
