@@ -723,3 +723,30 @@ def test_the_router_compares_only_when_its_routes_say_so(tmp_path):
         path = tmp_path / "router.json"
         path.write_text(json.dumps(routes))
         assert RouterConfig.load(path).compare_percent == percent
+
+
+def test_a_paired_copy_never_takes_the_primarys_call_from_its_callers(tmp_path):
+    """Local: a paired call in flight to an idle primary goes past its one
+    call to Triton, so a caller of the primary arriving meanwhile is sent at
+    once instead of waiting behind the copy."""
+    from aiohttp.test_utils import TestServer
+
+    from kubeloop.serving import router as module
+
+    async def go() -> tuple[bool, int]:
+        triton_app, release = fake_triton(paired_score, hold="1")
+        async with TestServer(triton_app) as triton:
+            path = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"), compare={"percent": 100},
+                                routes=[{"role": "primary", "version": "1", "percent": 0},
+                                        {"role": "canary", "version": "2", "percent": 100}])
+            async with module.running(path) as (url, router), client_of(url) as client:
+                async with client.post("/v2/models/fraud/infer", json=one_row(), headers={"X-Request-Key": "k"}):
+                    pass
+                while not router.mirrors:
+                    await asyncio.sleep(0.01)
+                idle, in_flight = router.upstreams["1"].idle, len(router.mirrors)
+                release.set()
+                return idle, in_flight
+
+    idle, in_flight = asyncio.run(go())
+    assert in_flight == 1 and idle
