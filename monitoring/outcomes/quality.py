@@ -105,20 +105,6 @@ def live_quality(task: str, outputs: Any, labels: Any, metrics: str | Sequence[s
     return _quality(task, y, out, _metric_names(task, metrics, classes), threshold, classes)
 
 
-def quality_by_version(task: str, versions: Any, outputs: Any, labels: Any,
-                       metrics: str | Sequence[str] | None = None, threshold: float = 0.5,
-                       classes: Sequence[str] = ()) -> dict[str, LiveQuality]:
-    """live_quality per served version; versions names the version that
-    answered each row (a list, numpy or pyarrow column aligned with the rows)."""
-    y, out, classes = _parse(task, outputs, labels, classes)
-    names = _metric_names(task, metrics, classes)
-    served = np.asarray(versions).astype(str)
-    if len(served) != len(y):
-        raise ValueError(f"{len(served)} versions for {len(y)} rows")
-    return {str(version): _quality(task, y[served == version], out[served == version], names, threshold, classes)
-            for version in np.unique(served)}
-
-
 def drop(task: str, metric: str, live: Estimate, trained: float) -> Estimate:
     """How far the live metric fell short of the training-time one, in the
     metric's own direction (positive: worse live), with the interval the
@@ -127,16 +113,6 @@ def drop(task: str, metric: str, live: Estimate, trained: float) -> Estimate:
         raise ValueError(f"{task} has no metric {metric!r}; valid: {', '.join(METRICS.get(task, ()))}")
     low, high = sorted(-improvement(metric, end, trained) for end in (live.low, live.high))
     return Estimate(-improvement(metric, live.value, trained), low, high)
-
-
-def drop_is_significant(task: str, metric: str, live: Estimate, trained: float, max_drop: float) -> bool:
-    """What the concept-drift alert fires on: the live metric fell short of
-    the training-time one by more than max_drop in the metric's own
-    direction, and its whole 95% interval lies beyond trained - max_drop (for
-    a lower-is-better metric, above trained + max_drop). A metric without a
-    live figure (NaN) never fires."""
-    fallen = drop(task, metric, live, trained)
-    return fallen.value > max_drop and fallen.low > max_drop
 
 
 def _metric_names(task: str, metrics: str | Sequence[str] | None, classes: tuple[str, ...]) -> tuple[str, ...]:

@@ -3,7 +3,7 @@ rollout may read after every step without raising its false-alarm rate.
 
 Each arm is a stream of per-observation values (0/1 errors, per-row log
 loss, squared errors, 0/1 "request failed"), kept as its count, mean and sum
-of squared deviations, so that streams merge and grow from counters. The
+of squared deviations, so that a stream can be built from counters. The
 test is the mixture sequential probability ratio test for a difference of
 means (Robbins' normal mixture; Johari, Pekelis and Walsh, "Always valid
 inference: continuous monitoring of A/B tests", Operations Research 2022).
@@ -82,16 +82,6 @@ class Stream:
             return cls()
         mean = float(total) / n
         return cls(int(n), mean, max(float(squares) - float(total) * mean, 0.0))  # rounding can dip below 0
-
-    def merge(self, other: Stream) -> Stream:
-        """The stream of both streams' values (Chan et al.'s pairwise update)."""
-        if not other.n:
-            return self
-        if not self.n:
-            return other
-        n = self.n + other.n
-        delta = other.mean - self.mean
-        return Stream(n, self.mean + delta * other.n / n, self.m2 + other.m2 + delta * delta * self.n * other.n / n)
 
     @property
     def variance(self) -> float:

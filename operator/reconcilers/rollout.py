@@ -136,8 +136,9 @@ def judge(spec: RolloutAnalysis, status: RolloutStatus, evidence: Evidence) -> S
     if served and base:
         rate, base_rate = t.errors.get(challenger, 0.0) / served, t.errors.get(champion, 0.0) / base
         result |= {"error_rate": round(rate, 5), "champion_error_rate": round(base_rate, 5)}
-        verdict = compare(_bernoulli(base, base_rate), _bernoulli(served, rate), alpha=spec.alpha,
-                          margin=spec.max_error_rate_increase).verdict
+        failed, base_failed = t.errors.get(challenger, 0.0), t.errors.get(champion, 0.0)
+        verdict = compare(Stream.from_sums(base, base_failed, base_failed), Stream.from_sums(served, failed, failed),
+                          alpha=spec.alpha, margin=spec.max_error_rate_increase).verdict
         if verdict == "worse":
             failures.append(f"error rate {rate:.2%} against the champion's {base_rate:.2%} "
                             f"(at most +{spec.max_error_rate_increase:.2%})")
@@ -196,10 +197,6 @@ def _passed(result: dict) -> str:
     if "loss_difference" in result:
         parts.append(f"loss {result['loss_difference']:+.4f} over {result['labelled']} labels")
     return ", ".join(parts)
-
-
-def _bernoulli(n: float, rate: float) -> Stream:
-    return Stream(n=int(n), mean=rate, m2=n * rate * (1 - rate))
 
 
 def _wilson_low(hits: float, n: float, confidence: float = 0.95) -> float:

@@ -103,12 +103,10 @@ class FakeTraffic:
 
     def __init__(self):
         self.sample_for: dict[tuple[str, str], TrafficSample] = {}
-        self.windows: list[float] = []
 
     def healthy(self, champion: str, challenger: str, requests: float = 500) -> TrafficSample:
         return TrafficSample(requests={champion: requests * 4, challenger: requests}, errors={},
                              p99={champion: 0.01, challenger: 0.011}, comparisons=requests / 10, disagreements=0)
 
     def sample(self, service: str, champion: str, challenger: str, window: float) -> TrafficSample:
-        self.windows.append(window)
         return self.sample_for.get((champion, challenger)) or self.healthy(champion, challenger)

@@ -14,7 +14,7 @@ import pytest
 from kubeloop.api.tasks import METRICS, PRIMARY
 from kubeloop.components.evaluation import evaluate
 from kubeloop.components.intervals import Estimate
-from kubeloop.monitoring.outcomes.quality import drop, drop_is_significant, live_quality, quality_by_version
+from kubeloop.monitoring.outcomes.quality import drop, live_quality
 
 CLASSES = ("cat", "dog", "fox", "owl")
 
@@ -100,24 +100,6 @@ def test_the_rmse_interval_covers_the_noise_sigma():
     assert 0.92 <= coverage(estimates, 2.0) <= 0.98
 
 
-def test_quality_is_split_by_served_version():
-    """Rows answered by v2 (worse outputs) and v1, interleaved; versions and
-    labels as pyarrow columns: each version's figures are those of its rows."""
-    y, good = binary_rows(3, 600)
-    worse = np.random.default_rng(4).random(600)
-    versions = np.where(np.arange(600) % 3 == 0, "v2", "v1")
-    outputs = np.where(versions == "v2", worse, good)
-    split = quality_by_version("binary", pa.array(versions), outputs, pa.array(y), metrics=["auc", "log_loss"])
-    assert sorted(split) == ["v1", "v2"]
-    assert split["v1"].rows == 400 and split["v2"].rows == 200
-    for version, quality in split.items():
-        mine = versions == version
-        assert quality == live_quality("binary", outputs[mine], y[mine], metrics=["auc", "log_loss"])
-    assert split["v2"].metrics["auc"].beats(split["v1"].metrics["auc"])  # lower, with confidence
-    with pytest.raises(ValueError, match="599 versions for 600 rows"):
-        quality_by_version("binary", versions[1:], outputs, y)
-
-
 def test_labels_and_outputs_are_read_in_every_form():
     """0/1 as bools, floats or strings; classes by name or index; class
     probabilities as a pyarrow list column."""
@@ -171,17 +153,8 @@ def test_the_bootstrap_is_seeded_and_narrows_with_rows():
         assert 0.35 < ratio < 0.7, metric
 
 
-def test_a_drop_is_significant_only_beyond_the_tolerance_with_confidence():
-    """Trained AUC 0.85 (higher is better) and log loss 0.30 (lower is
-    better), 0.05 tolerated: a live figure fires only when its whole interval
-    lies past 0.80 (AUC) or 0.35 (log loss)."""
-    assert drop_is_significant("binary", "auc", Estimate(0.70, 0.66, 0.74), 0.85, 0.05)
-    assert not drop_is_significant("binary", "auc", Estimate(0.78, 0.74, 0.82), 0.85, 0.05)  # straddles 0.80
-    assert not drop_is_significant("binary", "auc", Estimate(0.90, 0.88, 0.92), 0.85, 0.05)
-    assert drop_is_significant("binary", "log_loss", Estimate(0.45, 0.40, 0.50), 0.30, 0.05)
-    assert not drop_is_significant("binary", "log_loss", Estimate(0.38, 0.33, 0.43), 0.30, 0.05)  # straddles 0.35
-    assert not drop_is_significant("binary", "log_loss", Estimate(0.20, 0.18, 0.22), 0.30, 0.05)
-    assert not drop_is_significant("binary", "auc", Estimate(math.nan, -math.inf, math.inf), 0.85, 0.05)
+def test_a_drop_is_measured_in_the_metrics_own_direction():
+    """Log loss 0.30 at training (lower is better): a live 0.45 [0.40, 0.50] is 0.15 worse."""
     fallen = drop("binary", "log_loss", Estimate(0.45, 0.40, 0.50), 0.30)
     assert (fallen.value, fallen.low, fallen.high) == pytest.approx((0.15, 0.10, 0.20))
     fallen = drop("binary", "auc", Estimate(0.70, 0.66, 0.74), 0.85)
