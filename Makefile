@@ -109,7 +109,7 @@ lint: setup
 
 test: setup lint
 	$(PREBUILD_IMAGES)
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=10 tests
 
 test-unit: python link binaries
 	$(PY) -m pytest tests/unit

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kubeloop.requestlog import request_records
+from kubeloop.requestlog import answered, request_records
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +44,14 @@ class DriftResult:
 
 
 def load_requests(location: str, since: float, features: list[str]) -> pd.DataFrame:
-    """Logged request rows (primary and canary answers, not shadow copies)
+    """Logged request rows (answers callers got, not mirrored copies)
     newer than since, one column per feature, from the request log's files
     of those hours (a folder or an s3:// prefix). Rows of another width (sent
     to a version with other inputs, before the served one) are left out, and
     the count said."""
     rows, other = [], 0
     for record in request_records(location, since):
-        if record["ts"] >= since and record.get("role") != "shadow" and record.get("features"):
+        if record["ts"] >= since and answered(record) and record.get("features"):
             fitting = [row for row in record["features"] if len(row) == len(features)]
             other += len(record["features"]) - len(fitting)
             rows.extend(fitting)

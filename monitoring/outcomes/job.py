@@ -33,9 +33,6 @@ from kubeloop.monitoring.outcomes.quality import LiveQuality, drop, live_quality
 from kubeloop.monitoring.outcomes.sequential import Stream
 
 ENV = "KUBELOOP_OUTCOME_JOB"
-JUDGED_ROLES = ("primary", "canary")
-"""Roles whose answers callers got; "paired" rows are the champion's second
-opinion on the challenger's requests, and only feed the rollout's test."""
 EPSILON = 1e-7
 
 

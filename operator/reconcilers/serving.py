@@ -170,10 +170,11 @@ def steady(status: InferenceServiceStatus, served: ServingState, primary: str,
            now: float) -> tuple[ServingState, str | None]:
     """The backend's view with hysteresis: a primary that was Ready and is
     the same version stays ready through UNSTEADY_SECONDS of failed checks
-    (unless its containers are failing). Also when the failures began, while
-    they last."""
-    if served.primary_ready or served.failing or status.phase not in ("Ready", "Degraded") \
-            or status.model_version != primary:
+    (unless its containers are failing, or the backend says which version
+    answers while others load: a rollout, said as such). Also when the
+    failures began, while they last."""
+    if served.primary_ready or served.failing or served.answering \
+            or status.phase not in ("Ready", "Degraded") or status.model_version != primary:
         return served, None
     since = status.primary_unready_since or iso(now)
     if now - epoch(since) >= UNSTEADY_SECONDS:

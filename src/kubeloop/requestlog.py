@@ -33,6 +33,18 @@ import orjson
 LOG_QUEUE = 10_000
 """Rows held between flushes, or while the store refuses them."""
 
+ANSWERED = frozenset({"primary", "canary"})
+"""Roles whose rows are answers a caller got. A "shadow" row is a mirrored
+copy's answer and a "paired" row the champion's second opinion on a
+challenger's request (for the rollout's comparison): counting either as
+traffic would count a request twice."""
+
+
+def answered(record: dict) -> bool:
+    """Whether a logged record is an answer a caller got (records written
+    before roles were logged were all answers)."""
+    return record.get("role", "primary") in ANSWERED
+
 
 def position(key: str, salt: str = "") -> float:
     """A stable position in [0, 100) for a request key: the router splits

@@ -44,12 +44,15 @@ def test_sampling_bounds_the_work_and_keeps_the_verdict():
     assert sampled.drifted == full.drifted and sampled.features_drifted == full.features_drifted
 
 
-def test_the_request_log_is_read_by_window_without_shadow_copies(tmp_path):
+def test_the_request_log_is_read_by_window_without_mirrored_copies(tmp_path):
+    """A shadow's copy and the champion's paired second opinion carry the
+    same rows as the answer they copy: read, they would count it twice."""
     now = time.time()
     rows = [{"ts": now - 3600, "role": "primary", "features": [[9.0] * 6]},
             {"ts": now - 10, "role": "primary", "features": [[1.0] * 6, [2.0] * 6]},
             {"ts": now - 5, "role": "canary", "features": [[3.0] * 6]},
-            {"ts": now - 5, "role": "shadow", "outputs": [0.1]},
+            {"ts": now - 5, "role": "shadow", "features": [[3.0] * 6], "outputs": [0.1]},
+            {"ts": now - 5, "role": "paired", "features": [[3.0] * 6], "outputs": [0.2]},
             {"ts": now - 5, "role": "primary", "features": [[7.0] * 4]}]  # a version with other inputs
     # The router is mid-write: the last line has no newline yet.
     partial = json.dumps({"ts": now, "role": "primary", "features": [[4.0] * 6]})[:-7]

@@ -144,7 +144,7 @@ def test_a_killed_tritonserver_answers_503_fast_and_is_restarted(platform, kube,
     assert answer.status_code == 503 and "unavailable" in answer.text
 
     def outage_event() -> bool:
-        return any(e["reason"] == "RollingOut" and f"pid {triton.pid}) was not running: restarted it" in e["message"]
+        return any(e["reason"] == "ContainersFailing" and f"pid {triton.pid}) was not running: restarted it" in e["message"]
                    for e in kube.list("v1", "Event", namespace))
 
     wait_for(outage_event, timeout=60, what="the outage reported")

@@ -565,7 +565,7 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
                     for o in page.get("Contents", [])]
 
         def answered(found: list[str]) -> int:
-            return sum(json.loads(line)["role"] != "shadow" for key in found
+            return sum(json.loads(line)["role"] in ("primary", "canary") for key in found
                        for line in s3.get_object(Bucket="requests", Key=key)["Body"].read().decode().splitlines())
 
         found = wait_for(lambda: (k := keys()) and answered(k) >= 2000 and k, timeout=60,

@@ -75,7 +75,9 @@ def test_a_server_that_never_answers_is_unavailable_after_the_timeout(serving, m
 
 
 def test_a_killed_server_is_restarted_and_the_outage_said(serving):
-    """Local: the next reconcile finds the process gone, starts another and says so."""
+    """Local: the next reconcile finds the process gone, starts another and
+    says so, as a failing container (an outage the reconciler's hysteresis
+    for slow checks must not hide); the reconcile after is a plain start."""
     serving.ensure(request())
     path = serving.folder(REF) / "state.json"
     first = InstanceState.read(path).record("tritonserver")
@@ -83,8 +85,9 @@ def test_a_killed_server_is_restarted_and_the_outage_said(serving):
     state = serving.ensure(request())
     second = InstanceState.read(path).record("tritonserver")
     assert second.pid != first.pid and second.running()
-    assert f"pid {first.pid}) was not running: restarted it" in state.message
+    assert f"pid {first.pid}) was not running: restarted it" in state.message and state.failing
     assert json.loads(path.read_text())["loaded"] == ""
+    assert not serving.ensure(request()).failing
 
 
 def test_a_pruned_version_served_again_is_fetched_again(tmp_path, monkeypatch):

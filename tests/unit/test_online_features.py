@@ -148,7 +148,7 @@ def test_the_local_backend_writes_each_versions_features_and_the_policy_the_rout
 
 def test_the_skew_check_compares_served_rows_with_offline_ones_and_counts_what_differs():
     """The pure half of `kubeloop serving skew`: request-log records to served
-    rows (entity requests only, no shadow copies), then row-by-row
+    rows (entity requests only, no shadow or paired copies), then row-by-row
     comparison within a relative tolerance."""
     from kubeloop.serving.skew import compare, served_rows
 
@@ -156,6 +156,8 @@ def test_the_skew_check_compares_served_rows_with_offline_ones_and_counts_what_d
         {"ts": 10.0, "version": "3", "role": "primary", "request": {"card_id": [7, 8], "amount": [1.0, 2.0]},
          "features": [[1.0, 2.0], [3.0, 4.0]]},
         {"ts": 11.0, "version": "3", "role": "shadow", "request": {"card_id": [9], "amount": [1.0]},
+         "features": [[0.0, 0.0]]},
+        {"ts": 11.5, "version": "2", "role": "paired", "request": {"card_id": [9], "amount": [1.0]},
          "features": [[0.0, 0.0]]},
         {"ts": 12.0, "version": "3", "role": "primary", "features": [[5.0, 6.0]]},
     ]

@@ -178,6 +178,25 @@ def test_a_swap_in_place_stays_ready_on_the_version_that_answers(ports, registry
     assert next(c for c in done.status.conditions if c.type == "Deployed").reason == "Available"
 
 
+def test_a_canary_loading_beside_the_same_primary_is_a_rollout_not_a_degradation(ports, serving, monkeypatch):
+    """Local path (reconciler): a canary added while the champion stays put
+    loads beside it, the backend saying the champion answers meanwhile. The
+    hysteresis for failed checks (same version, was Ready) must not take that
+    for a primary that still passes its checks and a canary that fails them:
+    that read Degraded while every caller was answered."""
+    from kubeloop.serving.base import ServingState
+
+    ready = reconcile_inference_service(REF, spec(), InferenceServiceStatus(), ports)
+    monkeypatch.setattr(serving, "ensure", lambda request: ServingState(
+        url="http://x", ready={role: False for role in ("primary", "canary")}, answering="1", ready_replicas=1,
+        message="Triton is loading fraud version 1"))
+    loading = reconcile_inference_service(REF, spec(canary={"alias": "challenger", "percent": 20}), ready.status,
+                                          ports)
+    deployed = next(c for c in loading.status.conditions if c.type == "Deployed")
+    assert (loading.status.phase, deployed.reason) == ("Ready", "Updating")
+    assert loading.status.primary_unready_since is None
+
+
 def test_registry_outage_retries(ports, registry, monkeypatch):
     def down(*_a, **_k):
         raise RegistryUnavailable("mlflow down")

@@ -111,13 +111,13 @@ class LocalServing(ServingBackend):
         triton = f"http://127.0.0.1:{state.ports['http']}"
         router_port = state.ports["router"]
         url = f"http://127.0.0.1:{router_port}"
-        starting = self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
+        starting, died = self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
             repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
             ready=f"{triton}/v2/health/live")
         if starting:
             state.loaded = state.answering = ""  # a new server has nothing loaded
             state.write(state_path)
-            return ServingState(url=url, ready={role: False for role in wanted}, message=starting)
+            return ServingState(url=url, ready={role: False for role in wanted}, message=starting, failing=died)
         if state.loaded != fingerprint:
             loading = self._ensure_loaded(state, folder, name, primary, sorted(set(wanted.values())), triton,
                                           fingerprint)
@@ -138,12 +138,12 @@ class LocalServing(ServingBackend):
         rolled_back = tuple(role for role, v in wanted.items() if role != "primary" and v in failed)
         ready = {role: self._version_ready(triton, name, v) for role, v in wanted.items() if role not in rolled_back}
         self._write_routes(folder, request, name, triton, [r for r in wanted if r not in rolled_back])
-        starting = self._ensure_process(state, state_path, "router", [
+        starting, died = self._ensure_process(state, state_path, "router", [
             sys.executable, "-m", "kubeloop.serving.router", "--config", str(folder / "router.json"),
             "--port", str(router_port)], folder, {}, ready=f"{url}/v2/health/live")
         self._register_targets(request.ref, state)
         if starting:
-            return ServingState(url=url, ready={role: False for role in ready}, message=starting)
+            return ServingState(url=url, ready={role: False for role in ready}, message=starting, failing=died)
         message = "; ".join(f"{role} version {wanted[role]} failed to load and was rolled back: {failed[wanted[role]]}"
                             for role in rolled_back)
         if not ready.get("primary"):
@@ -207,9 +207,10 @@ class LocalServing(ServingBackend):
                 (configs / f"{version}.pbtxt").write_text(text_format.MessageToString(config))
 
     def _ensure_process(self, state: InstanceState, state_path: Path, name: str, argv: list[str], folder: Path,
-                        env: dict[str, str], ready: str) -> str:
+                        env: dict[str, str], ready: str) -> tuple[str, bool]:
         """Start the process unless it runs; "" when it answers at `ready`, else
-        what it is doing (it is never waited for here)."""
+        what it is doing (it is never waited for here). Also whether it had
+        died: an outage, which no hysteresis may hide."""
         record = state.record(name)
         restarted = ""
         if record is None or not record.running():
@@ -220,14 +221,14 @@ class LocalServing(ServingBackend):
             state.processes[name] = record.to_dict()
             state.write(state_path)
         if _ok(ready):
-            return ""
+            return "", False
         if not record.running():
             raise ServingUnavailable(f"{name} exited:\n{processes.log_tail(record.log)}")
         age = time.time() - record.create_time
         if age > READY_TIMEOUT:
             raise ServingUnavailable(f"{name} (pid {record.pid}) not ready {age:.0f} s after it started:\n"
                                      f"{processes.log_tail(record.log)}")
-        return f"{restarted}{name} is starting (pid {record.pid})"
+        return f"{restarted}{name} is starting (pid {record.pid})", bool(restarted)
 
     def _ensure_loaded(self, state: InstanceState, folder: Path, name: str, primary: str, versions: list[str],
                        triton: str, fingerprint: str) -> bool:

@@ -15,6 +15,8 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kubeloop.requestlog import answered
+
 ROW_ID = "__kubeloop_row"
 
 
@@ -32,12 +34,12 @@ class ServedRow:
 
 def served_rows(records: Iterable[dict], sample: int, seed: int = 0) -> list[ServedRow]:
     """The entity-request rows of request-log records (primary and canary
-    answers; shadow copies and raw-vector requests have none), a random
+    answers; mirrored copies and raw-vector requests have none), a random
     sample of at most `sample`."""
     rows = []
     for record in records:
         sent = record.get("request")
-        if not sent or record.get("role") == "shadow":
+        if not sent or not answered(record):
             continue
         for i, vector in enumerate(record["features"]):
             rows.append(ServedRow(str(record["version"]), record["ts"], {k: v[i] for k, v in sent.items()}, vector))
