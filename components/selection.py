@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from kubeloop.api.conditions import Reason
 from kubeloop.api.optimization import AccuracyBudget, LatencySLO
 from kubeloop.api.tasks import improvement
 from kubeloop.components.intervals import Estimate, ratio
 
 LOSSLESS = 1e-4
 """Probabilities closer than this to the source's count as the same model."""
-# Reasons of the VariantChosen condition.
-FASTER = "MeasurablyFaster"
-OVERLAP = "IntervalsOverlap"
-NOT_FASTER = "NoVariantMeasurablyFaster"
+# Reasons of the VariantChosen condition, as the catalogue names them.
+FASTER = Reason.MEASURABLY_FASTER
+OVERLAP = Reason.INTERVALS_OVERLAP
+NOT_FASTER = Reason.NO_VARIANT_MEASURABLY_FASTER
 
 
 @dataclass(frozen=True)

@@ -37,17 +37,13 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.api.signature import ModelSignature
 
 BACKENDS = ("python", "onnxruntime")
 DEVICES = ("cpu", "gpu")
 GPU_INSTANCES = 2
 """Instances per GPU: two, so one copies while the other computes."""
-MAX_REQUEST_ROWS = 1024
-"""The most rows one request may carry to a batching model. Triton refuses a
-request of more rows than max_batch_size, so max_batch_size bounds callers;
-the preferred batch sizes (not max_batch_size) steer what the dynamic
-batcher waits to gather."""
 
 
 @dataclass(frozen=True)

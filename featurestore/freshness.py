@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
+from kubeloop.api.conditions import Reason
+
 log = logging.getLogger(__name__)
 
 STALE_AFTER_INTERVALS = 3
@@ -145,15 +147,15 @@ def freshness(states: list[StoreState], now: float) -> tuple[str, str, str]:
     if failing:
         s = failing[0]
         lag = max((lag_seconds(now, e) for e in s.ends.values()), default=math.inf)
-        return ("False", "MaterializationFailed",
+        return ("False", Reason.MATERIALIZATION_FAILED,
                 f"materialising {_name(s)} failed {s.failures} time(s) in a row, retrying: {s.last_error}; "
                 f"its online features are {_age(lag)} behind")
     waiting = [s for s in states if s.runs == 0]
     if waiting:
-        return "Unknown", "FirstRun", f"the first materialisation of {_name(waiting[0])} is running"
+        return "Unknown", Reason.FIRST_RUN, f"the first materialisation of {_name(waiting[0])} is running"
     parts = [f"{_name(s)} up to {_age(max((lag_seconds(now, e) for e in s.ends.values()), default=0.0))} ago, "
              f"every {s.need.interval:g}s" for s in states]
-    return "True", "Materialized", "online store materialised: " + "; ".join(parts)
+    return "True", Reason.MATERIALIZED, "online store materialised: " + "; ".join(parts)
 
 
 def _name(state: StoreState) -> str:

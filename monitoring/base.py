@@ -4,7 +4,9 @@ what its latest run found."""
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from kubeloop.api.refs import ObjectRef
 
@@ -26,6 +28,15 @@ class JobKind:
 
 DRIFT = JobKind("drift", "kubeloop.monitoring.job", "KUBELOOP_DRIFT_JOB", "monitoring")
 OUTCOMES = JobKind("outcomes", "kubeloop.monitoring.outcomes.job", "KUBELOOP_OUTCOME_JOB", "outcomes")
+
+
+def read_latest(folder: Path) -> dict | None:
+    """The latest result kept in an object's folder (where both monitors
+    keep it, and /metrics reads it); None before the first."""
+    try:
+        return json.loads((folder / "latest.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 class DriftMonitor(abc.ABC):

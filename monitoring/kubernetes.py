@@ -7,7 +7,8 @@ Pod's termination message; the operator keeps it where the local monitor
 keeps its results, so the reconciler and /metrics read both alike.
 
 Bounded: the newest KEEP_JOBS Jobs of a service are kept, older ones deleted
-when the next starts (each also expires TTL_SECONDS after it finished).
+when the next starts (each also expires TTL_SECONDS after it finished); the
+Jobs run as kubeloop.jobrunner runs every kind.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeloop.api.children import child_metadata, dns_name, owner_labels, owner_selector, restricted
-from kubeloop.api.jobs import TERMINATION_LOG, failure, finished, object_store_access, task_job, termination_message
+from kubeloop.api.jobs import TERMINATION_LOG, object_store_access, task_job
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_atomic
-from kubeloop.kube import Kube, KubeError
-from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind
+from kubeloop.jobrunner import LABEL_PURPOSE, JobRunner
+from kubeloop.kube import Kube
+from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind, read_latest
 
-LABEL_PURPOSE = "kubeloop.dev/purpose"
 KEEP_JOBS = 3
 TTL_SECONDS = 3 * 86400
 DEADLINE_SECONDS = 1800
@@ -85,57 +86,34 @@ class KubernetesDriftMonitor(DriftMonitor):
     def folder(self, ref: ObjectRef) -> Path:
         return self.results / f"{ref.namespace}-{ref.name}"
 
-    def _jobs(self, ref: ObjectRef) -> list[dict]:
-        """The service's drift Jobs, newest first."""
-        jobs = self.kube.list("batch/v1", "Job", ref.namespace, f"{owner_selector(ref)},{LABEL_PURPOSE}={self.kind.name}")
-        return sorted(jobs, key=lambda j: j["metadata"].get("creationTimestamp", ""), reverse=True)
+    def _runner(self, ref: ObjectRef) -> JobRunner:
+        """The service's Jobs of this kind."""
+        return JobRunner(self.kube, ref.namespace, f"{owner_selector(ref)},{LABEL_PURPOSE}={self.kind.name}",
+                         self.kind.name, KEEP_JOBS)
 
     def running(self, ref: ObjectRef) -> bool:
-        return any(not finished(job) for job in self._jobs(ref))
+        return self._runner(ref).running()
 
     def start(self, ref: ObjectRef, job: dict) -> None:
-        jobs = self._jobs(ref)
-        if any(not finished(j) for j in jobs):
-            return
-        for old in jobs[KEEP_JOBS - 1:]:
-            self.kube.delete("batch/v1", "Job", old["metadata"]["name"], ref.namespace)
-        try:
-            self.kube.create(build_drift_job(ref, job, self.settings, self.clock(), self.kind))
-        except KubeError as exc:
-            if exc.status != 409:  # 409: this minute's Job exists already
-                raise
+        self._runner(ref).start(lambda: build_drift_job(ref, job, self.settings, self.clock(), self.kind))
 
     def latest(self, ref: ObjectRef) -> dict | None:
-        """The newest finished Job's result (kept, so it outlives the Job)."""
-        done = next((j for j in self._jobs(ref) if finished(j)), None)
+        """The newest finished Job's result (kept, so it outlives the Job).
+        One that completed without a summary keeps the one before."""
+        runner = self._runner(ref)
+        done = runner.newest_finished()
         if done is not None and self._kept.get(ref.uid) != done["metadata"]["name"]:
-            result = self._result(ref, done)
+            result = runner.result(done, json.loads, self._error)
             if result is not None:
                 self.folder(ref).mkdir(parents=True, exist_ok=True)
                 write_atomic(self.folder(ref) / "latest.json", json.dumps(result))
                 self._kept[ref.uid] = done["metadata"]["name"]
-        try:
-            return json.loads((self.folder(ref) / "latest.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return read_latest(self.folder(ref))
 
-    def _result(self, ref: ObjectRef, job: dict) -> dict | None:
-        """The summary the Job's Pod left as its termination message; for a
-        Pod that left none (killed, evicted), what the Job says."""
-        name = job["metadata"]["name"]
-        message = termination_message(self.kube.list("v1", "Pod", ref.namespace, f"job-name={name}"))
-        if message:
-            try:
-                return json.loads(message)
-            except ValueError:
-                return {"error": f"{self.kind.name} Job {name} left an unreadable result", "at": self.clock()}
-        if failure(job):
-            return {"error": f"{self.kind.name} Job {name} failed: {failure(job)}", "at": self.clock()}
-        return None
+    def _error(self, message: str) -> dict:
+        return {"error": message, "at": self.clock()}
 
     def forget(self, ref: ObjectRef) -> None:
-        for job in self._jobs(ref):
-            self.kube.delete("batch/v1", "Job", job["metadata"]["name"], ref.namespace)
+        self._runner(ref).delete_all()
         self._kept.pop(ref.uid, None)
         shutil.rmtree(self.folder(ref), ignore_errors=True)
-

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop import processes
-from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind
+from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind, read_latest
 
 
 class LocalDriftMonitor(DriftMonitor):
@@ -47,10 +47,7 @@ class LocalDriftMonitor(DriftMonitor):
         (folder / "process.json").write_text(json.dumps(record.to_dict()))
 
     def latest(self, ref: ObjectRef) -> dict | None:
-        try:
-            return json.loads((self.folder(ref) / "latest.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return read_latest(self.folder(ref))
 
     def forget(self, ref: ObjectRef) -> None:
         record = self._record(ref)

@@ -11,13 +11,10 @@ from dataclasses import dataclass
 from typing import Iterable, Literal
 
 from kubeloop.api.base import Condition
+from kubeloop.api.conditions import ConditionType, Reason
 from kubeloop.api.times import iso
 
 Status = Literal["True", "False", "Unknown"]
-
-# Reasons shared by every kind.
-INVALID_SPEC = "InvalidSpec"
-INVALID_STATUS = "InvalidStatus"
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ def merge_conditions(current: Iterable[Condition], observed: Iterable[Observatio
             last_transition_time=timestamp if changed else previous.last_transition_time,
             observed_generation=generation,
         )
-    return sorted(by_type.values(), key=lambda c: (c.type != "Ready", c.type))
+    return sorted(by_type.values(), key=lambda c: (c.type != ConditionType.READY, c.type))
 
 
 def ready_condition(conditions: Iterable[Condition], required: Iterable[str]) -> Observation:
@@ -57,11 +54,11 @@ def ready_condition(conditions: Iterable[Condition], required: Iterable[str]) ->
     for name in required:
         cond = by_type.get(name)
         if cond is None:
-            return Observation("Ready", "Unknown", "Pending", f"{name} not yet observed")
+            return Observation(ConditionType.READY, "Unknown", Reason.PENDING, f"{name} not yet observed")
         if cond.status != "True":
-            return Observation("Ready", "False" if cond.status == "False" else "Unknown",
+            return Observation(ConditionType.READY, "False" if cond.status == "False" else "Unknown",
                                cond.reason, f"{name}: {cond.message}")
-    return Observation("Ready", "True", "Ready", "")
+    return Observation(ConditionType.READY, "True", Reason.READY, "")
 
 
 def condition(conditions: Iterable[Condition], name: str) -> Condition | None:

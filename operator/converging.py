@@ -13,9 +13,10 @@ from typing import Callable, Iterator
 import kopf
 from pydantic import BaseModel, ValidationError
 
+from kubeloop.api.conditions import ConditionType, Reason
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import Kind
-from kubeloop.operator.conditions import INVALID_SPEC, INVALID_STATUS, Observation, merge_conditions, now
+from kubeloop.operator.conditions import Observation, merge_conditions, now
 from kubeloop.kube import KubeError
 from kubeloop.operator.ports import Objects, Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, transition_events
@@ -73,18 +74,17 @@ def reconcile(kind: Kind, reconciler: Reconciler, meta: dict, spec: dict, status
     except ValidationError as exc:
         message = "; ".join(
             f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
-        conditions = merge_conditions(current.conditions, [Observation("Ready", "False", INVALID_SPEC, message)],
-                                      ref.generation, now())
+        invalid = Observation(ConditionType.READY, "False", Reason.INVALID_SPEC, message)
+        conditions = merge_conditions(current.conditions, [invalid], ref.generation, now())
         new = current.model_copy(update={"conditions": conditions, "phase": "Failed",
                                          "observed_generation": ref.generation})
-        return Outcome(new, [Event("Warning", INVALID_SPEC, message)])
+        return Outcome(new, [Event("Warning", Reason.INVALID_SPEC, message)])
     outcome = reconciler(ref, parsed, current, ports, attempt=retry)
     if dropped:
         message = (f"status fields that failed validation were reset: {', '.join(dropped)}; "
                    "everything else was kept")
-        conditions = merge_conditions(outcome.status.conditions,
-                                      [Observation("StatusValid", "False", INVALID_STATUS, message)],
-                                      ref.generation, now())
+        reset = Observation(ConditionType.STATUS_VALID, "False", Reason.INVALID_STATUS, message)
+        conditions = merge_conditions(outcome.status.conditions, [reset], ref.generation, now())
         outcome.status = outcome.status.model_copy(update={"conditions": conditions})
     outcome.events = outcome.events + transition_events(kind.kind, current, outcome.status)
     return outcome

@@ -4,8 +4,8 @@ Kubernetes Job in the operator's own namespace on the runtime image
 Materializer (kubeloop.featurestore.freshness) keeps its schedule, backoff,
 condition and metrics; MaterializeJobs is the run it calls on a worker
 thread: it starts the store's Job (or finds the one already running),
-waits for it through kubeloop.kube, and reads the result the Job's Pod left
-as its termination message.
+waits for it, and reads the result the Job's Pod left as its termination
+message, as kubeloop.jobrunner runs every kind of Job.
 
 Idempotent across restarts: a Job is named by the store's fingerprint and
 the run's end, and a store's Job still running (a restarted operator's
@@ -22,13 +22,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kubeloop.api.children import dns_name, restricted
-from kubeloop.api.jobs import (
-    TERMINATION_LOG, failure, finished, object_store_access, task_job, termination_message,
-)
+from kubeloop.api.jobs import TERMINATION_LOG, object_store_access, task_job
 from kubeloop.featurestore.freshness import Materialized, Run, StoreNeed, job_request, published, store_key
-from kubeloop.kube import KubeError
+from kubeloop.jobrunner import LABEL_PURPOSE, JobRunner
 
-LABEL_PURPOSE = "kubeloop.dev/purpose"
 LABEL_STORE = "kubeloop.dev/feature-store"
 PURPOSE = "materialize"
 ENV = "KUBELOOP_MATERIALIZE"
@@ -85,22 +82,6 @@ def build_materialize_job(need: StoreNeed, end: float, settings: MaterializeJobS
                     backoff_limit=0, volumes=[{"name": "tmp", "emptyDir": {}}])
 
 
-def job_outcome(job: dict, message: str | None, project: str = "") -> Materialized | None:
-    """What a finished Job did: its Pod's summary, else (killed, evicted,
-    past its deadline) an error with the Job's reason; None while it runs."""
-    name = job["metadata"]["name"]
-    if message:
-        try:
-            return Materialized.from_summary(message)
-        except (ValueError, KeyError, TypeError):
-            return Materialized(project, {}, f"materialisation Job {name} left an unreadable result: {message[:200]}")
-    if failure(job):
-        return Materialized(project, {}, f"materialisation Job {name} failed: {failure(job)}")
-    if finished(job):
-        return Materialized(project, {}, f"materialisation Job {name} completed without a result")
-    return None
-
-
 class MaterializeJobs:
     """The Materializer's run on a cluster: run(need, end) -> Materialized,
     blocking its worker thread until the store's Job finishes.
@@ -123,46 +104,25 @@ class MaterializeJobs:
         if not published(need.store):
             if self.local is not None:
                 return self.local(need, end)
-            return Materialized("", {}, UNPUBLISHED)
-        name = self._start(need, end)
-        deadline = self.clock() + self.settings.deadline_seconds + SCHEDULING_GRACE_SECONDS
-        while True:
-            job = self.kube.get("batch/v1", "Job", name, self.settings.namespace)
-            if job is None:
-                return Materialized("", {}, f"materialisation Job {name} was deleted before it finished")
-            if finished(job):
-                pods = self.kube.list("v1", "Pod", self.settings.namespace, f"job-name={name}")
-                return job_outcome(job, termination_message(pods))
-            if self.clock() > deadline:
-                return Materialized("", {}, f"materialisation Job {name} did not finish within "
-                                            f"{self.settings.deadline_seconds + SCHEDULING_GRACE_SECONDS} s")
-            if self._closed.wait(self.poll):
-                return Materialized("", {}, f"the operator stopped while materialisation Job {name} ran")
+            return _failed(UNPUBLISHED)
+        runner = self._runner(need.store)
+        name = runner.start(lambda: build_materialize_job(need, end, self.settings))
+        job = runner.wait(name, self.settings.deadline_seconds + SCHEDULING_GRACE_SECONDS, self._closed, self.poll,
+                          self.clock)
+        if isinstance(job, str):
+            return _failed(job)
+        outcome = runner.result(job, Materialized.from_summary, _failed)
+        return _failed(f"materialisation Job {name} completed without a result") if outcome is None else outcome
 
-    def _start(self, need: StoreNeed, end: float) -> str:
-        """The Job this run waits for: the store's running one, else a new
-        one (older finished ones deleted first, KEEP_JOBS kept)."""
-        jobs = self.jobs(need.store)
-        running = next((j for j in jobs if not finished(j)), None)
-        if running is not None:
-            return running["metadata"]["name"]
-        for old in jobs[KEEP_JOBS - 1:]:
-            self.kube.delete("batch/v1", "Job", old["metadata"]["name"], self.settings.namespace)
-        job = build_materialize_job(need, end, self.settings)
-        try:
-            self.kube.create(job)
-        except KubeError as exc:
-            if exc.status != 409:  # 409: this run's Job exists already; wait for it
-                raise
-        return job["metadata"]["name"]
-
-    def jobs(self, store: str) -> list[dict]:
-        """The store's materialisation Jobs, newest first."""
-        jobs = self.kube.list("batch/v1", "Job", self.settings.namespace,
-                              f"{LABEL_PURPOSE}={PURPOSE},{LABEL_STORE}={store_key(store)}")
-        return sorted(jobs, key=lambda j: (j["metadata"].get("creationTimestamp", ""), j["metadata"]["name"]),
-                      reverse=True)
+    def _runner(self, store: str) -> JobRunner:
+        """The store's materialisation Jobs."""
+        selector = f"{LABEL_PURPOSE}={PURPOSE},{LABEL_STORE}={store_key(store)}"
+        return JobRunner(self.kube, self.settings.namespace, selector, "materialisation", KEEP_JOBS)
 
     def close(self) -> None:
         """Stop waiting: runs in flight return at once (their Jobs go on)."""
         self._closed.set()
+
+
+def _failed(error: str) -> Materialized:
+    return Materialized("", {}, error)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, Literal, TypeVar
 
 from kubeloop.api.base import BaseStatus
+from kubeloop.api.conditions import ConditionType, Reason
 from kubeloop.operator.conditions import Observation, merge_conditions, now, ready_condition
 from kubeloop.pipelines.backends.base import BackendUnavailable, PipelineBackend, RunRequest, RunStatus
 
@@ -52,7 +53,8 @@ def transition_events(kind: str, old: BaseStatus, new: BaseStatus) -> list[Event
     """Events for what changed between two statuses (pure): every condition
     whose status or reason moved, and the phase if it moved."""
     before = {c.type: (c.status, c.reason) for c in old.conditions}
-    changed = [c for c in new.conditions if c.type != "Ready" and before.get(c.type) != (c.status, c.reason)]
+    changed = [c for c in new.conditions
+               if c.type != ConditionType.READY and before.get(c.type) != (c.status, c.reason)]
     events = [Event("Warning" if c.status == "False" else "Normal", c.reason,
                     f"{c.type}: {c.message}" if c.message else c.type) for c in changed]
     old_phase, new_phase = getattr(old, "phase", None), getattr(new, "phase", None)
@@ -92,14 +94,15 @@ def follow_run(backend: PipelineBackend, current_run_id: str | None, current_has
         if run is None:
             run = backend.submit(build_request())
     except BackendUnavailable as exc:
-        return RunProgress(None, [Observation("RunSubmitted", "Unknown", "BackendUnavailable", str(exc))],
-                           unavailable=str(exc))
-    observations = [Observation("RunSubmitted", "True", "Submitted",
+        obs = Observation(ConditionType.RUN_SUBMITTED, "Unknown", Reason.BACKEND_UNAVAILABLE, str(exc))
+        return RunProgress(None, [obs], unavailable=str(exc))
+    observations = [Observation(ConditionType.RUN_SUBMITTED, "True", Reason.SUBMITTED,
                                 f"run {run.run_id} on the {backend.name} backend")]
     if run.phase == "Succeeded":
-        observations.append(Observation("RunSucceeded", "True", "Succeeded", run.progress or ""))
+        observations.append(Observation(ConditionType.RUN_SUCCEEDED, "True", Reason.SUCCEEDED, run.progress or ""))
     elif run.phase == "Failed":
-        observations.append(Observation("RunSucceeded", "False", "PipelineFailed", run.error or "the run failed"))
+        observations.append(Observation(ConditionType.RUN_SUCCEEDED, "False", Reason.PIPELINE_FAILED,
+                                        run.error or "the run failed"))
     else:
-        observations.append(Observation("RunSucceeded", "Unknown", run.phase, run.progress or ""))
+        observations.append(Observation(ConditionType.RUN_SUCCEEDED, "Unknown", run.phase, run.progress or ""))
     return RunProgress(run, observations, superseded=superseded)

@@ -3,7 +3,7 @@ the target, run the optimisation pipeline and report its variants table."""
 
 from __future__ import annotations
 
-from kubeloop.api.base import RegisteredModel
+from kubeloop.api.conditions import OPTIMIZED_MODEL_CONDITIONS, ConditionType, Reason
 from kubeloop.api.optimization import ChosenVariant, OptimizedModelSpec, OptimizedModelStatus, Variant
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.tasks import METRICS, produces
@@ -12,7 +12,7 @@ from kubeloop.operator.builders.pipelines import build_optimization_run, spec_ha
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish, follow_run
-from kubeloop.operator.reconcilers.promotion import REGISTRY_UNAVAILABLE, promote_when_gated
+from kubeloop.operator.reconcilers.promotion import record_run
 from kubeloop.registry.base import RegistryUnavailable
 from kubeloop.registry.tags import TASK
 
@@ -20,8 +20,9 @@ KIND = "OptimizedModel"
 
 
 def required_conditions(backend: str) -> list[str]:
-    return ["SourceResolved", "TechniquesSupported", "RunSubmitted", "RunSucceeded"] + (
-        [] if backend == "noop" else ["ModelRegistered"])
+    # The no-op backend registers nothing, so there is no model to wait for.
+    return [c for c in OPTIMIZED_MODEL_CONDITIONS.required
+            if not (backend == "noop" and c == ConditionType.MODEL_REGISTERED)]
 
 
 def unsupported_techniques(spec: OptimizedModelSpec, tensorrt: bool = False) -> list[str]:
@@ -64,36 +65,38 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
     try:
         source = ports.registry.resolve(spec.source.name, spec.source.version, spec.source.alias)
     except RegistryUnavailable as exc:
-        obs = [Observation("SourceResolved", "Unknown", "RegistryUnavailable", str(exc))]
+        obs = [Observation(ConditionType.SOURCE_RESOLVED, "Unknown", Reason.REGISTRY_UNAVAILABLE, str(exc))]
         return Outcome(finish(status, obs, ref.generation, required), retry_after=backoff(attempt),
                        retry_reason=str(exc))
     if source is None:
         # Pending, not Failed: the source may be registered later (a TrainingJob
         # applied together with this object is still training).
-        obs = [Observation("SourceResolved", "False", "SourceNotFound",
+        obs = [Observation(ConditionType.SOURCE_RESOLVED, "False", Reason.SOURCE_NOT_FOUND,
                            f"{spec.source.uri} does not exist in the registry: register it first "
                            "(a TrainingJob does) or fix spec.source")]
         new = finish(status, obs, ref.generation, required, phase="Pending")
         return Outcome(new)
-    observations = [Observation("SourceResolved", "True", "Resolved",
+    observations = [Observation(ConditionType.SOURCE_RESOLVED, "True", Reason.RESOLVED,
                                 f"{spec.source.uri} is version {source.version}")]
     task = source.tags.get(TASK, "binary")
     invalid = metric_problems(spec, task)
     if invalid:
-        observations.append(Observation("TechniquesSupported", "False", "InvalidSpec", "; ".join(invalid)))
+        observations.append(Observation(ConditionType.TECHNIQUES_SUPPORTED, "False", Reason.INVALID_SPEC,
+                                        "; ".join(invalid)))
         return Outcome(finish(status, observations, ref.generation, required, phase="Failed",
                               source_version=source.version))
     backend = ports.pipelines.get(backend_name)
     problems = unsupported_techniques(spec, backend is not None and backend.tensorrt)
     if problems:
-        observations.append(Observation("TechniquesSupported", "False", "UnsupportedTechnique",
+        observations.append(Observation(ConditionType.TECHNIQUES_SUPPORTED, "False", Reason.UNSUPPORTED_TECHNIQUE,
                                         "; ".join(problems)))
         new = finish(status, observations, ref.generation, required, phase="Failed",
                      source_version=source.version)
         return Outcome(new)
-    observations.append(Observation("TechniquesSupported", "True", "Supported", ", ".join(spec.techniques)))
+    observations.append(Observation(ConditionType.TECHNIQUES_SUPPORTED, "True", Reason.SUPPORTED,
+                                    ", ".join(spec.techniques)))
     if backend is None:
-        observations.append(Observation("RunSubmitted", "False", "BackendNotConfigured",
+        observations.append(Observation(ConditionType.RUN_SUBMITTED, "False", Reason.BACKEND_NOT_CONFIGURED,
                                         f"the operator has no '{backend_name}' pipeline backend"))
         new = finish(status, observations, ref.generation, required, phase="Failed")
         return Outcome(new)
@@ -108,36 +111,24 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
                        retry_reason=progress.unavailable)
     run = progress.run
     fields: dict = {"run_id": run.run_id, "spec_hash": digest, "source_version": source.version}
-    phase = {"Succeeded": "Succeeded", "Failed": "Failed"}.get(run.phase, "Running")
     if run.run_id != status.run_id:
         fields.update(variants=[], chosen=None, model=None, gpu_memory_mib=None, batching=None)
     if run.phase == "Succeeded" and not run.outputs.get("noop"):
-        out = run.outputs
-        fields["variants"] = [Variant.model_validate(v) for v in out.get("variants", [])]
-        if out.get("chosen"):
-            fields["chosen"] = ChosenVariant.model_validate(out["chosen"])
-        if out.get("selection"):
+        fields.update(variants_of(run.outputs))
+        if run.outputs.get("selection"):
             # Why the winner won: measurably faster, or chosen among overlapping intervals.
-            observations.append(Observation("VariantChosen", "True", out["selection"]["reason"],
-                                            out["selection"]["message"]))
-        if out.get("model"):
-            fields["model"] = RegisteredModel.model_validate(out["model"])
-            observations.append(Observation("ModelRegistered", "True", "Registered",
-                                            f"{out['model']['name']} version {out['model']['version']}"))
-        else:
-            observations.append(Observation("ModelRegistered", "False", "NoModel",
-                                            "the run succeeded but registered no model"))
-            phase = "Failed"
-        fields["gpu_memory_mib"] = out.get("gpu_memory_mib")
-        fields["batching"] = out.get("batching")
-    elif backend_name != "noop":
-        observations.append(Observation("ModelRegistered", "Unknown", "AwaitingRun", ""))
-    model = fields.get("model")
-    if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
-        promoted = promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
-                                      by=str(ref), metric=spec.accuracy_budget.metric)
-        observations.append(promoted)
-        if promoted.reason == REGISTRY_UNAVAILABLE:
-            return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields),
-                           retry_after=backoff(attempt), retry_reason=promoted.message)
-    return Outcome(finish(status, observations, ref.generation, required, phase=phase, **fields))
+            selection = run.outputs["selection"]
+            observations.append(Observation(ConditionType.VARIANT_CHOSEN, "True", selection["reason"],
+                                            selection["message"]))
+    return record_run(ref, status, run, ports.registry, attempt, required=required, observations=observations,
+                      fields=fields, registers=backend_name != "noop", policy=spec.promotion,
+                      metric=spec.accuracy_budget.metric)
+
+
+def variants_of(outputs: dict) -> dict:
+    """The status fields a succeeded run's outputs give (pure): the variants
+    table, the one chosen, what it needs and how it batches."""
+    chosen = outputs.get("chosen")
+    return {"variants": [Variant.model_validate(v) for v in outputs.get("variants", [])],
+            **({"chosen": ChosenVariant.model_validate(chosen)} if chosen else {}),
+            "gpu_memory_mib": outputs.get("gpu_memory_mib"), "batching": outputs.get("batching")}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from kubeloop.api.conditions import ConditionType, Reason
 from kubeloop.api.constants import ANNOTATION_ROLLOUT
 from kubeloop.api.outcomes import LiveMetric, PerformanceStatus, Rollout, RolloutStatus, RolloutStep
 from kubeloop.api.refs import ObjectRef
@@ -23,7 +24,7 @@ from kubeloop.registry.base import ModelVersion
 from kubeloop.registry.promotion import metrics_of
 from kubeloop.serving.base import ServedVersion, ServingBackend
 
-CONDITION = "OutcomesMonitored"
+CONDITION = ConditionType.OUTCOMES_MONITORED
 
 
 def judged_metric(spec: InferenceServiceSpec, task: str) -> str:
@@ -44,17 +45,17 @@ def observe_outcomes(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[
     if monitoring is None or monitoring.ground_truth is None:
         return None, []
     if ports.outcomes is None:
-        return None, [Observation(CONDITION, "False", "NoMonitor", "the operator runs no outcome jobs")]
+        return None, [Observation(CONDITION, "False", Reason.NO_MONITOR, "the operator runs no outcome jobs")]
     log = backend.request_log(ref, spec)
     if log is None:
-        return None, [Observation(CONDITION, "False", "NoRequestLog", "labels join logged predictions: enable "
+        return None, [Observation(CONDITION, "False", Reason.NO_REQUEST_LOG, "labels join logged predictions: enable "
                                   "spec.requestLogging")]
     primary = versions[0].model
     signature = ModelSignature.from_tags(primary.tags)
     try:
         metric = judged_metric(spec, signature.task)
     except ValueError as exc:
-        return None, [Observation(CONDITION, "False", "InvalidSpec", str(exc))]
+        return None, [Observation(CONDITION, "False", Reason.INVALID_SPEC, str(exc))]
     latest = ports.outcomes.latest(ref)
     due = latest is None or ports.clock() - latest.get("at", 0) >= seconds(monitoring.performance.schedule)
     if due and not ports.outcomes.running(ref):
@@ -91,11 +92,11 @@ def performance(latest: dict | None, spec: InferenceServiceSpec) -> tuple[Perfor
     """status.performance and its condition from the latest result."""
     if latest is None:
         message = "the first outcome job is running"
-        return PerformanceStatus(message=message), [Observation(CONDITION, "Unknown", "FirstRun", message)]
+        return PerformanceStatus(message=message), [Observation(CONDITION, "Unknown", Reason.FIRST_RUN, message)]
     at = iso(latest["at"])
     if "error" in latest:
         return PerformanceStatus(last_run_at=at, message=latest["error"]), [
-            Observation(CONDITION, "False", "OutcomeJobFailed", latest["error"])]
+            Observation(CONDITION, "False", Reason.OUTCOME_JOB_FAILED, latest["error"])]
     live = [_live(version, entry) for version, entry in latest.get("versions", {}).items()]
     status = PerformanceStatus(last_run_at=at, metric=latest.get("metric"), versions=live,
                                labels=latest.get("labels", {}), decayed=decayed(latest, spec),
@@ -105,10 +106,11 @@ def performance(latest: dict | None, spec: InferenceServiceSpec) -> tuple[Perfor
         rows = primary.rows if primary else 0
         message = f"{rows} labelled predictions of the primary (at least {spec.monitoring.performance.min_rows})"
         return status.model_copy(update={"message": message}), [
-            Observation(CONDITION, "Unknown", "NotEnoughLabels", message)]
+            Observation(CONDITION, "Unknown", Reason.NOT_ENOUGH_LABELS, message)]
     summary = (f"{status.metric} {primary.value:.4g} [{primary.low:.4g}, {primary.high:.4g}] over {primary.rows} "
                f"labelled predictions of version {primary.version} (trained: {primary.trained})")
-    return status, [Observation(CONDITION, "True", "Decayed" if status.decayed else "Holding", summary)]
+    verdict = Reason.DECAYED if status.decayed else Reason.HOLDING
+    return status, [Observation(CONDITION, "True", verdict, summary)]
 
 
 def _live(version: str, entry: dict) -> LiveMetric:
@@ -176,4 +178,4 @@ def _losses(current: RolloutStatus, ports: Ports, ref: ObjectRef) -> rollouts.Pa
 
 def rollout_observation(status: RolloutStatus) -> Observation:
     good = status.phase != "Aborted"
-    return Observation("RolloutHealthy", "True" if good else "False", status.phase, status.message)
+    return Observation(ConditionType.ROLLOUT_HEALTHY, "True" if good else "False", status.phase, status.message)

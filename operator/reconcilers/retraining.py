@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from kubeloop.api.conditions import ConditionType, Reason
 from kubeloop.api.constants import ANNOTATION_DRIFT_ALERT as DRIFT_ALERT
 from kubeloop.api.constants import API_VERSION
 from kubeloop.api.promotion import alias_for
@@ -21,7 +22,7 @@ from kubeloop.api.times import epoch, instant, iso, seconds
 from kubeloop.operator.builders.retraining import (
     LABEL_RETRAIN_OF, build_retrain_job, build_retrain_optimization, retrain_name,
 )
-from kubeloop.operator.conditions import Observation
+from kubeloop.operator.conditions import Observation, condition
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.promotion import gate
 from kubeloop.registry.promotion import promote, reject
@@ -86,11 +87,11 @@ def advance_retraining(ref: ObjectRef, spec: InferenceServiceSpec, status: Infer
     step = RetrainStep(status.retraining, list(status.retrains), list(status.handled_alerts), status.last_retrain_at)
     try:
         alert = pending_alert(ref)
-        if any(c.type == "DriftAlert" for c in status.conditions):  # it was invalid: say it is fixed
-            step.observations.append(Observation("DriftAlert", "True", "Valid", alert or ""))
+        if condition(status.conditions, ConditionType.DRIFT_ALERT) is not None:  # it was invalid: say it is fixed
+            step.observations.append(Observation(ConditionType.DRIFT_ALERT, "True", Reason.VALID, alert or ""))
     except InvalidAlert as exc:
         alert = None
-        step.observations.append(Observation("DriftAlert", "False", "InvalidAnnotation", str(exc)))
+        step.observations.append(Observation(ConditionType.DRIFT_ALERT, "False", Reason.INVALID_ANNOTATION, str(exc)))
     if alert and alert not in step.handled_alerts:
         _consider(ref, spec, step, alert, now, ports)
     # As many steps as the world allows now (a finished TrainingJob whose
@@ -105,7 +106,7 @@ def advance_retraining(ref: ObjectRef, spec: InferenceServiceSpec, status: Infer
     if step.retraining:
         r = step.retraining
         good = r.state in ("Promoted",) or r.state not in FINAL
-        step.observations.append(Observation("Retraining", "True" if good else "False", r.state, r.message))
+        step.observations.append(Observation(ConditionType.RETRAINING, "True" if good else "False", r.state, r.message))
     return step
 
 
@@ -134,7 +135,8 @@ def _consider(ref: ObjectRef, spec: InferenceServiceSpec, step: RetrainStep, ale
         if len(running) >= retraining.max_concurrent:
             reason = f"{len(running)} retrain(s) running (maxConcurrent {retraining.max_concurrent})"
     if reason:
-        step.observations.append(Observation("RetrainSuppressed", "True", "Suppressed", f"drift alert {alert}: {reason}"))
+        step.observations.append(Observation(ConditionType.RETRAIN_SUPPRESSED, "True", Reason.SUPPRESSED,
+                                             f"drift alert {alert}: {reason}"))
         return
     ports.objects.apply(build_retrain_job(ref, spec, name, now))
     _start(step, alert, name, iso(now), alert_reason(ref))
@@ -146,7 +148,8 @@ def _start(step: RetrainStep, alert: str, name: str, at: str, reason: str) -> No
     step.last_retrain_at = at
     step.retraining = RetrainingStatus(state="Training", alert=alert, training_job=name, reason=reason,
                                        message=f"{reason} alert {alert} started TrainingJob {name}")
-    step.observations.append(Observation("RetrainSuppressed", "False", "Started", f"TrainingJob {name}"))
+    step.observations.append(Observation(ConditionType.RETRAIN_SUPPRESSED, "False", Reason.STARTED,
+                                         f"TrainingJob {name}"))
 
 
 def _child(ports: Ports, kind: str, name: str, namespace: str) -> dict:

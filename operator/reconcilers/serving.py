@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kubeloop.api.base import ModelRef
+from kubeloop.api.conditions import INFERENCE_SERVICE_CONDITIONS, ConditionType, Reason
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.times import epoch, iso, seconds
 from kubeloop.api.outcomes import RolloutStatus
@@ -16,7 +17,7 @@ from kubeloop.api.serving import (
 from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.freshness import StoreNeed, freshness, published
 from kubeloop.gpu.placement import PlacementDecision, plan
-from kubeloop.operator.conditions import Observation
+from kubeloop.operator.conditions import Observation, is_true
 from kubeloop.kube import KubeError
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish
@@ -29,7 +30,7 @@ from kubeloop.registry.promotion import promote, reject
 from kubeloop.serving.base import ServedVersion, ServingBackend, ServingRequest, ServingState, ServingUnavailable
 
 KIND = "InferenceService"
-REQUIRED = ["ModelResolved", "Placed", "Deployed"]
+REQUIRED = INFERENCE_SERVICE_CONDITIONS.required
 LOCAL = PlacementDecision(True, "cpu", "the local backend serves on this machine's CPU; GPU sharing applies "
                                        "to the kubernetes backend")
 
@@ -39,7 +40,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     backend_name = spec.backend or ports.default_serving_backend
     backend = ports.serving.get(backend_name)
     if backend is None:
-        obs = [Observation("Deployed", "False", "BackendNotConfigured",
+        obs = [Observation(ConditionType.DEPLOYED, "False", Reason.BACKEND_NOT_CONFIGURED,
                            f"the operator has no '{backend_name}' serving backend")]
         return Outcome(finish(status, obs, ref.generation, REQUIRED, phase="Failed"))
     try:
@@ -55,30 +56,30 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     except (RegistryUnavailable, KubeError) as exc:
         if isinstance(exc, KubeError) and not exc.transient:
             raise
-        obs = [Observation("ModelResolved", "Unknown", "RegistryUnavailable", str(exc))]
+        obs = [Observation(ConditionType.MODEL_RESOLVED, "Unknown", Reason.REGISTRY_UNAVAILABLE, str(exc))]
         return Outcome(finish(status, obs, ref.generation, REQUIRED), retry_after=backoff(attempt),
                        retry_reason=str(exc))
     retrained = _retrain_fields(retrain)
     observations = list(retrain.observations) if retrain else []
     if primary is None:
-        observations.append(Observation("ModelResolved", "False", "ModelNotFound",
+        observations.append(Observation(ConditionType.MODEL_RESOLVED, "False", Reason.MODEL_NOT_FOUND,
                                         f"{spec.model.uri} does not exist in the registry"))
         return Outcome(finish(status, observations, ref.generation, REQUIRED, phase="Pending", **retrained))
     missing = [f"{role} {_split_uri(spec.model, s)}" for role, s in (("canary", spec.canary),
                ("shadow", spec.shadow)) if s and splits.get(role) is None]
-    observations.append(Observation("ModelResolved", "True" if not missing else "False",
-                                    "Resolved" if not missing else "ModelNotFound",
+    observations.append(Observation(ConditionType.MODEL_RESOLVED, "True" if not missing else "False",
+                                    Reason.RESOLVED if not missing else Reason.MODEL_NOT_FOUND,
                                     f"{spec.model.uri} is version {primary.version}"
                                     + (f"; not found: {', '.join(missing)}" if missing else "")))
 
     placement = _place(ref, spec, primary, backend_name, ports)
     if not placement.feasible:
-        observations.append(Observation("Placed", "False", "FitsAfterRelayout" if placement.relayout
-                                        else "NoFittingCapacity", placement.reason))
+        why = Reason.FITS_AFTER_RELAYOUT if placement.relayout else Reason.NO_FITTING_CAPACITY
+        observations.append(Observation(ConditionType.PLACED, "False", why, placement.reason))
         return Outcome(finish(status, observations, ref.generation, REQUIRED, phase="Failed",
                               placement=_placement_status(placement), **retrained))
-    observations.append(Observation("Placed", "True", "Capacity" if not placement.waiting_for_capacity
-                                    else "WaitingForCapacity", placement.reason))
+    why = Reason.WAITING_FOR_CAPACITY if placement.waiting_for_capacity else Reason.CAPACITY
+    observations.append(Observation(ConditionType.PLACED, "True", why, placement.reason))
 
     canary = splits.get("canary")
     if canary and canary.version == primary.version:
@@ -86,8 +87,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     rollout = status.rollout
     plan = rollout_of(spec, bool(retrain and retrain.canary())) if canary else None
     if plan:
-        serving = status.canary_version == canary.version and any(
-            c.type == "CanaryReady" and c.status == "True" for c in status.conditions)
+        serving = status.canary_version == canary.version and is_true(status.conditions, ConditionType.CANARY_READY)
         rollout = advance_rollout(ref, plan, status.rollout, primary.version, canary.version, ports, serving)
         observations.append(rollout_observation(rollout))
         canary_percent = rollout.weight
@@ -107,7 +107,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     try:
         served = backend.ensure(ServingRequest(ref, spec, tuple(versions), placement))
     except ServingUnavailable as exc:
-        observations.append(Observation("Deployed", "Unknown", "BackendUnavailable", str(exc)))
+        observations.append(Observation(ConditionType.DEPLOYED, "Unknown", Reason.BACKEND_UNAVAILABLE, str(exc)))
         return Outcome(finish(status, observations, ref.generation, REQUIRED,
                               placement=_placement_status(placement), **retrained),
                        retry_after=backoff(attempt), retry_reason=str(exc))
@@ -119,12 +119,13 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
     if "canary" in served.rolled_back:
         rolled_back = canary.version
     if rolled_back:
-        observations.append(Observation("CanaryReady", "False", "RolledBack",
+        observations.append(Observation(ConditionType.CANARY_READY, "False", Reason.ROLLED_BACK,
                                         served.message or f"version {rolled_back} failed readiness; "
                                         "the primary serves all traffic"))
     elif canary:
         ok = served.ready.get("canary", False)
-        observations.append(Observation("CanaryReady", "True" if ok else "False", "Ready" if ok else "RollingOut",
+        observations.append(Observation(ConditionType.CANARY_READY, "True" if ok else "False",
+                                        Reason.READY if ok else Reason.ROLLING_OUT,
                                         _canary_share(canary, canary_percent, traffic)))
     drift, drift_obs = _monitor(ref, spec, primary, backend, ports)
     observations += drift_obs
@@ -148,8 +149,8 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         drift=drift if spec.monitoring else None, performance=performance, rollout=rollout,
         primary_unready_since=unready_since, **retrained,
     )
-    gone = {"CanaryReady"} if not canary and not rolled_back else set()
-    gone |= {"FeaturesFresh"} if not fresh else set()
+    gone = {ConditionType.CANARY_READY} if not canary and not rolled_back else set()
+    gone |= {ConditionType.FEATURES_FRESH} if not fresh else set()
     if gone:
         new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type not in gone]})
     if not served.primary_ready or unready_since:
@@ -225,11 +226,12 @@ def _deployed(served: ServingState, answering: str | None) -> Observation:
     """Deployed stays True while new versions load beside one that answers,
     as a Deployment rolling out keeps its old Pods serving."""
     if served.primary_ready:
-        return Observation("Deployed", "True", "Available", served.message)
+        return Observation(ConditionType.DEPLOYED, "True", Reason.AVAILABLE, served.message)
     if answering:
-        return Observation("Deployed", "True", "Updating",
+        return Observation(ConditionType.DEPLOYED, "True", Reason.UPDATING,
                            f"version {answering} answers until the new versions are ready: {served.message}")
-    return Observation("Deployed", "False", "ContainersFailing" if served.failing else "RollingOut", served.message)
+    return Observation(ConditionType.DEPLOYED, "False",
+                       Reason.CONTAINERS_FAILING if served.failing else Reason.ROLLING_OUT, served.message)
 
 
 def _place(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, backend_name: str,
@@ -247,10 +249,11 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
     if spec.monitoring is None:
         return None, []
     if ports.monitor is None:
-        return None, [Observation("DriftMonitored", "False", "NoMonitor", "the operator runs no drift monitor")]
+        return None, [Observation(ConditionType.DRIFT_MONITORED, "False", Reason.NO_MONITOR,
+                                  "the operator runs no drift monitor")]
     log = backend.request_log(ref, spec)
     if log is None:
-        return None, [Observation("DriftMonitored", "False", "NoRequestLog",
+        return None, [Observation(ConditionType.DRIFT_MONITORED, "False", Reason.NO_REQUEST_LOG,
                                   "nothing logs this service's requests, and the drift job reads them: enable "
                                   "spec.requestLogging (on a cluster, the operator needs a router image and an "
                                   "s3:// request log, or spec.requestLogging.destination)")]
@@ -267,18 +270,19 @@ def _monitor(ref: ObjectRef, spec: InferenceServiceSpec, primary: ModelVersion, 
         })
     if latest is None:
         return DriftStatus(message="the first drift job is running"), [
-            Observation("DriftMonitored", "Unknown", "FirstRun", "the first drift job is running")]
+            Observation(ConditionType.DRIFT_MONITORED, "Unknown", Reason.FIRST_RUN, "the first drift job is running")]
     at = iso(latest["at"])
     if "error" in latest or "skipped" in latest:
         message = latest.get("error") or latest["skipped"]
         return DriftStatus(last_run_at=at, rows=latest.get("rows", 0), message=message), [
-            Observation("DriftMonitored", "Unknown" if "skipped" in latest else "False",
-                        "NotEnoughRows" if "skipped" in latest else "DriftJobFailed", message)]
+            Observation(ConditionType.DRIFT_MONITORED, "Unknown" if "skipped" in latest else "False",
+                        Reason.NOT_ENOUGH_ROWS if "skipped" in latest else Reason.DRIFT_JOB_FAILED, message)]
     drift = DriftStatus(last_run_at=at, share=round(latest["share"], 4), drifted=latest["drifted"],
                         rows=latest["rows"], features_drifted=latest.get("features_drifted", []),
                         report=latest.get("report"))
     summary = f"{drift.share:.0%} of features drifted over {drift.rows} requests"
-    return drift, [Observation("DriftMonitored", "True", "Drifted" if drift.drifted else "NoDrift", summary)]
+    verdict = Reason.DRIFTED if drift.drifted else Reason.NO_DRIFT
+    return drift, [Observation(ConditionType.DRIFT_MONITORED, "True", verdict, summary)]
 
 
 def _keep_fresh(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[ServedVersion],
@@ -294,10 +298,10 @@ def _keep_fresh(ref: ObjectRef, spec: InferenceServiceSpec, versions: list[Serve
     folders = [n for n in needs if backend.published_stores_only and not published(n.store)]
     states = ports.features.keep_fresh(ref.uid, [n for n in needs if n not in folders])
     if folders:
-        return [Observation("FeaturesFresh", "False", "StoreNotPublished", NOT_PUBLISHED)]
+        return [Observation(ConditionType.FEATURES_FRESH, "False", Reason.STORE_NOT_PUBLISHED, NOT_PUBLISHED)]
     if not states:
         return []
-    return [Observation("FeaturesFresh", *freshness(states, ports.clock()))]
+    return [Observation(ConditionType.FEATURES_FRESH, *freshness(states, ports.clock()))]
 
 
 NOT_PUBLISHED = ("a served version's feature store is recorded as a repository folder on the operator's machine: "

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import json
 
-from kubeloop.api.base import RegisteredModel
+from kubeloop.api.conditions import TRAINING_JOB_CONDITIONS, ConditionType, Reason
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec, TrainingJobStatus
 from kubeloop.operator.builders.pipelines import build_training_run, spec_hash
 from kubeloop.operator.conditions import Observation, now
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Event, Outcome, backoff, finish, follow_run
-from kubeloop.operator.reconcilers.promotion import REGISTRY_UNAVAILABLE, promote_when_gated
+from kubeloop.operator.reconcilers.promotion import record_run
 
 KIND = "TrainingJob"
 
 
 def required_conditions(backend: str) -> list[str]:
     # The no-op backend registers nothing, so there is no model to wait for.
-    return ["FeatureStoreResolved", "RunSubmitted", "RunSucceeded"] + ([] if backend == "noop" else ["ModelRegistered"])
+    return [c for c in TRAINING_JOB_CONDITIONS.required
+            if not (backend == "noop" and c == ConditionType.MODEL_REGISTERED)]
 
 
 def resolve_store(ref: ObjectRef, spec: TrainingJobSpec, ports: Ports) -> tuple[str, Observation]:
@@ -28,18 +29,20 @@ def resolve_store(ref: ObjectRef, spec: TrainingJobSpec, ports: Ports) -> tuple[
     named = spec.features.store
     if named is None:
         where = ports.features.default_repo or "none configured"
-        return "", Observation("FeatureStoreResolved", "True", "DefaultStore", f"the operator's default store ({where})")
+        return "", Observation(ConditionType.FEATURE_STORE_RESOLVED, "True", Reason.DEFAULT_STORE,
+                               f"the operator's default store ({where})")
     cm = named.config_map
     live = ports.objects.get("v1", "ConfigMap", cm.name, ref.namespace) if ports.objects else None
     text = ((live or {}).get("data") or {}).get(cm.key)
     if not text:
         what = "has no key" if live else "does not exist in namespace"
         detail = f"'{cm.key}'" if live else ref.namespace
-        return "", Observation("FeatureStoreResolved", "False", "FeatureStoreNotFound",
+        return "", Observation(ConditionType.FEATURE_STORE_RESOLVED, "False", Reason.FEATURE_STORE_NOT_FOUND,
                                f"spec.features.store.configMap: ConfigMap {cm.name} {what} {detail}; create it "
                                "(a Feast FeatureStore's client ConfigMap) or fix the name and key")
     return json.dumps({"config": text}, sort_keys=True), Observation(
-        "FeatureStoreResolved", "True", "ConfigMap", f"feature_store.yaml from ConfigMap {cm.name}/{cm.key}")
+        ConditionType.FEATURE_STORE_RESOLVED, "True", Reason.CONFIG_MAP,
+        f"feature_store.yaml from ConfigMap {cm.name}/{cm.key}")
 
 
 def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: TrainingJobStatus,
@@ -48,7 +51,7 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
     backend = ports.pipelines.get(backend_name)
     required = required_conditions(backend_name)
     if backend is None:
-        obs = [Observation("RunSubmitted", "False", "BackendNotConfigured",
+        obs = [Observation(ConditionType.RUN_SUBMITTED, "False", Reason.BACKEND_NOT_CONFIGURED,
                            f"the operator has no '{backend_name}' pipeline backend; configure it "
                            f"(see `kubeloop operator --help`) or set spec.backend to one of "
                            f"{', '.join(sorted(ports.pipelines)) or 'none'}")]
@@ -75,36 +78,14 @@ def reconcile_training_job(ref: ObjectRef, spec: TrainingJobSpec, status: Traini
         "completed_at": (status.completed_at if same_run and status.completed_at else now())
         if run.finished else None,
     }
-    observations = [resolved, *progress.observations]
     if not same_run:
         fields.update(metrics={}, model=None)
     if run.phase == "Succeeded":
         fields["metrics"] = {k: float(v) for k, v in run.outputs.get("metrics", {}).items()}
-        model = run.outputs.get("model")
-        if model:
-            fields["model"] = RegisteredModel(name=model["name"], version=str(model["version"]),
-                                              uri=model.get("uri"), run_url=model.get("run_url"))
-            observations.append(Observation("ModelRegistered", "True", "Registered",
-                                            f"{model['name']} version {model['version']}"))
-        elif backend_name != "noop":
-            observations.append(Observation("ModelRegistered", "False", "NoModel",
-                                            "the run succeeded but reported no registered model"))
-    elif backend_name != "noop":
-        observations.append(Observation("ModelRegistered", "Unknown", "AwaitingRun", ""))
-
-    phase = {"Succeeded": "Succeeded", "Failed": "Failed"}.get(run.phase, "Running")
-    if phase == "Succeeded" and backend_name != "noop" and not run.outputs.get("model"):
-        phase = "Failed"
-    model = fields.get("model")
-    if phase == "Succeeded" and model and spec.promotion and spec.promotion.promote_to:
-        promoted = promote_when_gated(ports.registry, model.name, model.version, spec.promotion,
-                                      by=str(ref), metric=spec.tuning_metric)
-        observations.append(promoted)
-        if promoted.reason == REGISTRY_UNAVAILABLE:
-            new = finish(status, observations, ref.generation, required, phase=phase, **fields)
-            return Outcome(new, retry_after=backoff(attempt), retry_reason=promoted.message)
-    new = finish(status, observations, ref.generation, required, phase=phase, **fields)
     events = []
     if progress.superseded:
         events.append(Event("Normal", "Superseded", f"cancelled run {progress.superseded} of the previous spec"))
-    return Outcome(new, events)
+    return record_run(ref, status, run, ports.registry, attempt, required=required,
+                      observations=[resolved, *progress.observations], fields=fields,
+                      registers=backend_name != "noop", policy=spec.promotion, metric=spec.tuning_metric,
+                      events=events)

@@ -1,5 +1,5 @@
 """Online features suite: an entity request's retrieval through the serving
-path (kubeloop.serving.features: Feast's get_online_features, the
+path (kubeloop.front.features: Feast's get_online_features, the
 missing/stale policy, the vector in training order) against Feast's own
 get_online_features called directly, in the same process on the same store
 (the example's fraud views), 1 and 32 rows per request, with Feast's
@@ -27,7 +27,7 @@ from kubeloop import processes
 from kubeloop.dev import onlinestore
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import StoreLocation, create_repository, materialize
-from kubeloop.serving.features import FeatureSpec, OnlineStore
+from kubeloop.front.features import FeatureSpec, OnlineStore
 from tests.bench.repeat import RUNS, Figure, figures_table
 from tests.bench.serving_suite import load_round, round_medians, triton_serving, vector_bodies, wait_ready
 from tests.support.models import N_FEATURES
@@ -114,7 +114,7 @@ def _start_router(root: Path, triton: str, spec: FeatureSpec):  # noqa: ANN202
         "sample_rate": 1.0, "task": "binary", "output": "probability",
         "features": {"1": spec.to_dict()}, "missing": "default"}))
     port = processes.free_port()
-    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.front.router", "--config", str(config),
                                         "--port", str(port)], root / "logs")
     url = f"http://127.0.0.1:{port}"
     wait_ready([f"{url}/v2/health/ready"], router, timeout=120)

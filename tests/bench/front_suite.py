@@ -112,7 +112,7 @@ def _start_router(root: Path, name: str, triton: str, request_log: str, env: dic
         "routes": [{"role": "primary", "version": "1", "percent": 100}], "request_log": request_log,
         "sample_rate": 1.0, "task": "binary", "output": "probability", **(routes or {})}))
     port = processes.free_port()
-    router = processes.start(name, [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+    router = processes.start(name, [sys.executable, "-m", "kubeloop.front.router", "--config", str(config),
                                     "--port", str(port)], root / "logs", env=_s3_env(env))
     url = f"http://127.0.0.1:{port}"
     wait_ready([f"{url}/v2/health/ready"], router)

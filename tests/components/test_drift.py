@@ -88,7 +88,7 @@ def test_alert_rules_are_valid_and_their_unit_tests_pass():
 
 def test_router_and_webhook_metrics_pass_promtool_check_metrics():
     from kubeloop.operator.webhooks import WebhookConfig, Webhooks
-    from kubeloop.serving.router import Metrics
+    from kubeloop.front.router import Metrics
 
     router = Metrics()
     router.latency.labels("ml/fraud", "fraud", "3", "primary").observe(0.002)

@@ -270,7 +270,7 @@ def _start_router(url: str, version: str, tmp_path: Path):  # noqa: ANN202 - the
         "service": "ml/faults", "model": FETCHED, "triton_model": FETCHED, "triton_url": url,
         "routes": [{"role": "primary", "version": version, "percent": 100}], "request_log": str(tmp_path / "log"),
         "sample_rate": 1.0, **signature_fields(MODELS["multiclass"][0])}))
-    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config", str(config),
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.front.router", "--config", str(config),
                                         "--port", str(port)], tmp_path / "logs")
     base = f"http://127.0.0.1:{port}"
     try:

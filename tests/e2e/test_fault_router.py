@@ -49,7 +49,7 @@ def test_the_router_keeps_answering_while_its_log_disk_is_gone(platform, kube, n
     config.update(request_log=str(logs), sample_rate=1.0, log_limits={"queue_rows": QUEUE})
     (tmp_path / "router.json").write_text(json.dumps(config))
     port = processes.free_port()
-    router = processes.start("router", [sys.executable, "-m", "kubeloop.serving.router", "--config",
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.front.router", "--config",
                                         str(tmp_path / "router.json"), "--port", str(port)], tmp_path / "logs")
     url = f"http://127.0.0.1:{port}"
     try:

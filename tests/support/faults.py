@@ -53,7 +53,7 @@ def served_processes(work: Path) -> dict[str, int]:
             continue
         if "bin/tritonserver" in line:
             counts["tritonserver"] += 1
-        elif "kubeloop.serving.router" in line:
+        elif "kubeloop.front.router" in line:
             counts["router"] += 1
     return counts
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from kubeloop.serving.batching import HEADER_LENGTH, Rows, join, joinable, split
+from kubeloop.front.batching import HEADER_LENGTH, Rows, join, joinable, split
 
 
 def _request(rows: list[list[float]], **extra) -> dict:

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kubeloop.serving.coalescing import Coalescer
-from kubeloop.serving.features import RequestError, Retrieved, concat_rows
+from kubeloop.front.coalescing import Coalescer
+from kubeloop.front.features import RequestError, Retrieved, concat_rows
 
 
 def _echo(requests):  # noqa: ANN001, ANN202 - a read_many: each row's value is its card

@@ -1,6 +1,6 @@
 """The serving front's HTTP layer on real sockets in this process: its
-server (kubeloop.serving.httpserver) as callers meet it, and its calls to
-Triton (kubeloop.serving.upstream) against raw servers that misbehave the
+server (kubeloop.front.httpserver) as callers meet it, and its calls to
+Triton (kubeloop.front.upstream) against raw servers that misbehave the
 ways a Triton Pod can. The same code runs in the local router process and in
 router Pods, so this proves the layer for both backends; what it serves is
 proven per backend in tests/e2e."""
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kubeloop.serving.httpserver import Request, Response, Server, json_response
-from kubeloop.serving.upstream import UpstreamError, Upstreams
+from kubeloop.front.httpserver import Request, Response, Server, json_response
+from kubeloop.front.upstream import UpstreamError, Upstreams
 
 
 async def _serving(handler, **limits):  # noqa: ANN001, ANN202 - a started Server and its port

@@ -1,4 +1,4 @@
-"""Entity requests, pure parts (kubeloop.serving.features): parsing the v2
+"""Entity requests, pure parts (kubeloop.front.features): parsing the v2
 columns a signature names, assembling vectors in training order, and the
 missing/stale policy. Plain data, no Feast: backend-independent logic; the
 local backend's e2e test proves it against a real online store."""
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from kubeloop.api.signature import ModelSignature
-from kubeloop.serving.features import (FeatureSpec, RequestError, Retrieved, ViewInfo, assemble, is_entity_request,
+from kubeloop.front.features import (FeatureSpec, RequestError, Retrieved, ViewInfo, assemble, is_entity_request,
                                        parse_rows, tensor_request)
 
 SPEC = FeatureSpec(store='{"path": "/repo"}', views=("card_activity", "merchant_risk", "context"),
@@ -127,7 +127,7 @@ def test_the_local_backend_writes_each_versions_features_and_the_policy_the_rout
     from kubeloop.registry.tags import FEATURE_STORE
     from kubeloop.serving.base import ServedVersion
     from kubeloop.serving.routes import feature_specs
-    from kubeloop.serving.router import RouterConfig
+    from kubeloop.front.router import RouterConfig
 
     signature = ModelSignature(feature_columns=list(SPEC.columns), feature_views=list(SPEC.views),
                                entities=list(SPEC.entities), request_columns=list(SPEC.request_columns))

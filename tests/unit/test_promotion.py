@@ -6,7 +6,12 @@ import re
 import pytest
 
 from kubeloop.api.promotion import MetricGate, PromotionGates, PromotionPolicy
-from kubeloop.operator.reconcilers.promotion import promote_when_gated
+from kubeloop.api.refs import ObjectRef
+from kubeloop.api.training import TrainingJobStatus
+from kubeloop.operator.reconcilers.common import Event
+from kubeloop.operator.reconcilers.promotion import promote_when_gated, record_run
+from kubeloop.pipelines.backends.base import RunStatus
+from kubeloop.registry.base import RegistryUnavailable
 from kubeloop.registry.memory import InMemoryRegistry
 from kubeloop.registry.promotion import audit_trail, check_gates, promote, rollback
 
@@ -186,3 +191,55 @@ def test_a_rollback_interrupted_between_its_writes_is_recorded_once(fail_at):
         ("promote", "2", "1"), ("rollback", "1", "2")]
     assert (entry.action, entry.version) == ("rollback", "1")
     assert "kubeloop.rollback.champion" in registry.get_version("fraud", "1").tags
+
+
+# -- the tail TrainingJob and OptimizedModel share ------------------------------
+
+def _record(registry, run, registers: bool = True, **kwargs):
+    policy = PromotionPolicy(promote_to="champion", gates=PromotionGates())
+    ref = ObjectRef("TrainingJob", "ml", "fraud", "uid-1", generation=1)
+    return record_run(ref, TrainingJobStatus(), run, registry, 3, required=["RunSucceeded"], observations=[],
+                      fields={"run_id": run.run_id}, registers=registers, policy=policy, metric="auc", **kwargs)
+
+
+def _conditions(status) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+def test_a_succeeded_runs_model_is_recorded_and_promoted_once_its_gates_pass(registry):
+    run = RunStatus("r", "Succeeded", outputs={"model": {"name": "fraud", "version": 2, "run_url": "http://m/2"}})
+    out = _record(registry, run)
+    assert out.status.phase == "Succeeded"
+    assert (out.status.model.version, out.status.model.run_url) == ("2", "http://m/2")
+    assert _conditions(out.status)["ModelRegistered"] == ("True", "Registered")
+    assert _conditions(out.status)["Promoted"] == ("True", "Promoted")
+    assert registry.get_alias("fraud", "champion").version == "2"
+
+
+@pytest.mark.parametrize("phase, outputs, registers, expected", [
+    ("Succeeded", {}, True, ("Failed", ("False", "NoModel"))),
+    ("Running", {}, True, ("Running", ("Unknown", "AwaitingRun"))),
+    ("Failed", {}, True, ("Failed", ("Unknown", "AwaitingRun"))),
+    ("Succeeded", {"noop": True}, False, ("Succeeded", None)),
+])
+def test_without_a_registered_model_nothing_is_promoted(registry, phase, outputs, registers, expected):
+    """A run that should have registered a version and did not failed; one
+    that registers none (the no-op backend) has no ModelRegistered at all."""
+    out = _record(registry, RunStatus("r", phase, outputs=outputs), registers=registers)
+    assert (out.status.phase, _conditions(out.status).get("ModelRegistered")) == expected
+    assert "Promoted" not in _conditions(out.status) and out.status.model is None
+    assert registry.get_alias("fraud", "champion").version == "1"
+
+
+def test_a_registry_out_of_reach_is_retried_soon_without_the_events(registry):
+    def unavailable(*args):
+        raise RegistryUnavailable("mlflow is down")
+
+    registry.get_alias = unavailable
+    run = RunStatus("r", "Succeeded", outputs={"model": {"name": "fraud", "version": "2"}})
+    events = [Event("Normal", "Superseded", "cancelled run q of the previous spec")]
+    out = _record(registry, run, events=events)
+    assert _conditions(out.status)["Promoted"] == ("Unknown", "RegistryUnavailable")
+    assert out.status.phase == "Succeeded" and out.retry_after == 16 and out.retry_reason == "mlflow is down"
+    assert out.events == []
+    assert _record(InMemoryRegistry(), RunStatus("r", "Running"), events=events).events == events

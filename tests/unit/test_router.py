@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubeloop.front.router import Route, RouterConfig, _features, bucket, disagree, parse_outputs, pick
 from kubeloop.requestlog import FolderStore, LogLimits, LogStoreError, RequestLog, request_records
-from kubeloop.serving.router import Route, RouterConfig, _features, bucket, disagree, parse_outputs, pick
 
 ROUTES = (Route("primary", "1", 80), Route("canary", "2", 20))
 
@@ -25,7 +25,7 @@ def test_the_same_key_reaches_the_same_version_in_every_router_process():
 
     keys = [f"caller-{i}" for i in range(200)]
     here = [pick(ROUTES, k).role for k in keys]
-    code = ("import json, sys; from kubeloop.serving.router import Route, pick; "
+    code = ("import json, sys; from kubeloop.front.router import Route, pick; "
             "routes = (Route('primary', '1', 80), Route('canary', '2', 20)); "
             "print(json.dumps([pick(routes, k).role for k in json.load(sys.stdin)]))")
     for seed in ("1", "2"):
@@ -65,7 +65,7 @@ def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path, monkeypat
     from prometheus_client import generate_latest
 
     from kubeloop import processes
-    from kubeloop.serving.router import Router
+    from kubeloop.front.router import Router
 
     config = {"service": "ml/fraud", "model": "fraud", "triton_model": "fraud", "triton_url": "http://127.0.0.1:1",
               "routes": [{"role": "primary", "version": "1", "percent": 80},
@@ -212,7 +212,7 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
     import aiohttp
     from aiohttp import web
 
-    from kubeloop.serving.router import running
+    from kubeloop.front.router import running
 
     async def infer(request: web.Request) -> web.Response:
         return web.Response(body=v2_answer(fields["output"], answers[request.match_info["version"]]),
@@ -369,7 +369,7 @@ def test_a_body_that_is_not_a_json_object_gets_400_and_mirrors_are_capped(tmp_pa
 
     from aiohttp.test_utils import TestServer
 
-    from kubeloop.serving import router as module
+    from kubeloop.front import router as module
 
     monkeypatch.setattr(module, "MAX_MIRRORS", 2)
 
@@ -401,8 +401,8 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
     from aiohttp.test_utils import TestServer
 
     from kubeloop import processes
-    from kubeloop.serving import router as module
-    from kubeloop.serving.features import FeatureSpec
+    from kubeloop.front import router as module
+    from kubeloop.front.features import FeatureSpec
 
     for name in processes.INHERITED_NOT:
         monkeypatch.delenv(name, raising=False)
@@ -439,8 +439,8 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
 
     from aiohttp.test_utils import TestServer
 
-    from kubeloop.serving import router as module
-    from kubeloop.serving.features import FeatureSpec, Retrieved, ViewInfo
+    from kubeloop.front import router as module
+    from kubeloop.front.features import FeatureSpec, Retrieved, ViewInfo
 
     release = threading.Event()
 
@@ -485,7 +485,7 @@ def test_the_fronts_routes_answer_as_kserve_v2_says_and_a_triton_that_is_gone_is
     from aiohttp.test_utils import TestServer
 
     from kubeloop import processes
-    from kubeloop.serving import router as module
+    from kubeloop.front import router as module
 
     for name in processes.INHERITED_NOT:
         monkeypatch.delenv(name, raising=False)
@@ -535,7 +535,7 @@ def fake_triton(score, hold: str | None = None):  # noqa: ANN001, ANN201 - score
     import numpy as np
     from aiohttp import web
 
-    from kubeloop.serving.features import flat_values
+    from kubeloop.front.features import flat_values
 
     release = asyncio.Event()
 
@@ -573,7 +573,7 @@ async def send_keyed(tmp_path, fields: dict, score, requests: list[tuple[str | N
     (name and labels -> value) and the request log's rows."""
     from aiohttp.test_utils import TestServer
 
-    from kubeloop.serving import router as module
+    from kubeloop.front import router as module
 
     triton_app, _ = fake_triton(score)
     async with TestServer(triton_app) as triton:
@@ -685,7 +685,7 @@ def test_paired_requests_share_the_mirrors_bound_and_what_does_not_fit_is_counte
     canary's next requests are answered at once and not paired, counted."""
     from aiohttp.test_utils import TestServer
 
-    from kubeloop.serving import router as module
+    from kubeloop.front import router as module
 
     monkeypatch.setattr(module, "MAX_MIRRORS", 2)
 
@@ -731,7 +731,7 @@ def test_a_paired_copy_never_takes_the_primarys_call_from_its_callers(tmp_path):
     once instead of waiting behind the copy."""
     from aiohttp.test_utils import TestServer
 
-    from kubeloop.serving import router as module
+    from kubeloop.front import router as module
 
     async def go() -> tuple[bool, int]:
         triton_app, release = fake_triton(paired_score, hold="1")

@@ -7,8 +7,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.triton import MAX_REQUEST_ROWS, build_config, for_device, plan_batching
+from kubeloop.components.triton import build_config, for_device, plan_batching
 
 # An overhead-bound model: a 32-row batch costs little more than one row.
 PROFILE = {1: (0.05, 0.08), 8: (0.06, 0.10), 32: (0.09, 0.15)}

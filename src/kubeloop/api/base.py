@@ -42,7 +42,7 @@ class Condition(KubeModel):
     """One aspect of the object's state, in the shape Kubernetes uses everywhere."""
 
     type: str = Field(max_length=64)
-    """What the condition reports on, for example Ready, Trained or Placed."""
+    """What the condition reports on: Ready, or another of the types status.conditions lists."""
     status: ConditionStatus
     """True, False or Unknown."""
     reason: str = Field(max_length=128)

@@ -24,3 +24,11 @@ ANNOTATION_DRIFT_ALERT = f"{SIGNALS}/drift-alert"
 ANNOTATION_REGISTRY_EVENT = f"{SIGNALS}/registry-event"
 # A person's word on the rollout in progress: pause, resume, promote or abort.
 ANNOTATION_ROLLOUT = f"{SIGNALS}/rollout"
+
+# Here rather than with the Triton config that enforces it: the serving front
+# bounds requests by it too, and the front imports nothing of the steps.
+MAX_REQUEST_ROWS = 1024
+"""The most rows one request may carry to a batching model. Triton refuses a
+request of more rows than max_batch_size, so max_batch_size bounds callers;
+the preferred batch sizes (not max_batch_size) steer what the dynamic
+batcher waits to gather."""

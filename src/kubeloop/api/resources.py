@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from kubeloop.api.conditions import (
+    INFERENCE_SERVICE_CONDITIONS, OPTIMIZED_MODEL_CONDITIONS, TRAINING_JOB_CONDITIONS, KindConditions,
+)
 from kubeloop.api.constants import API_VERSION, CATEGORY, GROUP, VERSION
 from kubeloop.api.optimization import OptimizedModelSpec, OptimizedModelStatus
 from kubeloop.api.schema import model_schema
@@ -24,7 +27,7 @@ class PrinterColumn:
 
 @dataclass(frozen=True)
 class Kind:
-    """One custom resource kind: its names, models and printer columns."""
+    """One custom resource kind: its names, models, conditions and printer columns."""
 
     kind: str
     plural: str
@@ -32,6 +35,7 @@ class Kind:
     description: str
     spec: type[BaseModel]
     status: type[BaseModel]
+    conditions: KindConditions
     columns: tuple[PrinterColumn, ...]
 
     @property
@@ -59,6 +63,7 @@ TRAINING_JOB = Kind(
     ),
     spec=TrainingJobSpec,
     status=TrainingJobStatus,
+    conditions=TRAINING_JOB_CONDITIONS,
     columns=(
         PrinterColumn("Phase", ".status.phase", "Pending, Running, Succeeded or Failed"),
         PrinterColumn("Model", ".spec.modelName", "Registered model name"),
@@ -81,6 +86,7 @@ OPTIMIZED_MODEL = Kind(
     ),
     spec=OptimizedModelSpec,
     status=OptimizedModelStatus,
+    conditions=OPTIMIZED_MODEL_CONDITIONS,
     columns=(
         PrinterColumn("Phase", ".status.phase", "Pending, Running, Succeeded or Failed"),
         PrinterColumn("Source", ".spec.source.name", "Source model"),
@@ -102,6 +108,7 @@ INFERENCE_SERVICE = Kind(
     ),
     spec=InferenceServiceSpec,
     status=InferenceServiceStatus,
+    conditions=INFERENCE_SERVICE_CONDITIONS,
     columns=(
         PrinterColumn("Phase", ".status.phase", "Pending, Ready, Degraded or Failed"),
         PrinterColumn("Model", ".spec.model.name", "Registered model"),
@@ -122,6 +129,7 @@ def build_crd(kind: Kind) -> dict:
     status_schema = model_schema(kind.status)
     spec_schema["description"] = kind.spec.__doc__.strip()
     status_schema["description"] = kind.status.__doc__.strip()
+    status_schema["properties"]["conditions"]["description"] = kind.conditions.description()
     schema = {
         "type": "object",
         "description": kind.description,

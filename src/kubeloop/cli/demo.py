@@ -19,6 +19,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from kubeloop.api.conditions import ConditionType
 from kubeloop.api.constants import API_VERSION
 from kubeloop.paths import repo_root
 from kubeloop.dev.platform import Platform, PlatformError, default_state_dir
@@ -168,7 +169,8 @@ def _summary(platform: Platform, loop, namespace: str, took: float) -> None:  # 
     table = Table("kind", "name", "phase", "why", title="what the operator made")
     for kind in ("TrainingJob", "OptimizedModel", "InferenceService"):
         for obj in platform.kube().list(API_VERSION, kind, namespace):
-            ready = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+            conditions = obj.get("status", {}).get("conditions", [])
+            ready = next((c for c in conditions if c["type"] == ConditionType.READY), {})
             table.add_row(kind, obj["metadata"]["name"], obj.get("status", {}).get("phase", ""),
                           ready.get("message") or ready.get("reason", ""))
     console.print(table)

@@ -139,7 +139,7 @@ class LocalServing(ServingBackend):
         ready = {role: self._version_ready(triton, name, v) for role, v in wanted.items() if role not in rolled_back}
         self._write_routes(folder, request, name, triton, [r for r in wanted if r not in rolled_back])
         starting, died = self._ensure_process(state, state_path, "router", [
-            sys.executable, "-m", "kubeloop.serving.router", "--config", str(folder / "router.json"),
+            sys.executable, "-m", "kubeloop.front.router", "--config", str(folder / "router.json"),
             "--port", str(router_port)], folder, {}, ready=f"{url}/v2/health/live")
         self._register_targets(request.ref, state)
         if starting:

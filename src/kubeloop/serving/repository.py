@@ -21,8 +21,9 @@ from google.protobuf import text_format
 from mlflow import MlflowClient
 from tritonclient.grpc import model_config_pb2 as mc
 
+from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.api.signature import ModelSignature
-from kubeloop.components.triton import MAX_REQUEST_ROWS, MODEL_PY, BatchingPlan, for_device, write_repository
+from kubeloop.components.triton import MODEL_PY, BatchingPlan, for_device, write_repository
 from kubeloop.serving.base import triton_name
 
 # Batching for versions nobody profiled: small batches, a short wait.

@@ -1,15 +1,15 @@
 """The router's configuration for a set of served versions (pure): one
 builder for the local backend's file and the cluster's ConfigMap, so the
-data plane behaves the same in both places (see kubeloop.serving.router)."""
+data plane behaves the same in both places (see kubeloop.front.router)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
 from kubeloop.api.signature import ModelSignature
+from kubeloop.front.features import FeatureSpec
 from kubeloop.registry.tags import FEATURE_STORE
 from kubeloop.serving.base import ServedVersion, ServingRequest
-from kubeloop.serving.features import FeatureSpec
 
 PAIRED_BUDGET = 5.0
 """While a canary is served, the percent of all requests the router also

@@ -19,6 +19,7 @@ from typing import Callable
 import pandas as pd
 import requests
 
+from kubeloop.api.conditions import ConditionType
 from kubeloop.api.constants import API_VERSION, LABEL_RETRAIN_OF
 from kubeloop.api.times import epoch, seconds
 from kubeloop.api.training import TrainingJobSpec
@@ -186,7 +187,7 @@ class Loop:
         status = self._finished("TrainingJob")
         version = status["model"]["version"]
         self.facts["trained"] = version
-        promoted = next((c for c in status["conditions"] if c["type"] == "Promoted"), None)
+        promoted = next((c for c in status["conditions"] if c["type"] == ConditionType.PROMOTED), None)
         return (f"{self.model} version {version}, hold-out AUC {status['metrics'].get('auc', 0):.3f}"
                 + (f"; {promoted['message']}" if promoted else ""))
 
@@ -275,7 +276,7 @@ class Loop:
         ends = wait_until(loaded, 120 * self.scale, "the schedule materialising past the drifted snapshots",
                           seen=lambda: self._service_seen())
         fresh = wait_until(lambda: next((c for c in self.status("InferenceService").get("conditions", [])
-                                         if c["type"] == "FeaturesFresh" and c["status"] == "True"), None),
+                                         if c["type"] == ConditionType.FEATURES_FRESH and c["status"] == "True"), None),
                            60 * self.scale, "FeaturesFresh=True", seen=lambda: self._service_seen())
         self.facts["materialized"] = ends
         after = min(ends.values()) - self.facts["drift_injected_at"]

@@ -14,7 +14,7 @@ Canary traffic, two ways:
   replica counts.
 The shadow has a Service of its own that mirroring sends copies to.
 
-With a router image configured, the serving front (kubeloop.serving.router,
+With a router image configured, the serving front (kubeloop.front.router,
 the same data plane the local backend runs) is the InferenceService's entry
 Deployment: the Service selects the router, which splits primary and canary
 by consistent hashing of the request key (exactly as asked, whatever the
@@ -349,7 +349,7 @@ def build_router(ref: ObjectRef, spec: InferenceServiceSpec, config: dict, image
     container = restricted({
         "name": "router",
         "image": images.router,
-        "command": ["python", "-m", "kubeloop.serving.router", "--config", f"{ROUTER_CONFIG_DIR}/router.json",
+        "command": ["python", "-m", "kubeloop.front.router", "--config", f"{ROUTER_CONFIG_DIR}/router.json",
                     "--port", str(ROUTER_PORT), "--host", "0.0.0.0"],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},

@@ -27,7 +27,7 @@ tritonserver (KServe v2 protocol).
 - Entity requests: a request whose inputs are the entity keys and
   request-time columns of the version's signature (instead of the tensor
   "features") gets its vector from the version's Feast online store
-  (kubeloop.serving.features); missing or stale values follow the
+  (kubeloop.front.features); missing or stale values follow the
   service's policy and are counted by view. Such rows are logged with the
   columns the caller sent ("request") beside the assembled vector.
 - Prometheus metrics on /metrics: request latency, requests per version and
@@ -38,7 +38,7 @@ tritonserver (KServe v2 protocol).
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
 
-HTTP on both sides is kubeloop.serving.httpserver and .upstream (asyncio
+HTTP on both sides is kubeloop.front.httpserver and .upstream (asyncio
 protocols over httptools, on uvloop): what a request costs the front
 decides how much of Triton's throughput callers keep. The metrics, the
 request log's row and the mirrors are taken care of after the answer is
@@ -50,7 +50,7 @@ on a cluster); the router picks up changes within half a second of seeing
 them. Locally one tritonserver serves every version; on a cluster each
 version is a Triton Deployment of its own, named in `version_urls`.
 
-    python -m kubeloop.serving.router --config router.json --port 8080 [--host 0.0.0.0]
+    python -m kubeloop.front.router --config router.json --port 8080 [--host 0.0.0.0]
 """
 
 from __future__ import annotations
@@ -76,15 +76,15 @@ import orjson
 import uvloop
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kubeloop.components.triton import MAX_REQUEST_ROWS
+from kubeloop.api.constants import MAX_REQUEST_ROWS
+from kubeloop.front.batching import HEADER_LENGTH, Rows, join, joinable, split
+from kubeloop.front.coalescing import Coalescer
+from kubeloop.front.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
+                                     is_entity_request, parse_rows, tensor_request)
+from kubeloop.front.httpserver import Request, Response, Server, header_lines, json_response
+from kubeloop.front.upstream import Upstreams, UpstreamError
 from kubeloop.requestlog import LogLimits, LogStoreError, ObjectStore, RequestLog, line, open_store, sampled
 from kubeloop.requestlog import position as bucket
-from kubeloop.serving.batching import HEADER_LENGTH, Rows, join, joinable, split
-from kubeloop.serving.coalescing import Coalescer
-from kubeloop.serving.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
-                                       is_entity_request, parse_rows, tensor_request)
-from kubeloop.serving.httpserver import Request, Response, Server, header_lines, json_response
-from kubeloop.serving.upstream import Upstreams, UpstreamError
 
 log = logging.getLogger("kubeloop.router")
 MAX_MIRRORS = 64
@@ -786,7 +786,7 @@ async def serve(config_path: Path, host: str, port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m kubeloop.serving.router")
+    parser = argparse.ArgumentParser(prog="python -m kubeloop.front.router")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a Pod (its own network namespace)")

@@ -16,7 +16,7 @@ import asyncio
 from collections import deque
 from typing import Awaitable, Callable, Generic, Hashable, TypeVar
 
-from kubeloop.serving.features import RequestError
+from kubeloop.front.features import RequestError
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

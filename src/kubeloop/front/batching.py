@@ -22,7 +22,7 @@ import orjson
 from tritonclient.http import InferenceServerClient, InferInput
 from tritonclient.utils import triton_to_np_dtype
 
-from kubeloop.serving.features import flat_values
+from kubeloop.front.features import flat_values
 
 _TENSOR_KEYS = frozenset({"name", "shape", "datatype", "data"})
 _NUMBER = frozenset({float, int})
