@@ -32,13 +32,8 @@ PREBUILD_IMAGES := mkdir -p $(KUBELOOP_CACHE)/images && \
   (nice -n 10 sh -c 'tools/build-binaries.sh coredns kserve prometheus-adapter; $(VENV)/bin/kubeloop dev images operator runtime triton' \
    > $(KUBELOOP_CACHE)/images/prebuild.log 2>&1 &)
 endif
-# The editable install links each file of the mapped folders into a tree of
-# its own, so it is refreshed whenever the set of package files changes.
-PKG_FILES_HASH := $(shell find src operator pipelines components featurestore monitoring \
-  -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.json' \) -not -path '*/__pycache__/*' 2>/dev/null \
-  | sort | md5sum | cut -c1-12)
 
-.PHONY: help setup python serving-env binaries debs images node-images link test test-unit test-e2e lint bench demo demo-cluster demo-outcomes crds pipelines lock clean
+.PHONY: help setup python serving-env binaries debs images node-images test test-unit test-e2e lint bench demo demo-cluster demo-outcomes crds pipelines lock clean
 
 help:
 	@echo "make demo   - bring the platform up on this machine and run the loop"
@@ -52,18 +47,15 @@ help:
 	@echo "make pipelines - recompile the pipelines' IR under pipelines/compiled"
 	@echo "make lock   - re-pin requirements/constraints.txt from the current venv"
 
-setup: python link serving-env binaries debs $(NODE_IMAGES)
+setup: python serving-env binaries debs $(NODE_IMAGES)
 
 python: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]' --config-settings editable_mode=strict
-	@rm -f $(VENV)/.linked-*
+	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]'
 	touch $@
-
-link: $(VENV)/.linked-$(PKG_FILES_HASH)
 
 serving-env: $(SERVING_VENV)/.installed
 
@@ -72,11 +64,6 @@ $(SERVING_VENV)/.installed: requirements/serving.txt
 	@test -x $(SERVING_VENV)/bin/python || $(PYTHON) -m venv $(SERVING_VENV)
 	$(SERVING_VENV)/bin/python -m pip install -q --upgrade pip
 	$(SERVING_VENV)/bin/python -m pip install -q -r requirements/serving.txt
-	touch $@
-
-$(VENV)/.linked-$(PKG_FILES_HASH): $(VENV)/.installed
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
-	@rm -f $(VENV)/.linked-*
 	touch $@
 
 binaries: $(BIN_STAMPS)
@@ -95,10 +82,10 @@ debs:
 # kubeloop's images for the real node, built without Docker and cached by
 # their inputs (see images/). Setup builds the two that do not change with the
 # code (the sandbox and the Debian base); tests build the others when needed.
-images: python link binaries debs
+images: python binaries debs
 	$(VENV)/bin/kubeloop dev images
 
-node-images: python link debs
+node-images: python debs
 	$(VENV)/bin/kubeloop dev images pause base
 
 lint: setup
@@ -111,7 +98,7 @@ test: setup lint
 	$(PREBUILD_IMAGES)
 	$(PY) -m pytest --durations=10 tests
 
-test-unit: python link binaries
+test-unit: python binaries
 	$(PY) -m pytest tests/unit
 
 test-e2e: setup
@@ -131,12 +118,12 @@ demo-cluster: setup
 demo-outcomes: setup
 	$(VENV)/bin/kubeloop demo --story outcomes
 
-crds: python link
+crds: python
 	$(VENV)/bin/kubeloop crds --output charts/kubeloop/crds
 	$(VENV)/bin/kubeloop rbac --output charts/kubeloop/files/operator-rules.yaml
 	cp monitoring/rules/kubeloop.rules.yaml charts/kubeloop/files/kubeloop.rules.yaml
 
-pipelines: python link
+pipelines: python
 	$(VENV)/bin/kubeloop pipelines compile
 
 lock: python

@@ -52,7 +52,7 @@ def _third_party_imports() -> set[str]:
     pending = sorted(FRONT.glob("*.py"))
     found: set[str] = set()
     while pending:
-        path = pending.pop().resolve()  # the editable install links each file
+        path = pending.pop().resolve()  # an area's module is reached through its link
         if path in seen:
             continue
         seen.add(path)

@@ -1,5 +1,7 @@
-"""The repository layout: the area folders are kubeloop.<area>, and the
-top-level operator/ folder never shadows the standard library."""
+"""The repository layout: the area folders are kubeloop.<area> through one
+declaration (a symlink src/kubeloop/<area> -> ../../<area> each), which the
+wheel, the import-linter's roots and these tests follow; and the top-level
+operator/ folder never shadows the standard library."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-AREAS = ("operator", "pipelines", "components", "featurestore", "monitoring")
+PACKAGE = REPO / "src" / "kubeloop"
+AREAS = tuple(sorted(p.name for p in PACKAGE.iterdir() if p.is_symlink()))
 
 
 @pytest.mark.parametrize("flags", [[], ["-S"], ["-I"]], ids=["plain", "no-site", "isolated"])
@@ -23,6 +26,40 @@ def test_import_operator_from_the_repository_root_is_the_stdlib(flags):
     path, value = result.stdout.split()
     assert Path(path).parent == Path(subprocess.__file__).parent
     assert value == "7"
+
+
+def test_each_area_is_declared_once_as_a_relative_link_into_the_package():
+    assert set(AREAS) >= {"operator", "pipelines", "components", "featurestore", "monitoring"}
+    for area in AREAS:
+        link = PACKAGE / area
+        # Relative, so a clone or an image build context anywhere resolves it.
+        assert str(link.readlink()) == f"../../{area}" and link.resolve() == REPO / area, area
+
+
+def test_the_import_linter_roots_are_the_package_and_its_areas():
+    """grimp does not follow the links, so each area is a root of its own;
+    an area added without one would escape every contract."""
+    import tomllib
+
+    roots = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"]
+    assert sorted(roots) == sorted(["kubeloop", *(f"kubeloop.{area}" for area in AREAS)])
+
+
+def test_a_plain_wheel_holds_every_area_and_the_front(tmp_path):
+    """`pip install .` (no editable mode) installs what the links declare."""
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(tmp_path), str(REPO)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("kubeloop-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for module in ("operator/handlers.py", "monitoring/outcomes/job.py", "pipelines/compiled/training.yaml",
+                   "front/router.py", "api/conditions.py"):
+        assert f"kubeloop/{module}" in names, module
+    for area in AREAS:
+        expected = {f"kubeloop/{p.relative_to(REPO).as_posix()}" for p in (REPO / area).rglob("*.py")
+                    if "__pycache__" not in p.parts}
+        assert expected <= names, sorted(expected - names)[:5]
 
 
 def test_area_roots_are_not_regular_packages():
@@ -41,8 +78,8 @@ def test_areas_import_as_kubeloop_subpackages():
 
 
 def test_every_python_folder_is_packaged():
-    """setup.py discovers packages through __init__.py files: a folder of
-    Python modules without one would silently be left out of the wheel."""
+    """Below an area's root, a folder of modules is a regular package: a
+    namespace one would shadow, or be shadowed by, any other portion."""
     for area in ("src/kubeloop", *AREAS):
         for py in (REPO / area).rglob("*.py"):
             folder = py.parent

@@ -197,10 +197,13 @@ PYTHON_IMAGES = {
 
 
 def project_files(root: Path) -> list[Path]:
-    """What a kubeloop wheel is built from (the Dockerfile's COPY lines)."""
-    files = [root / name for name in ("pyproject.toml", "setup.py", "README.md")]
-    for area in ("src", "operator", "pipelines", "components", "featurestore", "monitoring"):
-        files += sorted(p for p in (root / area).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    """What a kubeloop wheel is built from: the package under src/, through
+    the symlinks that put each area folder in it, as the wheel's build
+    follows them."""
+    files = [root / name for name in ("pyproject.toml", "README.md")]
+    for folder, dirs, names in os.walk(root / "src", followlinks=True):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.endswith(".egg-info"))
+        files += [Path(folder) / name for name in sorted(names)]
     return files
 
 
