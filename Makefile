@@ -10,6 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 SERVING_VENV := .venv-serving
 PY := $(VENV)/bin/python
+TEST_WORKERS ?= $(shell nproc)
 export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
 BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/node-$(KUBERNETES_VERSION)/.complete \
@@ -94,9 +95,14 @@ lint: setup
 	@# Every test module imports (a helper moved between test files once broke CI's collection).
 	$(PY) -m pytest --collect-only -q -p no:cacheprovider tests > /dev/null
 
+# Unit and component tests (no platform) run on every core; the e2e tests
+# then share one platform per session, in one process. Both run whatever the
+# first's result, and each prints its ten slowest tests.
 test: setup lint
 	$(PREBUILD_IMAGES)
-	$(PY) -m pytest --durations=10 tests
+	@$(PY) -m pytest -n $(TEST_WORKERS) --durations=10 tests/unit tests/components; fast=$$?; \
+	$(PY) -m pytest --durations=10 tests/e2e; e2e=$$?; \
+	[ $$fast = 0 ] && [ $$e2e = 0 ]
 
 test-unit: python binaries
 	$(PY) -m pytest tests/unit
