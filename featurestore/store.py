@@ -93,12 +93,17 @@ def _serving_while_materializing(repo: str):  # noqa: ANN202 - feast.FeatureStor
     """Feast refuses every read of a feature view, point-in-time ones too,
     while a materialisation marks it MATERIALIZING, and leaves the mark on a
     run that was killed. The operator materialises on a schedule alongside
-    training and serving, so its readers take the values last materialised."""
+    training and serving, so its readers take the values last materialised,
+    and a local file registry is written whole (registry_file)."""
     from feast import FeatureStore
     from feast.repo_config import load_repo_config
 
+    from kubeloop.featurestore.registry_file import CLASS_PATH, uses_file_store
+
     config = load_repo_config(Path(repo), Path(repo) / "feature_store.yaml")
     config.registry.serve_features_while_materializing = True
+    if uses_file_store(config.registry):
+        config.registry.registry_store_type = CLASS_PATH
     return FeatureStore(repo_path=repo, config=config)
 
 

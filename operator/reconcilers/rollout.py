@@ -144,10 +144,13 @@ def judge(spec: RolloutAnalysis, status: RolloutStatus, evidence: Evidence) -> S
                             f"(at most +{spec.max_error_rate_increase:.2%})")
     enough = max(spec.min_requests, LATENCY_REQUESTS)
     if served >= enough and base >= enough and champion in t.p99 and challenger in t.p99:
-        ratio = t.p99[challenger] / t.p99[champion] if t.p99[champion] > 0 else math.inf
+        slow, fast = t.p99[challenger], t.p99[champion]
+        ratio = slow / fast if fast > 0 else math.inf
         result["latency_ratio"] = round(ratio, 3)
-        if ratio > spec.max_latency_ratio:
-            failures.append(f"p99 latency {ratio:.2f}x the champion's (at most {spec.max_latency_ratio}x)")
+        if ratio > spec.max_latency_ratio and slow - fast > seconds(spec.latency_tolerance):
+            failures.append(f"p99 latency {ratio:.2f}x the champion's ({slow * 1000:.1f} ms against "
+                            f"{fast * 1000:.1f} ms; at most {spec.max_latency_ratio}x, or "
+                            f"{spec.latency_tolerance} slower)")
     failures += _disagreement(spec, t, result)
     failures += _losses(spec, evidence.losses, result)
     if failures:

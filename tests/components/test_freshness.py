@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pandas as pd
 from feast.feature_view import FeatureViewState
+from feast.protos.feast.core.Registry_pb2 import Registry as RegistryProto
 
 from kubeloop.featurestore.freshness import StoreNeed
 from kubeloop.featurestore.generate import Scenario, default_start
@@ -98,3 +99,22 @@ def test_a_view_marked_materializing_still_serves_online_and_point_in_time_reads
     assert online.to_dict()["credit_limit"][0] is not None
     data = training_data(repo, ["card_profile"], LabelRows(source="transactions", column="is_fraud"))
     assert data.frame["credit_limit"].notna().all() and len(data.frame) > 0
+
+
+def test_a_reader_never_meets_a_half_written_registry(tmp_path):
+    """CI's loop test once failed so: a training step opened the file
+    registry while a scheduled run rewrote it in place, parsed an empty
+    registry and found no feature views. Every write through kubeloop's
+    stores now lands in a new file renamed over the registry, so the file a
+    reader opened stays whole. Backend: local (Feast, no operator)."""
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(5), days=5, cards=40, merchants=10))
+    registry = repo / "data" / "registry.db"
+    need = StoreNeed(StoreLocation(path=str(repo)).to_json(), ("card_profile",), 60)
+    with registry.open("rb") as reading:
+        before = registry.stat().st_ino
+        assert materialize_views(need, time.time()).error is None
+        assert registry.stat().st_ino != before
+        held = RegistryProto.FromString(reading.read())
+    assert "card_profile" in {v.spec.name for v in held.feature_views}
+    assert materialized_until(open_store(repo), ["card_profile"])["card_profile"] is not None
+    assert sorted(p.name for p in registry.parent.glob(".registry.db.*")) == []

@@ -659,7 +659,8 @@ def test_rollouts_through_router_pods_promote_a_good_challenger_and_abort_a_cont
                                 KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"],
                                 KUBELOOP_PROMETHEUS_URL=env["PROMETHEUS_URL"])
     rollout = {"steps": [{"weight": 20, "duration": "20s"}, {"weight": 50, "duration": "20s"}],
-               "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "maxDisagreement": 0.3}}
+               "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "latencyTolerance": "100ms",
+                            "maxDisagreement": 0.3}}
     try:
         real.kube.create(inference_service(namespace, "canaried", model, resources={"cpu": "200m", "memory": "512Mi"},
                                            canary={"alias": "challenger", "percent": 20}, rollout=rollout))

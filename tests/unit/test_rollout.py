@@ -52,7 +52,7 @@ def test_without_measurements_the_rollout_waits_and_says_why():
 
 @pytest.mark.parametrize("evidence, words", [
     (healthy(errors=80), "error rate 20.00%"),
-    (healthy(p99=0.030), "p99 latency 3.00x"),
+    (healthy(p99=0.030), "p99 latency 3.00x the champion's (30.0 ms against 10.0 ms"),
     (healthy(comparisons=200, disagreements=120), "decided differently"),
 ])
 def test_a_failed_guardrail_aborts_at_the_first_step(evidence, words):
@@ -66,6 +66,14 @@ def test_within_the_guardrails_a_step_passes():
     spec = RolloutAnalysis()
     analysis = judge(spec, start(ROLLOUT, "1", "2", T0, None), healthy(errors=1, p99=0.012))
     assert analysis.verdict == "Pass" and analysis.latency_ratio == 1.2 and analysis.disagreement == 0.05
+
+
+def test_a_small_p99_rise_is_within_the_tolerance_whatever_its_ratio():
+    status = start(ROLLOUT, "1", "2", T0, None)
+    assert judge(RolloutAnalysis(), status, healthy(p99=0.019)).verdict == "Pass"  # 1.9x, 9 ms slower
+    tolerant = RolloutAnalysis(latency_tolerance="100ms")
+    assert judge(tolerant, status, healthy(p99=0.050)).verdict == "Pass"  # 5x, 40 ms slower
+    assert "p99 latency 12.00x" in judge(tolerant, status, healthy(p99=0.120)).message
 
 
 def paired(champion: np.ndarray, challenger: np.ndarray) -> PairedLosses:

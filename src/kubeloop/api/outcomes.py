@@ -80,6 +80,11 @@ class RolloutAnalysis(KubeModel):
     """How much higher the challenger's share of failed requests may be."""
     max_latency_ratio: float = Field(default=1.5, gt=1)
     """How many times the champion's p99 latency the challenger's may be."""
+    latency_tolerance: Duration = "10ms"
+    """A challenger's p99 at most this much above the champion's passes
+    whatever the ratio: the ratio of two small latencies is noise (on CI's
+    busy 2-core node a challenger as fast as the champion once read 5.35x
+    its p99 of a few milliseconds)."""
     max_disagreement: float = Field(default=0.5, ge=0, le=1)
     """The share of paired requests (answered by both versions) on which the
     two may decide differently. A retrain on a moved world is meant to
