@@ -564,11 +564,34 @@ def keyed_config(tmp_path, triton_url: str, **fields) -> "Path":  # noqa: F821, 
     return path
 
 
-async def send_keyed(tmp_path, fields: dict, score, requests: list[tuple[str | None, dict]],  # noqa: ANN001
+def sent(body: dict | tuple[bytes, int | None]) -> tuple[bytes, dict[str, str]]:
+    """A request body and its headers: a dict as JSON, or what
+    tritonclient's generate_request_body built (binary when it gives the
+    JSON's length)."""
+    if isinstance(body, dict):
+        return json.dumps(body).encode(), {"Content-Type": "application/json"}
+    data, json_size = body
+    return data, {} if json_size is None else {"Inference-Header-Content-Length": str(json_size)}
+
+
+async def read_answer(answer) -> dict:  # noqa: ANN001 - an aiohttp response
+    """A v2 answer as JSON, its binary outputs read by tritonclient (flat)."""
+    from tritonclient.http import InferResult
+
+    length = answer.headers.get("Inference-Header-Content-Length")
+    if length is None:
+        return await answer.json()
+    result = InferResult.from_response_body(await answer.read(), header_length=int(length))
+    whole = result.get_response()
+    return {**whole, "outputs": [{**tensor, "data": result.as_numpy(tensor["name"]).ravel().tolist()}
+                                 for tensor in whole["outputs"]]}
+
+
+async def send_keyed(tmp_path, fields: dict, score, requests: list[tuple[str | None, dict | tuple]],  # noqa: ANN001
                      callers: int = 8) -> tuple[list[tuple[str | None, str, dict]], dict, list[dict]]:
     """Each (key, body) through a router of keyed_config(**fields), `callers`
     at a time (so calls to Triton are joined too), the key in
-    X-Request-Key: each caller's key,
+    X-Request-Key, the body as sent() sends it: each caller's key,
     answering role and answer; then, once every mirror is done, the metrics
     (name and labels -> value) and the request log's rows."""
     from aiohttp.test_utils import TestServer
@@ -581,11 +604,12 @@ async def send_keyed(tmp_path, fields: dict, score, requests: list[tuple[str | N
         async with module.running(config) as (url, router), client_of(url) as client:
             gate = asyncio.Semaphore(callers)
 
-            async def one(key: str | None, body: dict) -> tuple[str | None, str, dict]:
-                async with gate, client.post("/v2/models/fraud/infer", json=body,
-                                             headers={"X-Request-Key": key} if key else {}) as answer:
+            async def one(key: str | None, body: dict | tuple) -> tuple[str | None, str, dict]:
+                data, headers = sent(body)
+                async with gate, client.post("/v2/models/fraud/infer", data=data,
+                                             headers={**headers, **({"X-Request-Key": key} if key else {})}) as answer:
                     assert answer.status == 200, await answer.text()
-                    return key, answer.headers["X-Model-Role"], await answer.json()
+                    return key, answer.headers["X-Model-Role"], await read_answer(answer)
 
             answers = await asyncio.gather(*(one(key, body) for key, body in requests))
             # Mirrors start as each answer is written: all are under way by now.
@@ -633,16 +657,30 @@ def paired_score(version: str, x: float) -> float:
     return {("1", 0.0): 0.2, ("1", 1.0): 0.7, ("2", 0.0): 0.3, ("2", 1.0): 0.4}[(version, x)]
 
 
-def test_a_keyed_share_of_the_canarys_requests_is_paired_with_the_primary(tmp_path, monkeypatch):
+def tritonclient_body(rows: list[list[float]]) -> tuple[bytes, int | None]:
+    """What tritonclient sends for an FP32 tensor of rows, naming no outputs:
+    the tensor binary, all outputs asked binary."""
+    import numpy as np
+    from tritonclient.http import InferenceServerClient, InferInput
+
+    tensor = InferInput("features", [len(rows), len(rows[0])], "FP32")
+    tensor.set_data_from_numpy(np.array(rows, np.float32), binary_data=True)
+    return InferenceServerClient.generate_request_body([tensor])
+
+
+@pytest.mark.parametrize("encoding", ["json", "binary"])
+def test_a_keyed_share_of_the_canarys_requests_is_paired_with_the_primary(encoding, tmp_path, monkeypatch):
     """Local: the canary and the primary were never asked the same request,
     so a rollout could not compare them on the same traffic nor join one
-    label to both predictions."""
+    label to both predictions. Binary requests (tritonclient's) are routed,
+    paired, logged and counted as their JSON twins."""
     from kubeloop import processes
 
     for name in processes.INHERITED_NOT:
         monkeypatch.delenv(name, raising=False)
     keys = [f"k{i}" for i in range(400)]
-    two_rows = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": [0, 0, 1, 1]}]}
+    two_rows = ({"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": [0, 0, 1, 1]}]}
+                if encoding == "json" else tritonclient_body([[0, 0], [1, 1]]))
     config = {"routes": [{"role": r.role, "version": r.version, "percent": r.percent} for r in PAIRED_ROUTES],
               "compare": {"percent": 50}, "sample_rate": 1.0}
     answers, samples, rows = asyncio.run(send_keyed(
@@ -654,6 +692,8 @@ def test_a_keyed_share_of_the_canarys_requests_is_paired_with_the_primary(tmp_pa
     # (and reaches a version at random).
     [unkeyed] = {*by_role["primary"], *by_role["canary"]} - set(keys)
     assert len(unkeyed) == 16
+    assert all(row["features"] == [[0, 0], [1, 1]] for role in ("primary", "canary")
+               for row in by_role[role].values())
     canary = {key for key in [*keys, unkeyed] if key in by_role["canary"]}
     assert canary - {unkeyed} == {key for key in keys if pick(PAIRED_ROUTES, key).role == "canary"}
     paired = {key for key in canary if bucket(key, "compare") < 50}

@@ -34,6 +34,11 @@ tritonserver (KServe v2 protocol).
   outcome, the predictions (per task, see Metrics), shadow and canary
   comparisons and disagreements, the request log's sample rate, and what
   the request log and the mirrors dropped.
+- Encodings as Triton speaks them: a request's tensors in JSON or in the
+  binary tensor data extension, an answer's outputs binary where the caller
+  asks (binary_data_output, an output's binary_data). A binary request is
+  decoded on arrival, so all of the above reads the same tensors whatever
+  the encoding; Triton is sent JSON (kubeloop.front.encoding says why).
 
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
@@ -79,6 +84,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.front.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.front.coalescing import Coalescer
+from kubeloop.front.encoding import REQUEST_HEADER, BinaryOutputs, decode_request, encode_answer, not_json, plain_request
 from kubeloop.front.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
                                      is_entity_request, parse_rows, tensor_request)
 from kubeloop.front.httpserver import Request, Response, Server, header_lines, json_response
@@ -487,14 +493,21 @@ class Router:
     async def infer(self, request: Request) -> Response:
         c = self.config
         started = time.perf_counter()
-        body = request.body
+        body, binary = request.body, None
+        header_length = request.headers.get(REQUEST_HEADER)
         try:
-            payload = orjson.loads(body)
+            payload = orjson.loads(body) if header_length is None else decode_request(body, header_length)
+            if not isinstance(payload, dict):
+                raise RequestError(400, "the body must be a JSON object (KServe v2 inference request), "
+                                        f"not a {type(payload).__name__}")
+            # Only a request that chose an encoding pays for reading its choices; others go to Triton as they came.
+            if header_length is not None or "outputs" in payload or "parameters" in payload:
+                payload, binary = plain_request(payload)
+                body = orjson.dumps(payload)
         except orjson.JSONDecodeError:
-            return json_response({"error": "the body is not JSON"}, 400)
-        if not isinstance(payload, dict):
-            return json_response({"error": "the body must be a JSON object (KServe v2 inference request), "
-                                           f"not a {type(payload).__name__}"}, 400)
+            return json_response({"error": not_json(body)}, 400)
+        except RequestError as exc:
+            return json_response({"error": str(exc)}, exc.status)
         key = request.headers.get(b"x-request-key", b"").decode("latin-1") or payload.get("id")
         if key:
             route = pick(c.routes, key)
@@ -509,6 +522,9 @@ class Router:
             self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
             return json_response({"error": str(exc)}, exc.status)
         response = Response(status, answer, headers=_answer_headers(route.version, route.role))
+        if binary is not None and status == 200:
+            response = _binary_answer(response, binary)
+            status = response.status
         response.after = partial(self._account, route, key, payload, body, (columns, vectors), status, answer,
                                  time.perf_counter() - started)
         return response
@@ -722,6 +738,19 @@ def parse_outputs(answer: bytes, config: RouterConfig) -> list | None:
     if config.task == "multiclass":
         return [flat[i:i + width] for i in range(0, len(flat), width)]
     return flat if width == 1 else None
+
+
+def _binary_answer(answer: Response, binary: BinaryOutputs) -> Response:
+    """Triton's JSON answer with the outputs the caller wants binary after
+    its JSON, headed as Triton heads it."""
+    try:
+        body, header_length = encode_answer(answer.body, binary)
+    except RequestError as exc:
+        return Response(exc.status, orjson.dumps({"error": str(exc)}), headers=answer.headers)
+    if header_length is None:
+        return Response(200, body, headers=answer.headers)
+    return Response(200, body, "application/octet-stream",
+                    answer.headers + header_lines({HEADER_LENGTH: str(header_length)}))
 
 
 @lru_cache(maxsize=256)
