@@ -33,6 +33,7 @@ from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform
 from kubeloop.serving.base import triton_name
 from tests.e2e.conftest import _delete_inference_services
+from tests.support.conformance import assert_conforms
 from tests.support.models import N_FEATURES, register_model, synthetic
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
@@ -489,11 +490,15 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     a Job on the runtime image that reads that log and the served version's
     reference (the training sample its run logged to MLflow, fetched through
     MLflow's artifact proxy from inside the Pod), runs Evidently and logs its
-    report to MLflow: the operator reports the drift of the 2,000 rows."""
+    report to MLflow: the operator reports the drift of the 2,000 rows.
+    NVIDIA's tritonclient then gets from the router Pod what it gets from
+    the Triton Pod that answered, in every encoding (tests.support.conformance)."""
     import json
 
     import boto3
     from mlflow import MlflowClient
+
+    from kubeloop.story.cluster import Endpoints
 
     namespace = real.namespace()
     env = real.platform.env()
@@ -584,6 +589,16 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
                             for j in jobs)
         print(f"drift Jobs: {[j['metadata']['name'] for j in jobs]}; latest: {drift}")
+        # NVIDIA's client, every encoding, gets from the router Pod what it gets from the Triton behind it
+        # (last: its requests are logged too).
+        reach = Endpoints(real.kube)
+        routes = next(json.loads(c["data"]["router.json"]) for c in real.kube.list("v1", "ConfigMap", namespace)
+                      if "router.json" in c.get("data", {}))
+        conformed = assert_conforms(reach(status["url"]), model,
+                                   lambda version: (reach(routes["version_urls"][version]), routes["triton_model"]),
+                                   synthetic(rows=4, seed=3)[0], routes["output"])
+        assert set(conformed) <= {primary, canary}
+
         if identity:
             assert_least_privilege(real, identity[0], started, serving="kserve")
     finally:
