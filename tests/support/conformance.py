@@ -35,7 +35,8 @@ def assert_conforms(front: str, model: str, triton: Callable[[str], tuple[str, s
     """Every encoding through the front (model: the InferenceService's) and
     straight to the Triton of the version that answered (triton: version ->
     its url and Triton's model name) gives the same tensors, datatypes,
-    binary-or-JSON form and request id; a tensor of the wrong shape is the
+    binary-or-JSON form and request id, and so does the front asked for
+    that version by name (/versions/V/infer); a tensor of the wrong shape is the
     same 400 from both. The versions that answered."""
     answered = []
     for encoding, (binary_in, named, binary_out) in ENCODINGS.items():
@@ -51,6 +52,8 @@ def assert_conforms(front: str, model: str, triton: Callable[[str], tuple[str, s
         binary = ["binary_data_size" in o.get("parameters", {}) for o in (ours, theirs)]
         assert binary[0] == binary[1], (encoding, ours, theirs)
         assert through.get_response()["id"] == direct.get_response()["id"] == REQUEST_ID, encoding
+        by_version = ask(front, model, version, rows, output, binary_in, named, binary_out)  # /versions/V/infer
+        np.testing.assert_array_equal(by_version.as_numpy(output), direct.as_numpy(output), err_msg=encoding)
         answered.append(version)
 
     wrong = np.zeros((2, 3), dtype=np.float32)

@@ -109,6 +109,32 @@ def test_work_after_the_answer_runs_once_the_answer_is_written_and_its_failure_i
     assert got.count(b"HTTP/1.1 200") == 2 and done == ["after", "after"]
 
 
+def test_an_answer_that_cannot_be_written_closes_its_connection_and_the_server_goes_on():
+    """Before, a failure writing an answer left its caller (and the requests
+    pipelined behind it) waiting on an open connection."""
+    done: list[str] = []
+
+    async def handler(request: Request) -> Response:
+        if request.body == b"broken":  # a str body cannot be encoded
+            return Response(200, "broken", after=lambda: done.append("broken"))
+        return Response(200, b"fine:" + request.body)
+
+    # Each read runs to the connection's end: one the server never closes fails the test (5 s).
+    closed, next_caller = _echo_server(handler, (_post("/", b"1") + _post("/", b"broken") + _post("/", b"2"), b"never"),
+                                       (_post("/", b"3"), b"fine:3"))
+    assert closed.count(b"HTTP/1.1") == 1 and closed.endswith(b"fine:1")
+    assert next_caller.startswith(b"HTTP/1.1 200") and next_caller.endswith(b"fine:3") and done == []
+
+
+def test_a_head_request_is_answered_as_its_get_without_the_body():
+    async def handler(request: Request) -> Response:
+        return Response(200, b"the body")
+
+    [got] = _echo_server(handler, (b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n", b"the body"))
+    # The GET's answer follows the HEAD's headers at once: nothing of a body between them.
+    assert got == b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nContent-Type: application/json\r\n\r\n" * 2 + b"the body"
+
+
 def test_closing_waits_for_the_requests_under_way():
     async def go():
         started = asyncio.Event()

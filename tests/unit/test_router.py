@@ -524,6 +524,119 @@ def test_the_fronts_routes_answer_as_kserve_v2_says_and_a_triton_that_is_gone_is
     assert seen[("gone", "infer")][0] == 503 and b"model server unavailable" in seen[("gone", "infer")][1]
 
 
+def recording_triton(server: str, asked: list[str]):  # noqa: ANN201 - an aiohttp application
+    """A Triton stand-in named `server` that notes each route it is asked
+    ("server METHOD path"): its GET routes answer where they were asked, and
+    infer answers each row 0.1 times the version."""
+    from aiohttp import web
+
+    async def where(request: web.Request) -> web.Response:
+        asked.append(f"{server} {request.method} {request.path}")
+        return web.json_response({"server": server, "path": request.path})
+
+    async def infer(request: web.Request) -> web.Response:
+        asked.append(f"{server} {request.method} {request.path}")
+        version = request.match_info["version"]
+        rows = json.loads(await request.read())["inputs"][0]["shape"][0]
+        return web.json_response({"model_name": request.match_info["model"], "model_version": version, "outputs": [
+            {"name": "probability", "datatype": "FP32", "shape": [rows, 1], "data": [0.1 * int(version)] * rows}]})
+
+    app = web.Application()
+    for route in ("/v2", "/v2/models/{model}/versions/{version}",
+                  "/v2/models/{model}/versions/{version}/{action:ready|config|stats}"):
+        app.router.add_get(route, where, allow_head=False)
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    return app
+
+
+def test_tritonclient_reaches_the_server_metadata_and_each_served_versions_routes(tmp_path, monkeypatch):
+    """Local: the front answered only the model's own metadata, readiness and
+    infer routes, so tritonclient's server metadata, config, statistics and
+    per-version calls were 404s. A named version is called past the split
+    (here a 0% canary on a Triton of its own), counted and logged under its
+    role; routes without a version are the primary's."""
+    import aiohttp
+    import numpy as np
+    import tritonclient.http as httpclient
+    from aiohttp.test_utils import TestServer
+    from tritonclient.utils import InferenceServerException
+
+    from kubeloop import processes
+    from kubeloop.front import router as module
+
+    for name in processes.INHERITED_NOT:
+        monkeypatch.delenv(name, raising=False)
+    asked: list[str] = []
+
+    def tritonclient_calls(url: str) -> dict:
+        client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=10)
+        features = httpclient.InferInput("features", [2, 2], "FP32").set_data_from_numpy(np.zeros((2, 2), np.float32))
+        try:
+            client.get_model_metadata("fraud", "7")
+        except InferenceServerException as exc:
+            unknown = str(exc)
+        return {"server": client.get_server_metadata(), "metadata": client.get_model_metadata("fraud", "2"),
+                "config": client.get_model_config("fraud"), "version config": client.get_model_config("fraud", "2"),
+                "stats": client.get_inference_statistics("fraud", "2"), "ready": client.is_model_ready("fraud", "2"),
+                "infer": client.infer("fraud", [features], model_version="2").as_numpy("probability").ravel().tolist(),
+                "unknown": unknown}
+
+    async def go() -> tuple[dict, dict, str]:
+        async with TestServer(recording_triton("A", asked)) as a, TestServer(recording_triton("B", asked)) as b:
+            config = keyed_config(tmp_path, str(a.make_url("")).rstrip("/"), triton_model="fraud_trt",
+                                  routes=[{"role": "primary", "version": "1", "percent": 100},
+                                          {"role": "canary", "version": "2", "percent": 0}],
+                                  shadow={"role": "shadow", "version": "3", "percent": 0},
+                                  version_urls={"2": str(b.make_url("")).rstrip("/")})
+            async with module.running(config) as (url, _), aiohttp.ClientSession(base_url=url) as client:
+                called = await asyncio.to_thread(tritonclient_calls, url)
+                seen = {}
+                for method, route in (("POST", "/v2/models/fraud/infer"),
+                                      ("POST", "/v2/models/fraud/versions/1/infer"),
+                                      ("GET", "/v2/models/fraud/versions/3"),
+                                      ("POST", "/v2/models/fraud/versions/7/infer"),
+                                      ("GET", "/v2/models/fraud/versions/2/infer"),
+                                      ("GET", "/v2/models/fraud/versions"),
+                                      ("GET", "/v2/models/fraud/versions/2/other")):
+                    async with client.request(method, route, json=one_row(1.0)) as answer:
+                        seen[(method, route)] = (answer.status, answer.headers.get("X-Model-Role"), await answer.read())
+                for route in ("/v2", "/v2/health/live", "/v2/models/fraud/versions/2/config", "/metrics"):
+                    async with client.get(route) as got, client.head(route) as head:
+                        seen[("HEAD", route)] = (head.status, dict(head.headers), await head.read(),
+                                                 got.status, dict(got.headers))
+                metrics = await (await client.get("/metrics")).text()
+        return called, seen, metrics
+
+    called, seen, metrics = asyncio.run(go())
+    assert called["server"] == {"server": "A", "path": "/v2"}
+    assert called["metadata"] == {"server": "B", "path": "/v2/models/fraud_trt/versions/2"}
+    assert called["config"] == {"server": "A", "path": "/v2/models/fraud_trt/versions/1/config"}
+    assert called["version config"] == {"server": "B", "path": "/v2/models/fraud_trt/versions/2/config"}
+    assert called["stats"] == {"server": "B", "path": "/v2/models/fraud_trt/versions/2/stats"}
+    assert called["ready"] and called["infer"] == pytest.approx([0.2, 0.2])
+    assert "model fraud has no version 7 here; it serves 1 (primary), 2 (canary)" in called["unknown"]
+    # The split sends every routed request to the primary; a named version is called as named.
+    assert seen[("POST", "/v2/models/fraud/infer")][:2] == (200, "primary")
+    assert seen[("POST", "/v2/models/fraud/versions/1/infer")][:2] == (200, "primary")
+    assert seen[("GET", "/v2/models/fraud/versions/3")][0] == 404  # the shadow is no version callers may name
+    assert seen[("POST", "/v2/models/fraud/versions/7/infer")][0] == 404
+    assert seen[("GET", "/v2/models/fraud/versions/2/infer")][0] == 405
+    assert seen[("GET", "/v2/models/fraud/versions")][0] == seen[("GET", "/v2/models/fraud/versions/2/other")][0] == 404
+    assert sorted(a for a in asked if " POST " in a) == ["A POST /v2/models/fraud_trt/versions/1/infer"] * 2 + [
+        "B POST /v2/models/fraud_trt/versions/2/infer"]
+    assert asked.count("A GET /v2") == 3  # tritonclient's, then the GET's and the HEAD's (a GET to Triton)
+    for route in ("/v2", "/v2/health/live", "/v2/models/fraud/versions/2/config", "/metrics"):
+        status, headers, body, get_status, get_headers = seen[("HEAD", route)]
+        assert (status, body) == (get_status, b"") and headers.keys() == get_headers.keys(), route
+        if route != "/metrics":  # the metrics grow between the two
+            assert headers == get_headers, route
+    requests = {(s.labels["version"], s.labels["role"]): s.value for family in text_string_to_metric_families(metrics)
+                for s in family.samples if s.name == "kubeloop_inference_requests_total"}
+    assert requests == {("1", "primary"): 2, ("2", "canary"): 1}
+    logged = sorted((row["version"], row["role"]) for row in request_records(tmp_path / "requests"))
+    assert logged == [("1", "primary"), ("1", "primary"), ("2", "canary")]
+
+
 # -- sticky sampling, paired comparison -----------------------------------------
 # The real router in this process (local backend) in front of a fake Triton
 # whose answer for a row depends on the version and the row's first feature.

@@ -11,8 +11,9 @@ chunked bodies, `Expect: 100-continue`, a body limit (413), a malformed
 request answered 400 and its connection closed, idle connections closed
 after IDLE_SECONDS, a request not read whole within READ_SECONDS answered 408
 and its connection closed (a caller trickling bytes holds no connection for
-long), and a handler's exception answered 500 (logged) without ending the
-connection's other requests.
+long), a handler's exception answered 500 (logged) without ending the
+connection's other requests, an answer that cannot be written closing its
+connection (logged), and a HEAD request answered as its GET without the body.
 """
 
 from __future__ import annotations
@@ -73,12 +74,14 @@ def header_lines(headers: dict[str, str]) -> bytes:
     return b"".join(b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
 
 
-def encode(response: Response, keep_alive: bool) -> bytes:
-    """The response as bytes on the wire (pure)."""
+def encode(response: Response, keep_alive: bool, head: bool = False) -> bytes:
+    """The response as bytes on the wire (pure). head: the answer to a HEAD
+    request, whose headers are its GET's (the length included) and which
+    has no body."""
     return b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\n%s%s%s\r\n%s" % (
         response.status, _REASONS.get(response.status, b""), len(response.body),
         b"Content-Type: %s\r\n" % response.content_type.encode() if response.body else b"", response.headers,
-        b"" if keep_alive else b"Connection: close\r\n", response.body)
+        b"" if keep_alive else b"Connection: close\r\n", b"" if head else response.body)
 
 
 class _Connection(asyncio.Protocol):
@@ -179,9 +182,8 @@ class _Connection(asyncio.Protocol):
         finally:
             self.server.done()
         transport = self.transport
-        if transport is not None:
-            transport.write(encode(response, request.keep_alive))
-            self.last_active = self.server.loop.time()
+        if transport is not None and not self._write(transport, request, response):
+            return  # the caller has no answer: none to count or log as given
         if response.after is not None:  # a caller that left was still served: counted and logged
             try:
                 response.after()
@@ -200,6 +202,20 @@ class _Connection(asyncio.Protocol):
         if self.paused and len(self.waiting) < MAX_PIPELINED:
             self.paused = False
             transport.resume_reading()
+
+    def _write(self, transport: asyncio.Transport, request: Request, response: Response) -> bool:
+        """Write the answer; one that cannot be written (not encodable, or
+        refused by the transport) closes the connection, the one way left to
+        tell the caller, and False."""
+        try:
+            transport.write(encode(response, request.keep_alive, head=request.method == "HEAD"))
+        except Exception:  # the server goes on; this connection cannot (its caller waits for this answer)
+            log.exception("%s %s: the answer could not be written; closing the connection",
+                          request.method, request.path)
+            transport.close()
+            return False
+        self.last_active = self.server.loop.time()
+        return True
 
     def _refuse(self, status: int, why: str) -> None:
         """Answer an unreadable request and close: what follows it on the connection cannot be framed."""

@@ -4,6 +4,9 @@ tritonserver (KServe v2 protocol).
 - Canary split by consistent hashing of a request key (the X-Request-Key
   header, else the request's "id"), so one caller always reaches the same
   version; requests without a key are spread at random.
+- A caller naming a version (Triton's /versions/{v} routes) reaches it past
+  the split when it is the primary or the canary, counted, logged and
+  mirrored under its role as a routed request is.
 - Shadow mirroring: a share of requests is also sent to the shadow version;
   its answer is logged and compared with the primary's, never returned.
 - Paired comparison during a rollout (the config's "compare"): a keyed share
@@ -164,13 +167,20 @@ class RouterConfig:
                    missing=data.get("missing", "default"), version_urls=data.get("version_urls", {}),
                    compare_percent=(data.get("compare") or {}).get("percent", 0.0))
 
+    def server_url(self, version: str) -> str:
+        """The base URL of the Triton serving a version."""
+        return self.version_urls.get(version, self.triton_url)
+
     def version_url(self, version: str) -> str:
         """The Triton model URL of a version."""
-        base = self.version_urls.get(version, self.triton_url)
-        return f"{base}/v2/models/{self.triton_model}/versions/{version}"
+        return f"{self.server_url(version)}/v2/models/{self.triton_model}/versions/{version}"
 
     def primary(self) -> Route:
         return next(r for r in self.routes if r.role == "primary")
+
+    def served(self, version: str) -> Route | None:
+        """The route of a version callers may name (the primary or the canary); None for any other."""
+        return next((r for r in self.routes if r.version == version), None)
 
     def label(self, index: int) -> str:
         """Multiclass: the class label of an output position."""
@@ -180,6 +190,23 @@ class RouterConfig:
 def pick(routes: tuple[Route, ...], key: str) -> Route:
     """The route whose share of [0, 100) holds the key's bucket (pure)."""
     return route_at(routes, bucket(key))
+
+
+MODEL_ACTIONS = ("", "ready", "infer", "config", "stats")
+"""What follows a model (or one of its versions) in its routes: its metadata, readiness and so on."""
+
+
+def model_route(rest: list[str]) -> tuple[str | None, str] | None:
+    """The version named (None: none) and the action of a model route, from
+    the path's parts after the model's name, laid out as Triton's:
+    [versions/{version}/][ready|infer|config|stats]; None when the parts
+    are no model route (pure)."""
+    version = None
+    if rest[:1] == ["versions"] and len(rest) > 1:
+        version, rest = rest[1], rest[2:]
+    if len(rest) > 1 or (rest and rest[0] not in MODEL_ACTIONS):
+        return None
+    return version, rest[0] if rest else ""
 
 
 def route_at(routes: tuple[Route, ...], position: float) -> Route:
@@ -466,31 +493,50 @@ class Router:
     # -- handlers ------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
-        """The KServe v2 routes the front serves, /metrics and the health checks."""
+        """The KServe v2 routes the front serves (the server's, the model's
+        and each served version's), /metrics and the health checks. Without
+        a version, infer is split and the model's other routes are its
+        primary's."""
+        c = self.config
         parts = request.path.strip("/").split("/")
         if request.path == "/metrics":
             return self._get(request) or self.metrics_endpoint()
+        if parts == ["v2"]:
+            return self._get(request) or await self.forward(f"{c.server_url(c.primary().version)}/v2")
         if parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("ready", "live"):
-            return self._get(request) or (await self.ready() if parts[2] == "ready" else Response(200))
-        if parts[:2] != ["v2", "models"] or len(parts) not in (3, 4):
+            return self._get(request) or (await self.ready(c.primary()) if parts[2] == "ready" else Response(200))
+        found = model_route(parts[3:]) if parts[:2] == ["v2", "models"] and len(parts) > 2 else None
+        if found is None:
             return json_response({"error": f"no route {request.path}"}, 404)
-        model, action = parts[2], (parts[3] if len(parts) == 4 else "")
-        if model not in (self.config.model, self.config.triton_model):
+        model, (version, action) = parts[2], found
+        if model not in (c.model, c.triton_model):
             return json_response({"error": f"unknown model {model}"}, 404)
+        route = c.primary() if version is None else c.served(version)
+        if route is None:
+            serving = ", ".join(f"{r.version} ({r.role})" for r in c.routes)
+            return json_response({"error": f"model {model} has no version {version} here; it serves {serving}"},
+                                 404)
         if action == "infer":
             if request.method != "POST":
                 return json_response({"error": "infer takes POST"}, 405)
-            return await self.infer(request)
-        if action in ("", "ready"):
-            return self._get(request) or (await self.ready() if action else await self.metadata())
-        return json_response({"error": f"no route {request.path}"}, 404)
+            return await self.infer(request, None if version is None else route)
+        return self._get(request) or await self.model_get(route, action)
 
     @staticmethod
     def _get(request: Request) -> Response | None:
-        """405 unless the request is a GET."""
-        return None if request.method == "GET" else json_response({"error": "this route takes GET"}, 405)
+        """405 unless the request is a GET, or its HEAD (kubeloop.front.httpserver leaves out the body)."""
+        return None if request.method in ("GET", "HEAD") else json_response({"error": "this route takes GET"}, 405)
 
-    async def infer(self, request: Request) -> Response:
+    async def model_get(self, route: Route, action: str) -> Response:
+        """A version's readiness, or Triton's answer to its metadata (action
+        ""), config or stats route."""
+        if action == "ready":
+            return await self.ready(route)
+        return await self.forward(self.config.version_url(route.version) + (f"/{action}" if action else ""))
+
+    async def infer(self, request: Request, named: Route | None = None) -> Response:
+        """Answer an inference request by the version the split picks, or
+        the one the caller named."""
         c = self.config
         started = time.perf_counter()
         body, binary = request.body, None
@@ -510,10 +556,10 @@ class Router:
             return json_response({"error": str(exc)}, exc.status)
         key = request.headers.get(b"x-request-key", b"").decode("latin-1") or payload.get("id")
         if key:
-            route = pick(c.routes, key)
+            route = named or pick(c.routes, key)
         else:  # nothing to keep together: a random draw, without hashing a random key
             key = f"{random.getrandbits(64):016x}"
-            route = route_at(c.routes, random.random() * 100)
+            route = named or route_at(c.routes, random.random() * 100)
         labels = (c.service, c.model, route.version, route.role)
         try:
             body, request, columns, vectors = await self.model_request(route.version, payload, body)
@@ -697,25 +743,24 @@ class Router:
             self.log.add(line({"ts": time.time(), "key": key, "role": role, "version": to.version,
                                "outputs": outputs}))
 
-    async def ready(self) -> Response:
-        """Ready when the primary version is, and every version's feature store is open."""
+    async def ready(self, route: Route) -> Response:
+        """Ready when the route's version is, and every version's feature store is open."""
         if not self.stores_open():
             return Response(503, b"opening the feature stores", "text/plain")
         try:
-            answer = await self.upstream.call(b"GET", f"{self._primary_url()}/ready", headers=NO_COMPRESSION)
+            answer = await self.upstream.call(b"GET", f"{self.config.version_url(route.version)}/ready",
+                                              headers=NO_COMPRESSION)
         except UpstreamError:
             return Response(503)
         return Response(answer.status)
 
-    async def metadata(self) -> Response:
+    async def forward(self, url: str) -> Response:
+        """Triton's answer to a GET of url, as Triton gave it."""
         try:
-            answer = await self.upstream.call(b"GET", self._primary_url(), headers=NO_COMPRESSION)
+            answer = await self.upstream.call(b"GET", url, headers=NO_COMPRESSION)
         except UpstreamError as exc:
             return json_response({"error": f"model server unavailable: {exc}"}, 503)
-        return Response(answer.status, answer.body)
-
-    def _primary_url(self) -> str:
-        return self.config.version_url(self.config.primary().version)
+        return Response(answer.status, answer.body, answer.headers.get("content-type", "application/json"))
 
     def metrics_endpoint(self) -> Response:
         return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
