@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", required=True, help="folder (local or object store) for the model")
     parser.add_argument("--spec", required=True, help="the TrainingJob spec as JSON")
     args = parser.parse_args(argv)
-    spec = TrainingJobSpec.model_validate_json(args.spec)
+    spec = TrainingJobSpec.from_json(args.spec)
     info = DatasetInfo.from_json(args.dataset_info)
     frame = pd.read_parquet(args.dataset)
     train_rows = frame[frame[SPLIT] == "train"]

@@ -6,6 +6,12 @@ exercise directly. All run in the kubeloop components image, which holds
 kubeloop and kfp, so KFP does not pip-install anything at run time: the
 default one here, or the operator's (set on each task by the pipeline
 builders, kubeloop.pipelines.environment).
+
+Every step takes the spec as JSON text (KubeModel.to_json), not a dict: KFP
+carries a dict parameter as a protobuf Struct, whose numbers are all
+doubles, so the int 96 of spec.model.parameters would reach the user's
+factory as 96.0 on the local runner (and a whole float 1.0 as the int 1 in
+the JSON KFP's Go driver writes on a cluster). A string arrives as it was sent.
 """
 
 # No `from __future__ import annotations`: KFP reads the annotations as types.
@@ -17,7 +23,7 @@ from kubeloop.version import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def training_data(spec: dict, feature_store: str, feast_repo: str, feature_store_file: str,
+def training_data(spec: str, feature_store: str, feast_repo: str, feature_store_file: str,
                   dataset: Output[Dataset]) -> str:
     """Labelled entity rows joined point-in-time with Feast features."""
     from kubeloop.components.steps import training_data_step
@@ -26,7 +32,7 @@ def training_data(spec: dict, feature_store: str, feast_repo: str, feature_store
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def train(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
+def train(spec: str, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
           owner: str, spec_hash: str, git_sha: str, model: Output[Model]) -> str:
     """Tune and train the torch model; returns the MLflow run id."""
     from kubeloop.components.steps import train_step
@@ -36,7 +42,7 @@ def train(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: 
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def train_on_trainer(spec: dict, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
+def train_on_trainer(spec: str, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
                      owner: str, spec_hash: str, git_sha: str, namespace: str, image: str,
                      model: Output[Model]) -> str:
     """Multi-node training as a Kubeflow Trainer TrainJob (its nodes run image);
@@ -48,7 +54,7 @@ def train_on_trainer(spec: dict, dataset: Input[Dataset], dataset_info: str, tra
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def evaluate(spec: dict, dataset: Input[Dataset], dataset_info: str, model: Input[Model], tracking_uri: str,
+def evaluate(spec: str, dataset: Input[Dataset], dataset_info: str, model: Input[Model], tracking_uri: str,
              run_id: str) -> str:
     """Hold-out and per-slice metrics."""
     from kubeloop.components.steps import evaluate_step
@@ -57,7 +63,7 @@ def evaluate(spec: dict, dataset: Input[Dataset], dataset_info: str, model: Inpu
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def register(spec: dict, dataset_info: str, model: Input[Model], evaluation: str, tracking_uri: str,
+def register(spec: str, dataset_info: str, model: Input[Model], evaluation: str, tracking_uri: str,
              run_id: str, pipeline_run: str, owner: str, git_sha: str) -> dict:
     """Log the model with lineage and register a new version."""
     from kubeloop.components.steps import register_step
@@ -67,7 +73,7 @@ def register(spec: dict, dataset_info: str, model: Input[Model], evaluation: str
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def optimization_data(spec: dict, source_version: str, tracking_uri: str, feast_repo: str,
+def optimization_data(spec: str, source_version: str, tracking_uri: str, feast_repo: str,
                       dataset: Output[Dataset], source: Output[Model]) -> str:
     """The source model, and its training data rebuilt from Feast."""
     from kubeloop.components.optimize import optimization_data_step
@@ -76,7 +82,7 @@ def optimization_data(spec: dict, source_version: str, tracking_uri: str, feast_
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def optimize(spec: dict, dataset_info: str, dataset: Input[Dataset], source: Input[Model], tracking_uri: str,
+def optimize(spec: str, dataset_info: str, dataset: Input[Dataset], source: Input[Model], tracking_uri: str,
              source_version: str, pipeline_run: str, owner: str, git_sha: str, variants: Output[Model]) -> str:
     """Build and measure every variant; choose the winner."""
     from kubeloop.components.optimize import optimize_step
@@ -86,7 +92,7 @@ def optimize(spec: dict, dataset_info: str, dataset: Input[Dataset], source: Inp
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def register_optimized(spec: dict, source_version: str, results: str, variants: Input[Model], tracking_uri: str,
+def register_optimized(spec: str, source_version: str, results: str, variants: Input[Model], tracking_uri: str,
                        pipeline_run: str, owner: str) -> dict:
     """Register the winner with its Triton repositories and lineage."""
     from kubeloop.components.optimize import register_optimized_step

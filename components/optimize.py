@@ -2,7 +2,8 @@
 measure every variant, register the winner with a Triton repository.
 
 Like components.steps, every step is a plain function of plain arguments
-and paths, and imports its heavy libraries itself.
+and paths, and imports its heavy libraries itself. The spec is the
+OptimizedModel's as JSON text (KubeModel.to_json).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SLO_BUDGET = {"seconds": 1.5, "rounds": 30, "min_samples": 600, "max_samples": 6
 OTHER_BUDGET = {"seconds": 0.2, "rounds": 20, "min_samples": 200, "max_samples": 3000}
 
 
-def optimization_data_step(spec: dict, source_version: str, tracking_uri: str, feast_repo: str,
+def optimization_data_step(spec: str, source_version: str, tracking_uri: str, feast_repo: str,
                            dataset_path: str, source_dir: str) -> str:
     """The source model and the data it was trained on (rebuilt from Feast)."""
     import mlflow
@@ -45,7 +46,7 @@ def optimization_data_step(spec: dict, source_version: str, tracking_uri: str, f
 
     from kubeloop.featurestore.store import StoreLocation
 
-    job = OptimizedModelSpec.model_validate(spec)
+    job = OptimizedModelSpec.from_json(spec)
     version = MlflowClient(tracking_uri).get_model_version(job.source.name, source_version)
     if tags.TRAINING_SPEC not in version.tags:
         raise ValueError(f"{job.source.name} version {source_version} has no {tags.TRAINING_SPEC} tag: only "
@@ -154,7 +155,7 @@ def measure_variants(ctx, techniques: list[str], batch_sizes: list[int], score, 
     return rows, variants
 
 
-def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str, tracking_uri: str,
+def optimize_step(spec: str, info_json: str, dataset_path: str, source_dir: str, tracking_uri: str,
                   source_version: str, pipeline_run: str, owner: str, work_dir: str, git_sha: str = "unknown") -> str:
     """Build and measure every variant; returns the results table as JSON."""
     import mlflow
@@ -168,7 +169,7 @@ def optimize_step(spec: dict, info_json: str, dataset_path: str, source_dir: str
     from kubeloop.components.triton import plan_batching
     from kubeloop.components.variants import BuildContext
 
-    job = OptimizedModelSpec.model_validate(spec)
+    job = OptimizedModelSpec.from_json(spec)
     info = DatasetInfo.from_json(info_json)
     training = TrainingJobSpec.model_validate_json(
         MlflowClient(tracking_uri).get_model_version(job.source.name, source_version).tags[tags.TRAINING_SPEC])
@@ -284,7 +285,7 @@ def _footprint(winner, ctx, batch: int) -> tuple[int, str]:  # noqa: ANN001
     return int(math.ceil((2 * params + activations) / 2**20)) + CONTEXT_MIB, "estimate"
 
 
-def register_optimized_step(spec: dict, source_version: str, results_json: str, work_dir: str, tracking_uri: str,
+def register_optimized_step(spec: str, source_version: str, results_json: str, work_dir: str, tracking_uri: str,
                             pipeline_run: str, owner: str) -> dict:
     """Register the winner as a new version, with Triton repositories and its
     lineage; a version this pipeline run registered before is returned."""
@@ -297,7 +298,7 @@ def register_optimized_step(spec: dict, source_version: str, results_json: str, 
     from kubeloop.components.registration import EXPORTED, find_registered, run_url
     from kubeloop.components.triton import BACKENDS, BatchingPlan, write_repository
 
-    job = OptimizedModelSpec.model_validate(spec)
+    job = OptimizedModelSpec.from_json(spec)
     results = json.loads(results_json)
     name = job.registered_name or job.source.name
     client = MlflowClient(tracking_uri)

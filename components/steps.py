@@ -1,6 +1,7 @@
 """The training pipeline's steps as plain functions of plain arguments and
 file paths: what the KFP components in kubeloop.components.ops call, and
-what the tests call directly.
+what the tests call directly. The spec is the TrainingJob's as JSON text
+(KubeModel.to_json).
 
 Each step runs in a fresh process, so heavy libraries are imported inside
 the step that needs them (Feast alone takes seconds to import).
@@ -21,7 +22,7 @@ from kubeloop.components.data import DatasetInfo, build_dataset, load_split
 log = logging.getLogger(__name__)
 
 
-def training_data_step(spec: dict, feature_store: str, feast_repo: str, dataset_path: str,
+def training_data_step(spec: str, feature_store: str, feast_repo: str, dataset_path: str,
                        feature_store_file: str = "") -> str:
     """Point-in-time training data from Feast; returns the DatasetInfo as JSON.
     The store is the job's: its feature_store.yaml mounted at
@@ -31,7 +32,7 @@ def training_data_step(spec: dict, feature_store: str, feast_repo: str, dataset_
     from kubeloop.featurestore.store import StoreLocation
 
     store = StoreLocation.resolve(feature_store, feast_repo, feature_store_file).to_json()
-    info = build_dataset(TrainingJobSpec.model_validate(spec), store, Path(dataset_path))
+    info = build_dataset(TrainingJobSpec.from_json(spec), store, Path(dataset_path))
     log.info("training data: %d rows (%d dropped by ttl), hash %s", info.rows, info.dropped_by_ttl,
              info.dataset_hash)
     return info.to_json()
@@ -49,7 +50,7 @@ def architecture_for(job: TrainingJobSpec, info: DatasetInfo, hp=None):  # noqa:
                         job.model.path)
 
 
-def train_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
+def train_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
                pipeline_run: str, owner: str, spec_hash: str, git_sha: str) -> str:
     """Tune (if asked), train and checkpoint; returns the MLflow run id."""
     from kubeloop.components import registration
@@ -57,7 +58,7 @@ def train_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tr
     from kubeloop.components.training import TrainSettings, train, train_distributed
     from kubeloop.components.tuning import tune
 
-    job = TrainingJobSpec.model_validate(spec)
+    job = TrainingJobSpec.from_json(spec)
     info = DatasetInfo.from_json(info_json)
     frame, y = load_split(Path(dataset_path), info, "train")
     x = frame[info.feature_columns].to_numpy(np.float32)
@@ -96,7 +97,7 @@ def evaluation_options(job: TrainingJobSpec, info: DatasetInfo) -> dict:
     return {"threshold": job.evaluation.threshold, "classes": info.classes, "top_k": job.evaluation.top_k}
 
 
-def evaluate_step(spec: dict, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
+def evaluate_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
                   run_id: str) -> str:
     """Hold-out metrics (and per-slice metrics); returns them as JSON."""
     from kubeloop.components import registration
@@ -104,7 +105,7 @@ def evaluate_step(spec: dict, dataset_path: str, info_json: str, model_dir: str,
     from kubeloop.components.model import load_model
     from kubeloop.components.training import predict
 
-    job = TrainingJobSpec.model_validate(spec)
+    job = TrainingJobSpec.from_json(spec)
     info = DatasetInfo.from_json(info_json)
     frame, y = load_split(Path(dataset_path), info, "holdout")
     x = frame[info.feature_columns].to_numpy(np.float32)
@@ -137,13 +138,13 @@ def _evaluate_champion(job: TrainingJobSpec, info: DatasetInfo, tracking_uri: st
     return {"version": champion.version, "metrics": evaluate(info.task, y, outputs, **evaluation_options(job, info))}
 
 
-def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: str, tracking_uri: str,
+def register_step(spec: str, info_json: str, model_dir: str, evaluation_json: str, tracking_uri: str,
                   run_id: str, pipeline_run: str, owner: str, git_sha: str) -> dict:
     """Register the model; returns what the operator reports in status."""
     from kubeloop.components import registration
     from kubeloop.components.model import load_model
 
-    job = TrainingJobSpec.model_validate(spec)
+    job = TrainingJobSpec.from_json(spec)
     info = DatasetInfo.from_json(info_json)
     evaluation = json.loads(evaluation_json)
     metrics = evaluation["metrics"]
@@ -154,7 +155,7 @@ def register_step(spec: dict, info_json: str, model_dir: str, evaluation_json: s
             "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows}
 
 
-def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,
+def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,
                           tracking_uri: str, pipeline_run: str, owner: str, spec_hash: str, git_sha: str,
                           namespace: str, image: str, timeout: float = 24 * 3600) -> str:
     """Multi-node training on a real cluster: run a Kubeflow Trainer TrainJob
@@ -167,7 +168,7 @@ def train_on_trainer_step(spec: dict, dataset_uri: str, info_json: str, model_di
     from kubeloop.kube import Kube
     from kubeloop.polling import wait_for
 
-    job = TrainingJobSpec.model_validate(spec)
+    job = TrainingJobSpec.from_json(spec)
     run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
     output = f"{model_uri.rstrip('/')}-trainjob"
     name = dns_name(pipeline_run, "train")

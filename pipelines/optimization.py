@@ -27,7 +27,7 @@ DESCRIPTION = ("Build quantised, pruned, distilled and compiled variants of a re
 def build_optimization_pipeline(target: OptimizationTarget | None = None,
                                 steps: StepEnvironment = DEFAULT_STEPS) -> Callable:
     @dsl.pipeline(name=NAME, description=DESCRIPTION)
-    def optimization_pipeline(spec: dict, source_version: str, feast_repo: str, tracking_uri: str,
+    def optimization_pipeline(spec: str, source_version: str, feast_repo: str, tracking_uri: str,
                               pipeline_run: str, owner: str, spec_hash: str, git_sha: str = "unknown") -> dict:
         data = ops.optimization_data(spec=spec, source_version=source_version, tracking_uri=tracking_uri,
                                      feast_repo=feast_repo).set_display_name("source and data")

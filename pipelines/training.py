@@ -37,7 +37,7 @@ def build_training_pipeline(resources: TrainingResources | None = None,
     multi_node = distributed is not None and distributed.nodes > 1
 
     @dsl.pipeline(name=NAME, description=DESCRIPTION)
-    def training_pipeline(spec: dict, feast_repo: str, tracking_uri: str, pipeline_run: str, owner: str,
+    def training_pipeline(spec: str, feast_repo: str, tracking_uri: str, pipeline_run: str, owner: str,
                           spec_hash: str, git_sha: str = "unknown", feature_store: str = "") -> dict:
         data = ops.training_data(spec=spec, feature_store=feature_store, feast_repo=feast_repo,
                                  feature_store_file=feature_store_file(store)).set_display_name("training data")

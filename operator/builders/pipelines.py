@@ -27,11 +27,13 @@ def _labels(ref: ObjectRef) -> dict[str, str]:
 
 
 def build_training_run(ref: ObjectRef, spec: TrainingJobSpec, digest: str, feature_store: str = "") -> RunRequest:
-    """feature_store: the job's own store (StoreLocation JSON), empty for the
-    operator's default repository."""
+    """The spec travels as JSON text (KubeModel.to_json), so the steps get
+    spec.model.parameters with the types the manifest gave them. feature_store:
+    the job's own store (StoreLocation JSON), empty for the operator's default
+    repository."""
     return RunRequest(
         name=run_name(ref, digest), pipeline="training",
-        arguments={"spec": spec.to_wire(), "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest,
+        arguments={"spec": spec.to_json(), "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest,
                    "feature_store": feature_store},
         labels=_labels(ref),
     )
@@ -41,7 +43,7 @@ def build_optimization_run(ref: ObjectRef, spec: OptimizedModelSpec, source_vers
                            digest: str) -> RunRequest:
     return RunRequest(
         name=run_name(ref, digest), pipeline="optimization",
-        arguments={"spec": spec.to_wire(), "source_version": source_version,
+        arguments={"spec": spec.to_json(), "source_version": source_version,
                    "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest},
         labels=_labels(ref),
     )

@@ -137,7 +137,7 @@ def _pipeline_for(request: RunRequest, steps: StepEnvironment):  # noqa: ANN202 
     if request.pipeline == "training":
         from kubeloop.pipelines.training import build_training_pipeline
 
-        spec = TrainingJobSpec.model_validate(request.arguments["spec"])
+        spec = TrainingJobSpec.from_json(request.arguments["spec"])
         owner_namespace = request.arguments["owner"].split("/", 1)[0]
         store = spec.features.store.config_map if spec.features.store else None
         return build_training_pipeline(spec.resources, spec.distributed, owner_namespace, steps, store)
@@ -145,6 +145,6 @@ def _pipeline_for(request: RunRequest, steps: StepEnvironment):  # noqa: ANN202 
         from kubeloop.api.optimization import OptimizedModelSpec
         from kubeloop.pipelines.optimization import build_optimization_pipeline
 
-        target = OptimizedModelSpec.model_validate(request.arguments["spec"]).target
+        target = OptimizedModelSpec.from_json(request.arguments["spec"]).target
         return build_optimization_pipeline(target, steps)
     raise ValueError(f"the kfp backend cannot run the {request.pipeline} pipeline")

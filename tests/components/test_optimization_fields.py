@@ -64,7 +64,7 @@ def test_batch_sizes_are_the_batch_sizes_the_variants_are_profiled_at(teacher, d
                                               "latencySLO": {"batchSize": 12, "milliseconds": 50}})
     threads = torch.get_num_threads()
     try:
-        results = json.loads(optimize_step(spec.to_wire(), dataset["info"].to_json(), str(dataset["path"]),
+        results = json.loads(optimize_step(spec.to_json(), dataset["info"].to_json(), str(dataset["path"]),
                                            str(tmp_path / "source"), tracking, "1", "ns-opt-1", "ns/opt",
                                            str(tmp_path / "work")))
     finally:

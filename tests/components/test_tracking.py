@@ -18,9 +18,9 @@ def tracking(tmp_path, monkeypatch):
 
 
 def test_tuning_logs_nested_trials_and_registration_is_idempotent(tracking, dataset, job_spec, tmp_path):
-    spec = {**job_spec.to_wire(), "tuning": {"trials": 3, "algorithm": "random", "parameters": {
+    spec = json.dumps({**job_spec.to_wire(), "tuning": {"trials": 3, "algorithm": "random", "parameters": {
         "learningRate": {"min": 0.0005, "max": 0.01, "log": True}, "dropout": {"choices": [0.0, 0.2]}}},
-        "promotion": {"registerAs": "Staging"}}
+        "promotion": {"registerAs": "Staging"}})
     info = dataset["info"].to_json()
     model_dir = str(tmp_path / "model")
     run_id = steps.train_step(spec, str(dataset["path"]), info, model_dir, tracking, "ns-job-1", "ns/job", "h",

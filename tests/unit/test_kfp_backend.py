@@ -33,7 +33,7 @@ def backend(kfp_api):
 
 
 def request(name: str = "ns-fraud-abc") -> RunRequest:
-    return RunRequest(name=name, pipeline="training", arguments={"spec": SPEC.to_wire(), "owner": "ns/fraud",
+    return RunRequest(name=name, pipeline="training", arguments={"spec": SPEC.to_json(), "owner": "ns/fraud",
                                                                   "spec_hash": "abc"})
 
 
@@ -55,7 +55,7 @@ def test_the_run_carries_the_operators_git_sha_image_and_secret_but_not_the_stor
     ConfigMap (tests/unit/test_pipeline_ir.py), never as a run parameter."""
     store_text = '{"config": "registry: postgresql://feast:hunter2@db/registry"}'
     submitted = RunRequest(name="ns-fraud-abc", pipeline="training", arguments={
-        "spec": SPEC.to_wire(), "owner": "ns/fraud", "spec_hash": "abc", "feature_store": store_text})
+        "spec": SPEC.to_json(), "owner": "ns/fraud", "spec_hash": "abc", "feature_store": store_text})
     run = kfp_api.runs[backend.submit(submitted).run_id]
     params = run["runtime_config"]["parameters"]
     assert params["git_sha"] == "1a2b3c" and "feature_store" not in params

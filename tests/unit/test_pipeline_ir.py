@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from kfp import components
 
@@ -13,13 +14,17 @@ from kubeloop.api.training import TrainingJobSpec, TrainingResources
 from kubeloop.pipelines.backends.base import RunRequest
 from kubeloop.pipelines.backends.kfp import KfpBackend
 from kubeloop.pipelines.environment import FEATURE_STORE_MOUNT, MLFLOW_KEYS, OBJECT_STORE_KEYS, StepEnvironment
+from kubeloop.pipelines.optimization import COMPILED as OPTIMIZATION_COMPILED, compile_optimization
 from kubeloop.pipelines.training import COMPILED, compile_training
 from kubeloop.version import COMPONENTS_IMAGE
 
 
-def test_committed_ir_recompiles_identically(tmp_path):
-    fresh = compile_training(tmp_path / "training.yaml")
-    assert fresh.read_text() == COMPILED.read_text(), "run `make pipelines` and commit the result"
+@pytest.mark.parametrize("compiled, compile_", [(COMPILED, compile_training),
+                                                (OPTIMIZATION_COMPILED, compile_optimization)],
+                         ids=["training", "optimization"])
+def test_committed_ir_recompiles_identically(tmp_path, compiled, compile_):
+    fresh = compile_(tmp_path / compiled.name)
+    assert fresh.read_text() == compiled.read_text(), "run `make pipelines` and commit the result"
 
 
 def test_committed_ir_loads_with_kfps_loader():
@@ -62,17 +67,17 @@ CLUSTER_STEPS = StepEnvironment(image="registry.example/kubeloop/components:1a2b
 # What a feature_store.yaml may hold, and the IR must never carry.
 STORE_CREDENTIAL = "hunter2"
 MLFLOW_STEPS = {"exec-train", "exec-evaluate", "exec-register"}
-OPTIMIZED = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "version": "1"}}).to_wire()
+OPTIMIZED = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "version": "1"}}).to_json()
 
 
-def _job(**extra) -> dict:
+def _job(**extra) -> str:
     return TrainingJobSpec.model_validate({
         "modelName": "fraud", "features": {"featureViews": ["card_activity"],
                                            "labels": {"source": "transactions", "column": "is_fraud"},
-                                           "store": {"configMap": {"name": "feast-client"}}}, **extra}).to_wire()
+                                           "store": {"configMap": {"name": "feast-client"}}}, **extra}).to_json()
 
 
-def _cluster_ir(tmp_path: Path, pipeline: str, spec: dict, **arguments) -> tuple[str, dict, dict]:
+def _cluster_ir(tmp_path: Path, pipeline: str, spec: str, **arguments) -> tuple[str, dict, dict]:
     """The submitted IR's text, the pipeline spec and its executors' Kubernetes settings."""
     backend = KfpBackend("http://kfp.invalid", outcomes=dict, steps=CLUSTER_STEPS, git_sha="1a2b3c")
     request = RunRequest(name="ml-fraud-g1-abc", pipeline=pipeline,

@@ -48,4 +48,4 @@ def build(n_inputs: int, n_outputs: int, width: int = 64, depth: int = 2, dropou
     if width < 1 or depth < 1 or not 0 <= dropout < 1:
         raise ValueError(f"fraud_model: width and depth must be >= 1 and 0 <= dropout < 1; "
                          f"got width={width}, depth={depth}, dropout={dropout}")
-    return WideAndDeep(int(n_inputs), int(n_outputs), int(width), int(depth), float(dropout))
+    return WideAndDeep(n_inputs, n_outputs, width, depth, dropout)

@@ -46,4 +46,4 @@ def build(n_inputs: int, n_outputs: int, hidden: int = 128, blocks: int = 2, dro
     if hidden < 1 or blocks < 0 or not 0 <= dropout < 1:
         raise ValueError(f"maintenance_model: hidden must be >= 1, blocks >= 0 and 0 <= dropout < 1; "
                          f"got hidden={hidden}, blocks={blocks}, dropout={dropout}")
-    return MaintenanceNet(int(n_inputs), int(n_outputs), int(hidden), int(blocks), float(dropout))
+    return MaintenanceNet(n_inputs, n_outputs, hidden, blocks, dropout)

@@ -3,7 +3,7 @@ the status every kind reports, and references to registered models."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -30,6 +30,17 @@ class KubeModel(BaseModel):
     def to_wire(self) -> dict:
         """The object as it is written to the API server (camelCase, no nulls)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    def to_json(self) -> str:
+        """The wire form as JSON text, each value keeping its JSON type: how a
+        spec travels to a pipeline's steps (kubeloop.components.ops says why
+        not as a dict)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        """The object to_json wrote."""
+        return cls.model_validate_json(text)
 
 
 # A Kubernetes-style duration: "90s", "15m", "1h30m", "7d".
