@@ -32,6 +32,8 @@ class DatasetInfo:
     label: str
     feature_views: dict[str, str]
     slice_column: str | None
+    """A column stored beside the features for per-slice evaluation only: a
+    label-row column the model never sees, or one of its features."""
     holdout_start: str
     window_start: str = ""
     window_end: str = ""
@@ -106,6 +108,7 @@ def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInf
         StoreLocation.from_json(store), spec.features.feature_views,
         LabelRows.of(spec.features.labels),
         _parse_time(spec.features.window.start), _parse_time(spec.features.window.end),
+        spec.evaluation.slice_column,
     )
     frame = data.frame
     if len(frame) < 100:
@@ -113,12 +116,10 @@ def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInf
                          f"({data.dropped_by_ttl} dropped by ttl): widen spec.features.window")
     classes = label_classes(spec.task, frame[data.label], data.label)
     slice_column = spec.evaluation.slice_column
-    if slice_column and slice_column not in frame.columns:
-        raise ValueError(f"spec.evaluation.sliceColumn '{slice_column}' is not a column of the training data; "
-                         f"columns: {', '.join(sorted(frame.columns))}")
     frame = time_split(frame, spec.evaluation.holdout_fraction)
-    keep = [*data.feature_columns, data.label, "event_timestamp", SPLIT] + (
-        [slice_column] if slice_column and slice_column not in data.feature_columns else [])
+    # A slice may be the label or a feature itself: each column is written once.
+    keep = list(dict.fromkeys([*data.feature_columns, data.label, "event_timestamp", SPLIT,
+                               *([slice_column] if slice_column else [])]))
     frame[keep].to_parquet(output, index=False)
     holdout = frame[frame[SPLIT] == "holdout"]
     positives = int(frame[data.label].astype(float).sum()) if spec.task == "binary" else 0

@@ -71,12 +71,15 @@ class StoreLocation:
         return hashlib.sha256((self.config or self.path or "").encode()).hexdigest()[:12]
 
 
+def _as_location(location: StoreLocation | Path | str) -> StoreLocation:
+    return location if isinstance(location, StoreLocation) else StoreLocation(path=str(location))
+
+
 def open_store(location: StoreLocation | Path | str):  # noqa: ANN201 - feast.FeatureStore (slow import)
     """A FeatureStore for the location. feature_store.yaml text is written
     into a private folder of this process (keyed by its content) that Feast
     treats as the repository: nothing is written where the store lives."""
-    if not isinstance(location, StoreLocation):
-        location = StoreLocation(path=str(location))
+    location = _as_location(location)
     if location.path is not None:
         return _serving_while_materializing(location.path)
     folder = Path(tempfile.gettempdir()) / f"kubeloop-feast-{location.fingerprint}"
@@ -295,40 +298,103 @@ def join_columns(store, views: list) -> tuple[list[str], list[str]]:  # noqa: AN
     return list(dict.fromkeys(keys)), list(dict.fromkeys(request))
 
 
-def _label_frame(store, labels: LabelRows) -> tuple[pd.DataFrame, str, str]:  # noqa: ANN001
-    """The label rows, the timestamp column, and what to call them in errors."""
-    if labels.path:
-        if not labels.timestamp_column:
-            raise ValueError("spec.features.labels.timestampColumn is required with labels.path")
-        return pd.read_parquet(labels.path), labels.timestamp_column, f"label file {labels.path}"
+def _relative(path: str) -> bool:
+    return not Path(path).is_absolute() and "://" not in path
+
+
+def _label_source(store, name: str):  # noqa: ANN001, ANN202 - feast objects
+    """The file data source the label rows come from, by name."""
     from feast import FileSource
 
     try:
-        source = store.get_data_source(labels.source)
+        source = store.get_data_source(name)
     except Exception:  # feast raises different types per registry backend
         known = sorted(s.name for s in store.list_data_sources())
-        raise ValueError(f"spec.features.labels.source '{labels.source}' is not a data source of feature store "
+        raise ValueError(f"spec.features.labels.source '{name}' is not a data source of feature store "
                          f"project {store.project}; known sources: {', '.join(known)}") from None
     if not isinstance(source, FileSource):
-        raise ValueError(f"spec.features.labels.source '{labels.source}' is a {type(source).__name__}; kubeloop "
+        raise ValueError(f"spec.features.labels.source '{name}' is a {type(source).__name__}; kubeloop "
                          "reads labels from file sources: name a file source or a file in labels.path")
-    path = Path(source.path)
-    if not path.is_absolute() and "://" not in source.path:
-        path = Path(store.repo_path) / path
+    return source
+
+
+def _label_frame(store, labels: LabelRows, source) -> tuple[pd.DataFrame, str, str]:  # noqa: ANN001
+    """The label rows (from the label source, else labels.path), the
+    timestamp column, and what to call them in errors."""
+    if source is None:
+        if not labels.timestamp_column:
+            raise ValueError("spec.features.labels.timestampColumn is required with labels.path")
+        return pd.read_parquet(labels.path), labels.timestamp_column, f"label file {labels.path}"
+    path = Path(store.repo_path) / source.path if _relative(source.path) else source.path
     return pd.read_parquet(path), labels.timestamp_column or source.timestamp_field, f"label source {labels.source}"
 
 
+def _batch_sources(store, views: list) -> list:  # noqa: ANN001 - feast objects
+    """The offline sources a point-in-time read of the views scans: each
+    feature view's own, an on-demand view's through the feature views it reads."""
+    from feast.on_demand_feature_view import OnDemandFeatureView
+
+    sources = []
+    for view in views:
+        if isinstance(view, OnDemandFeatureView):
+            sources += [store.get_feature_view(p.name).batch_source
+                        for p in view.source_feature_view_projections.values()]
+        else:
+            sources.append(view.batch_source)
+    return sources
+
+
+def _check_published_paths(store, location: StoreLocation, sources: list) -> None:  # noqa: ANN001 - feast objects
+    """A published feature_store.yaml has no repository folder for a relative
+    file path to be relative to: Feast would look beside kubeloop's private
+    copy of the text (open_store) and fail naming a folder the user never
+    made, deep inside the first read."""
+    from feast import FileSource
+
+    if location.config is None:
+        return
+    relative = {s.name: s.path for s in sources if isinstance(s, FileSource) and _relative(s.path)}
+    if relative:
+        shown = ", ".join(f"'{name}' ({path})" for name, path in sorted(relative.items()))
+        raise ValueError(
+            f"spec.features.store: the published feature store (project {store.project}) has file data sources "
+            f"with relative paths, which resolve only inside the repository they were applied from: {shown}; "
+            "give each an absolute path or an object-store URI (for example s3://bucket/file.parquet) in the "
+            "repository's definitions and run `feast apply` again")
+
+
+def _carried_slice(column: str | None, rows: pd.DataFrame, views: list, what: str) -> list[str]:
+    """The label-row column to carry through the join for per-slice
+    evaluation only (a region, a sensitive attribute kept out of the model):
+    a slice that is a feature comes out of the join anyway, and one that is
+    neither fails here, before the join and any training."""
+    features = [f.name for view in views for f in view.features]
+    if column is None or column in features:
+        return []
+    if column in rows.columns:
+        return [column]
+    raise ValueError(f"spec.evaluation.sliceColumn '{column}' is neither a column of the {what} nor a feature of "
+                     f"spec.features.featureViews; the {what} has {', '.join(map(str, rows.columns))}; the "
+                     f"features are {', '.join(features)}")
+
+
 def training_data(location: StoreLocation | Path | str, feature_views: list[str], labels: LabelRows,
-                  start: datetime | None = None, end: datetime | None = None) -> TrainingData:
-    """Entity rows from the label rows, joined point-in-time with the views.
+                  start: datetime | None = None, end: datetime | None = None,
+                  slice_column: str | None = None) -> TrainingData:
+    """Entity rows from the label rows, joined point-in-time with the views;
+    slice_column, a label-row column or a feature, comes out beside the
+    features, never among feature_columns.
 
     Feast's file offline store drops entity rows whose feature rows are older
     than a view's ttl; the count of those rows is returned, never hidden.
     """
+    location = _as_location(location)
     store = open_store(location)
     views = [feature_view(store, name) for name in feature_views]
     keys, request = join_columns(store, views)
-    rows, ts, what = _label_frame(store, labels)
+    source = _label_source(store, labels.source) if labels.source else None
+    _check_published_paths(store, location, [*_batch_sources(store, views), *([source] if source else [])])
+    rows, ts, what = _label_frame(store, labels, source)
     missing = [c for c in (labels.column, ts, *keys, *request) if c not in rows.columns]
     if missing:
         raise ValueError(
@@ -342,7 +408,8 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
     if rows.empty:
         raise ValueError(f"spec.features.window: the {what} has no rows between {start or 'the start'} and "
                          f"{end or 'now'}; widen the window")
-    entity_df = rows[list(dict.fromkeys([*keys, *request, labels.column, ts]))].rename(
+    carried = _carried_slice(slice_column, rows, views, what)
+    entity_df = rows[list(dict.fromkeys([*keys, *request, labels.column, ts, *carried]))].rename(
         columns={ts: "event_timestamp"})
     fingerprints = {view.name: hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
                     for view in views}

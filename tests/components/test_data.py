@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import build_dataset
@@ -115,3 +118,62 @@ def test_an_empty_window_is_named(feature_repo, job_spec, tmp_path):
     with pytest.raises(ValueError, match="spec.features.window: the label source transactions has no rows"):
         build_dataset(TrainingJobSpec.model_validate(wire), at(feature_repo), tmp_path / "x.parquet")
 
+
+def test_a_slice_column_in_neither_the_labels_nor_the_features_fails_before_the_join(
+        feature_repo, job_spec, tmp_path, monkeypatch):
+    def no_join(*args, **kwargs):
+        raise AssertionError("the point-in-time join ran")
+
+    monkeypatch.setattr("kubeloop.featurestore.store.point_in_time", no_join)
+    wire = job_spec.to_wire()
+    wire["evaluation"]["sliceColumn"] = "region"
+    with pytest.raises(ValueError, match="spec.evaluation.sliceColumn 'region' is neither a column of the label "
+                                         "source transactions nor a feature") as raised:
+        build_dataset(TrainingJobSpec.model_validate(wire), at(feature_repo), tmp_path / "x.parquet")
+    assert "transaction_id" in str(raised.value) and "avg_amount_7d" in str(raised.value)
+
+
+def published(repo: Path) -> str:
+    """The repository as a Feast operator publishes it: feature_store.yaml
+    text whose registry is absolute, its sources as the registry holds them."""
+    config = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    config["registry"] = str(repo / "data" / "registry.db")
+    config["online_store"]["path"] = str(repo / "data" / "online.db")
+    return StoreLocation(config=yaml.safe_dump(config)).to_json()
+
+
+def apply_absolute_sources(repo: Path) -> None:
+    from feast import FileSource
+
+    from kubeloop.featurestore import definitions
+    from kubeloop.featurestore.store import open_store
+
+    def absolute(source: FileSource) -> FileSource:
+        return FileSource(name=source.name, path=str(repo / source.path), timestamp_field=source.timestamp_field)
+
+    views = []
+    for view in definitions.FEATURE_VIEWS:
+        views.append(copy.copy(view))
+        views[-1].batch_source = absolute(view.batch_source)
+    open_store(repo).apply([*definitions.ENTITIES, *map(absolute, definitions.DATA_SOURCES), *views,
+                            *definitions.ON_DEMAND_FEATURE_VIEWS])
+
+
+def test_a_published_store_with_relative_source_paths_is_refused_naming_them_and_the_fix(
+        feature_repo, job_spec, dataset, tmp_path):
+    """Relative paths resolve only in the repository the sources were applied
+    from; read through published text they would point into kubeloop's own
+    temporary folder, and Feast would fail deep in the join naming it."""
+    repo = Path(shutil.copytree(feature_repo, tmp_path / "repo"))
+    with pytest.raises(ValueError) as raised:
+        build_dataset(job_spec, published(repo), tmp_path / "x.parquet")
+    message = str(raised.value)
+    assert message.startswith("spec.features.store: the published feature store (project kubeloop_fraud)")
+    for name in ("transactions", "card_activity", "merchant_risk", "card_profile"):
+        assert f"'{name}' (data/{name}.parquet)" in message
+    assert "s3://bucket/file.parquet" in message and "`feast apply` again" in message
+    assert tempfile.gettempdir() not in message and raised.value.__context__ is None
+
+    apply_absolute_sources(repo)
+    assert build_dataset(job_spec, published(repo), tmp_path / "y.parquet").dataset_hash == \
+        dataset["info"].dataset_hash

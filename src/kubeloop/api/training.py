@@ -59,8 +59,9 @@ class FeatureStoreRef(KubeModel):
 
     config_map: ConfigMapKey
     """A ConfigMap holding the store's feature_store.yaml (for example the client
-    ConfigMap of a Feast FeatureStore). Its paths must be absolute, or its
-    stores remote: the file is read where the pipeline runs."""
+    ConfigMap of a Feast FeatureStore). Its paths, and those of the file data
+    sources in its registry, must be absolute, or its stores remote: the file
+    is read where the pipeline runs, far from the repository."""
 
 
 class TimeWindow(KubeModel):
@@ -203,7 +204,10 @@ class Evaluation(KubeModel):
     top_k: int = Field(default=3, ge=1, le=100)
     """Multiclass: k of top_k_accuracy (the true class among the k most likely)."""
     slice_column: str | None = Field(default=None, max_length=128)
-    """A sensitive or business column whose values get metrics of their own."""
+    """A column whose values get metrics of their own: a column of the labelled
+    rows (spec.features.labels) that is not a model input, such as a region or a
+    sensitive attribute kept out of the model on purpose (carried beside the
+    features for evaluation only), or a feature."""
 
 
 class TrainingResources(KubeModel):
