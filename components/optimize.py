@@ -328,7 +328,7 @@ def register_optimized_step(spec: str, source_version: str, results_json: str, w
         run_id = results["run_id"]
         version_tags = {
             tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "run_id": run_id,
-            "kubeloop.source": f"{job.source.name}/{source_version}",
+            tags.SOURCE: f"{job.source.name}/{source_version}",
             "kubeloop.technique": results["chosen"]["technique"],
             "kubeloop.speedup": str(results["chosen"]["speedup"]),
             tags.SPEEDUP_INTERVAL: "{low}..{high}".format(**results["chosen"]["speedupInterval"]),

@@ -21,6 +21,12 @@ def run_name(ref: ObjectRef, digest: str) -> str:
     return dns_name(ref.namespace, ref.name, f"g{ref.generation}", content_hash([ref.uid, digest], 10))
 
 
+def owner(ref: ObjectRef) -> str:
+    """namespace/name: the pipeline tags each version it registers with it
+    (kubeloop.owner), so the operator knows the versions an object made."""
+    return f"{ref.namespace}/{ref.name}"
+
+
 def _labels(ref: ObjectRef) -> dict[str, str]:
     return {"kubeloop.dev/owner-kind": ref.kind.lower(), "kubeloop.dev/owner-namespace": ref.namespace,
             "kubeloop.dev/owner-name": ref.name, "kubeloop.dev/owner-uid": ref.uid}
@@ -33,7 +39,7 @@ def build_training_run(ref: ObjectRef, spec: TrainingJobSpec, digest: str, featu
     repository."""
     return RunRequest(
         name=run_name(ref, digest), pipeline="training",
-        arguments={"spec": spec.to_json(), "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest,
+        arguments={"spec": spec.to_json(), "owner": owner(ref), "spec_hash": digest,
                    "feature_store": feature_store},
         labels=_labels(ref),
     )
@@ -44,6 +50,6 @@ def build_optimization_run(ref: ObjectRef, spec: OptimizedModelSpec, source_vers
     return RunRequest(
         name=run_name(ref, digest), pipeline="optimization",
         arguments={"spec": spec.to_json(), "source_version": source_version,
-                   "owner": f"{ref.namespace}/{ref.name}", "spec_hash": digest},
+                   "owner": owner(ref), "spec_hash": digest},
         labels=_labels(ref),
     )

@@ -8,13 +8,13 @@ from kubeloop.api.optimization import ChosenVariant, OptimizedModelSpec, Optimiz
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.tasks import METRICS, produces
 from kubeloop.gpu.catalog import gpu_model
-from kubeloop.operator.builders.pipelines import build_optimization_run, spec_hash
+from kubeloop.operator.builders.pipelines import build_optimization_run, owner, spec_hash
 from kubeloop.operator.conditions import Observation
 from kubeloop.operator.ports import Ports
 from kubeloop.operator.reconcilers.common import Outcome, backoff, finish, follow_run
 from kubeloop.operator.reconcilers.promotion import record_run
-from kubeloop.registry.base import RegistryUnavailable
-from kubeloop.registry.tags import TASK
+from kubeloop.registry.base import ModelRegistry, ModelVersion, RegistryUnavailable
+from kubeloop.registry.tags import OWNER, SOURCE, TASK
 
 KIND = "OptimizedModel"
 
@@ -58,12 +58,42 @@ def metric_problems(spec: OptimizedModelSpec, task: str) -> list[str]:
             f"{', '.join(METRICS[task])}" for path, metric in named if metric and not produces(task, metric)]
 
 
+def resolve_source(ref: ObjectRef, spec: OptimizedModelSpec,
+                   registry: ModelRegistry) -> tuple[ModelVersion | None, str]:
+    """The version to optimise and the SourceResolved message (or, when there
+    is none, what does not exist); raises RegistryUnavailable.
+
+    A version this OptimizedModel registered is never its own source: the
+    source alias at one (the object promotes to the alias it optimises, as
+    the shipped example does, or registers its winner under it) means the
+    version that one was optimised from, read from its lineage tag. The
+    pipeline writes that tag when it registers the version, so before any
+    alias can point at it: a reconcile killed between the promotion and its
+    status write, a resume of the Succeeded object, or any later reconcile
+    resolves the source it started from, so finds the same run. An alias
+    moved to any other version is a new source, and a new generation with
+    the alias still at the object's own output optimises that output's source
+    again. A source named by version is taken as named."""
+    found = registry.resolve(spec.source.name, spec.source.version, spec.source.alias)
+    if found is None:
+        return None, f"{spec.source.uri} does not exist in the registry"
+    said = f"{spec.source.uri} is version {found.version}"
+    name, _, origin = found.tags.get(SOURCE, "").rpartition("/")
+    if not spec.source.alias or found.tags.get(OWNER) != owner(ref) or name != spec.source.name or not origin:
+        return found, said
+    said += f", which this OptimizedModel registered from version {origin}"
+    source = registry.get_version(name, origin)
+    if source is None:
+        return None, f"{said}; version {origin} does not exist in the registry"
+    return source, f"{said}: version {origin} is the source"
+
+
 def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: OptimizedModelStatus,
                               ports: Ports, attempt: int = 0) -> Outcome[OptimizedModelStatus]:
     backend_name = spec.backend or ports.default_pipeline_backend
     required = required_conditions(backend_name)
     try:
-        source = ports.registry.resolve(spec.source.name, spec.source.version, spec.source.alias)
+        source, resolved = resolve_source(ref, spec, ports.registry)
     except RegistryUnavailable as exc:
         obs = [Observation(ConditionType.SOURCE_RESOLVED, "Unknown", Reason.REGISTRY_UNAVAILABLE, str(exc))]
         return Outcome(finish(status, obs, ref.generation, required), retry_after=backoff(attempt),
@@ -72,12 +102,10 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
         # Pending, not Failed: the source may be registered later (a TrainingJob
         # applied together with this object is still training).
         obs = [Observation(ConditionType.SOURCE_RESOLVED, "False", Reason.SOURCE_NOT_FOUND,
-                           f"{spec.source.uri} does not exist in the registry: register it first "
-                           "(a TrainingJob does) or fix spec.source")]
+                           f"{resolved}: register it first (a TrainingJob does) or fix spec.source")]
         new = finish(status, obs, ref.generation, required, phase="Pending")
         return Outcome(new)
-    observations = [Observation(ConditionType.SOURCE_RESOLVED, "True", Reason.RESOLVED,
-                                f"{spec.source.uri} is version {source.version}")]
+    observations = [Observation(ConditionType.SOURCE_RESOLVED, "True", Reason.RESOLVED, resolved)]
     task = source.tags.get(TASK, "binary")
     invalid = metric_problems(spec, task)
     if invalid:
@@ -100,8 +128,10 @@ def reconcile_optimized_model(ref: ObjectRef, spec: OptimizedModelSpec, status: 
                                         f"the operator has no '{backend_name}' pipeline backend"))
         new = finish(status, observations, ref.generation, required, phase="Failed")
         return Outcome(new)
-    # The source version is part of the run's identity: an alias that moved
-    # means a new source and so a new optimisation.
+    # The source version is part of the run's identity (with the owner, the
+    # generation and the spec: run_name): an alias that moved elsewhere means a
+    # new source and so a new optimisation; one at the object's own output
+    # means the same source (resolve_source), so the same run.
     digest = spec_hash(spec) + "-" + source.version
     progress = follow_run(backend, status.run_id, status.spec_hash, digest,
                           lambda: build_optimization_run(ref, spec, source.version, digest))

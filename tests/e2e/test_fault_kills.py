@@ -7,7 +7,12 @@ Scale: 8 kills, each after a random 3-20 s (seed printed), during a run of
 the three examples shrunk to fit a shared two-core machine (2 epochs, two
 optimisation techniques, batch sizes 1 and 8). The same three objects run at
 the same time in a second namespace under an operator nobody kills; both runs
-must end in the same state (final_state says what is compared)."""
+must end in the same state (final_state says what is compared).
+
+A kill point no timing can aim at (after a promotion, before the status
+write) is made deterministic by leaving the state such a kill leaves: the
+status the object had before the write, written back while the operator is
+down."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import yaml
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.operator.converging import status_changes
 from kubeloop.registry.mlflow import MlflowRegistry
 from kubeloop.registry.promotion import audit_trail
 from tests.support.faults import served_processes, status_of, training_job
@@ -87,6 +93,62 @@ def test_the_operator_killed_at_random_points_converges_without_duplicates(platf
     assert undisturbed["models"]["<ns>-fraud"]["versions"] == ["1"]
     assert undisturbed["models"]["<ns>-fraud-cpu"]["versions"] == ["1"]
     assert undisturbed["runs"] == 2 and undisturbed["served"] == {"tritonserver": 1, "router": 1}
+
+
+def test_a_kill_between_promoting_its_own_source_alias_and_the_status_write_leaves_it_succeeded(
+        platform, kube, namespace, local_operator):
+    """The kill point the random kills once hit, made deterministic: the
+    shipped example optimises champion and promotes its winner to champion.
+    A SIGKILL lands after the promotion and before the status write, which
+    no timing can aim at; the test leaves the same state behind instead: it
+    lets the run finish and promote, kills the operator, and writes back the
+    status the object had while its run was going (so the write is lost).
+    The restarted operator resolves champion at the object's own output, and
+    must find the same run, not start a second for that output (which fails:
+    an optimised version cannot be optimised again)."""
+    op = local_operator()
+    job = training_job(namespace, "fraud")
+    model = job["spec"]["modelName"]
+    job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
+                                "gates": {"metrics": [{"metric": "auc", "min": 0.5}]}}
+    om = copy.deepcopy(OPTIMIZED)
+    om["metadata"] = {"name": "fraud-cpu", "namespace": namespace}
+    # The example's source and promotion, gates that pass whatever the shared machine measures.
+    om["spec"].update(source={"name": model, "alias": "champion"}, techniques=["onnx", "dynamic-int8"],
+                      batchSizes=[1, 8], latencySLO={"percentile": "p99", "milliseconds": 1000, "batchSize": 8},
+                      promotion={"registerAs": "challenger", "promoteTo": "champion",
+                                 "gates": {"notWorseThanChampion": False}})
+    client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
+    kube.create(job)
+    wait_for(lambda: status_of(kube, "TrainingJob", namespace, "fraud").get("phase") in ("Succeeded", "Failed"),
+             timeout=400, interval=1, what="training")
+    assert client.get_registered_model(model).aliases["champion"] == "1"
+
+    kube.create(om)
+    running = copy.deepcopy(wait_for(
+        lambda: (s := status_of(kube, "OptimizedModel", namespace, "fraud-cpu")).get("runId")
+        and s.get("phase") == "Running" and s, timeout=120, interval=0.2, what="the optimisation run started"))
+    done = wait_for(lambda: (s := status_of(kube, "OptimizedModel", namespace, "fraud-cpu")).get("phase")
+                    in ("Succeeded", "Failed") and s, timeout=600, interval=1, what="the optimisation finished")
+    assert done["phase"] == "Succeeded" and done["model"]["version"] == "2", done
+    assert client.get_registered_model(model).aliases["champion"] == "2"
+
+    op.kill()
+    kube.merge_patch(API_VERSION, "OptimizedModel", "fraud-cpu", {"status": status_changes(done, running)},
+                     namespace, subresource="status")
+    assert status_of(kube, "OptimizedModel", namespace, "fraud-cpu").get("phase") == "Running"
+    op.start().wait_for_log("Initial authentication has finished", timeout=60)
+
+    after = wait_for(lambda: (s := status_of(kube, "OptimizedModel", namespace, "fraud-cpu")).get("phase")
+                     in ("Succeeded", "Failed") and s, timeout=120, interval=1, what="the rewound object converged")
+    assert after["phase"] == "Succeeded", after
+    assert (after["runId"], after["model"]["version"], after["sourceVersion"]) == (running["runId"], "2", "1")
+    assert client.get_registered_model(model).aliases["champion"] == "2"
+    assert sorted(v.version for v in client.search_model_versions(f"name = '{model}'")) == ["1", "2"]
+    assert len(list((op.work / "runs").iterdir())) == 2, "the training run and one optimisation run"
+    moves = [(e.action, e.version) for e in audit_trail(MlflowRegistry(platform.env()["MLFLOW_TRACKING_URI"]), model)
+             if e.alias == "champion"]
+    assert moves == [("promote", "1"), ("promote", "2")]
 
 
 OBJECTS = (("TrainingJob", "fraud"), ("OptimizedModel", "fraud-cpu"), ("InferenceService", "fraud"))

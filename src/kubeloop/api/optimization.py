@@ -213,7 +213,10 @@ class OptimizedModelStatus(BaseStatus):
     spec_hash: str | None = None
     """Hash of the spec the run was submitted for."""
     source_version: str | None = None
-    """The concrete source version the alias resolved to."""
+    """The concrete source version optimised: the one spec.source names or its
+    alias points at, or, when the alias points at a version this object
+    registered (it promotes to the alias it optimises), the version that one
+    was optimised from."""
     variants: list[Variant] = Field(default_factory=list, max_length=32)
     """Every variant with its measurements."""
     chosen: ChosenVariant | None = None

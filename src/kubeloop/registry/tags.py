@@ -5,6 +5,10 @@ PIPELINE_RUN = "kubeloop.pipeline_run"
 """The pipeline run that registered the version (makes registration idempotent)."""
 OWNER = "kubeloop.owner"
 """namespace/name of the TrainingJob or OptimizedModel behind the version."""
+SOURCE = "kubeloop.source"
+"""name/version of the version an optimised version was made from (its
+lineage): an OptimizedModel whose source alias points at a version it
+registered itself optimises that version's source, never the version."""
 TRAINING_SPEC = "kubeloop.training_spec"
 """The TrainingJob spec (JSON) whose data and features the model expects."""
 GPU_MEMORY_MIB = "kubeloop.gpu_memory_mib"
