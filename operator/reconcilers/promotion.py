@@ -17,7 +17,7 @@ from kubeloop.operator.conditions import Observation
 from kubeloop.operator.reconcilers.common import Event, Outcome, S, backoff, finish
 from kubeloop.pipelines.backends.base import RunStatus
 from kubeloop.registry.base import ModelRegistry, RegistryUnavailable
-from kubeloop.registry.promotion import GateResult, Verdict, check_gates, promote
+from kubeloop.registry.promotion import GateResult, Verdict, check_gates, promote, superseded
 from kubeloop.registry.tags import TASK
 
 GATE_TAG = "kubeloop.gate.{alias}"
@@ -58,6 +58,11 @@ def _promote_when_gated(registry: ModelRegistry, model: str, version: str, polic
     current = registry.get_alias(model, alias)
     if current is not None and current.version == version:
         return Observation(ConditionType.PROMOTED, "True", Reason.PROMOTED, f"{model} version {version} is {alias}")
+    later = superseded(registry, model, version, alias, by)
+    if later is not None:
+        return Observation(ConditionType.PROMOTED, "True", Reason.PROMOTED,
+                           f"{model} version {version} was made {alias}; {later.by} has since moved it to "
+                           f"version {later.version} ({later.action})")
     verdict = gate(registry, model, version, policy, metric)
     if not verdict.passed:
         return Observation(ConditionType.PROMOTED, "False", Reason.GATE_FAILED, verdict.summary())

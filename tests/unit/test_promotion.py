@@ -75,6 +75,21 @@ def test_declarative_promotion_happens_once_and_a_failed_gate_sticks(registry):
     assert "kubeloop.gate.champion" in registry.get_version("fraud", "3").tags
 
 
+def test_a_promotion_replaced_since_is_not_made_again(registry):
+    """A Succeeded TrainingJob resumed after an OptimizedModel promoted its
+    optimised version (the e2e kill test found the champion moved back), or
+    after a rollback: its promotion happened once and stays done."""
+    policy = PromotionPolicy(promote_to="champion", gates=PromotionGates())
+    promote_when_gated(registry, "fraud", "2", policy, by="TrainingJob ml/fraud")
+    promote(registry, "fraud", "3", "champion", by="OptimizedModel ml/fraud-cpu", reason="gates passed")
+    again = promote_when_gated(registry, "fraud", "2", policy, by="TrainingJob ml/fraud")
+    assert again.status == "True" and "since moved it to version 3" in again.message
+    assert registry.get_alias("fraud", "champion").version == "3"
+    rollback(registry, "fraud", "champion", by="someone", reason="by hand")
+    assert promote_when_gated(registry, "fraud", "3", policy, by="OptimizedModel ml/fraud-cpu").status == "True"
+    assert registry.get_alias("fraud", "champion").version == "2"
+
+
 def test_a_repeated_promotion_or_rejection_is_recorded_once(registry):
     """A reconcile that runs again on a status from before its own write
     repeats the call; the trail (which rollback reads) must not."""

@@ -105,6 +105,16 @@ def audit_trail(registry: ModelRegistry, name: str) -> list[AuditEntry]:
     return [AuditEntry(**entry) for entry in entries]
 
 
+def superseded(registry: ModelRegistry, name: str, version: str, alias: str, by: str) -> AuditEntry | None:
+    """The recorded move of the alias that came after `by` promoted the
+    version to it, if any. A promotion is made once: an object whose version
+    was promoted and then replaced (an optimised model promoted over it, a
+    rollback) must not take the alias back when it is reconciled again."""
+    moves = [e for e in audit_trail(registry, name) if e.alias == alias and e.action in ("promote", "rollback")]
+    ours = [i for i, e in enumerate(moves) if e.action == "promote" and e.version == str(version) and e.by == by]
+    return moves[-1] if ours and ours[-1] < len(moves) - 1 else None
+
+
 def _record(registry: ModelRegistry, name: str, entry: AuditEntry) -> None:
     registry.set_model_tag(name, f"{AUDIT_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:8]}", _json(entry))
     _tag_version(registry, name, entry)
