@@ -6,6 +6,8 @@ requests paired with the primary: the comparison's extra call, its counters
 and log row); the suite's Triton serves one version, so the canary is that
 version again and the paired calls join its calls rather than a second
 version's;
+NVIDIA's tritonclient as the load generator (JSON and binary, 1 and 4
+rows, c1 and c16; tests.bench.tritonclient_load) against both;
 the CPU each process spends per request at concurrency 16 (on a machine
 whose cores the load generator, the front and Triton share, that decides
 the throughput ratio); and the request log's own rates in the same run: rows
@@ -32,7 +34,9 @@ from kubeloop.monitoring.drift import load_requests
 from kubeloop.requestlog import FolderStore, ObjectStore
 from kubeloop.serving.routes import compare_percent
 from tests.bench.repeat import RUNS, Figure, figures_table, repeat
+from tests.bench import tritonclient_load
 from tests.bench.serving_suite import _round, load_bodies, round_medians, triton_serving, vector_bodies, wait_ready
+from tests.bench.tritonclient_load import Target
 from tests.support.models import N_FEATURES
 
 COLUMNS = [f"f{i}" for i in range(N_FEATURES)]
@@ -68,6 +72,10 @@ def run(context, console: Console, quick: bool = False) -> dict:
                                [r[name]["requests_per_s"] / r[baseline]["requests_per_s"] for r in rounds], "x"),
                         Figure(f"{name} / {baseline} p99 c{concurrency}",
                                [r[name]["p99_ms"] / r[baseline]["p99_ms"] for r in rounds], "x")]
+            with console.status("front: tritonclient as the load generator, every encoding"):
+                results["tritonclient"], figures = tritonclient_load.cells(
+                    {"triton": Target(base, "tuned"), "front": Target(front, "tuned")}, x, "probability", seconds)
+            repeated += figures
             with console.status("front: CPU per request at concurrency 16"):
                 repeated += _cpu_per_request({k: urls[k] for k in ("triton", "front")}, x, router, seconds)
         finally:
@@ -188,5 +196,15 @@ def _print(console: Console, results: dict, repeated: list[Figure], seconds: flo
             r = results[f"{name}_c{concurrency}"]
             table.add_row(str(concurrency), name, str(r["requests_per_s"]), str(r["p50_ms"]), str(r["p99_ms"]))
     console.print(table)
+    client = Table(title=f"NVIDIA's tritonclient.http as the load generator, Triton direct vs the front "
+                         f"(medians of {RUNS} alternating rounds of {seconds} s; generator cores: this process's "
+                         f"CPU use, near 1 it is the limit)")
+    for column in ("encoding, rows, concurrency", "target", "requests/s", "p50 ms", "p99 ms", "generator cores"):
+        client.add_column(column)
+    for cell, by_target in results["tritonclient"].items():
+        for name, r in by_target.items():
+            client.add_row(cell, name, str(r["requests_per_s"]), str(r["p50_ms"]), str(r["p99_ms"]),
+                           str(r["generator_cores"]))
+    console.print(client)
     console.print(figures_table("front: each figure over the runs (goal: throughput >= 0.8x, p99 <= 1.5x)",
                                 repeated))
