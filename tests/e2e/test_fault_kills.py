@@ -38,7 +38,10 @@ KILLS = 8
 OPTIMIZED = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "optimizedmodel.yaml").read_text())
 
 
-def examples(namespace: str) -> tuple[dict, dict, dict]:
+def examples(namespace: str, own_model: bool = True) -> tuple[dict, dict, dict]:
+    """The three examples shrunk to fit; own_model: the OptimizedModel registers
+    under a model of its own (else, as the shipped example, under its
+    source's, promoting its winner to champion)."""
     job = training_job(namespace, "fraud")
     model = job["spec"]["modelName"]
     job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
@@ -46,9 +49,13 @@ def examples(namespace: str) -> tuple[dict, dict, dict]:
     om = copy.deepcopy(OPTIMIZED)
     om["metadata"] = {"name": "fraud-cpu", "namespace": namespace}
     om["spec"].update(source={"name": model, "alias": "champion"}, techniques=["onnx", "dynamic-int8"],
-                      batchSizes=[1, 8], registeredName=f"{model}-cpu",
-                      latencySLO={"percentile": "p99", "milliseconds": 1000, "batchSize": 8},
+                      batchSizes=[1, 8], latencySLO={"percentile": "p99", "milliseconds": 1000, "batchSize": 8},
                       promotion={"registerAs": "challenger"})
+    if own_model:
+        om["spec"]["registeredName"] = f"{model}-cpu"
+    else:  # gates that pass whatever the shared machine measures
+        om["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
+                                   "gates": {"notWorseThanChampion": False}}
     isvc = {"apiVersion": API_VERSION, "kind": "InferenceService", "metadata": {"name": "fraud", "namespace": namespace},
             "spec": {"model": {"name": model, "alias": "champion"}, "backend": "local"}}
     return job, om, isvc
@@ -107,17 +114,8 @@ def test_a_kill_between_promoting_its_own_source_alias_and_the_status_write_leav
     must find the same run, not start a second for that output (which fails:
     an optimised version cannot be optimised again)."""
     op = local_operator()
-    job = training_job(namespace, "fraud")
+    job, om, _ = examples(namespace, own_model=False)
     model = job["spec"]["modelName"]
-    job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
-                                "gates": {"metrics": [{"metric": "auc", "min": 0.5}]}}
-    om = copy.deepcopy(OPTIMIZED)
-    om["metadata"] = {"name": "fraud-cpu", "namespace": namespace}
-    # The example's source and promotion, gates that pass whatever the shared machine measures.
-    om["spec"].update(source={"name": model, "alias": "champion"}, techniques=["onnx", "dynamic-int8"],
-                      batchSizes=[1, 8], latencySLO={"percentile": "p99", "milliseconds": 1000, "batchSize": 8},
-                      promotion={"registerAs": "challenger", "promoteTo": "champion",
-                                 "gates": {"notWorseThanChampion": False}})
     client = MlflowClient(platform.env()["MLFLOW_TRACKING_URI"])
     kube.create(job)
     wait_for(lambda: status_of(kube, "TrainingJob", namespace, "fraud").get("phase") in ("Succeeded", "Failed"),

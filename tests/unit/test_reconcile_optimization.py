@@ -69,12 +69,12 @@ SELF = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "alias": "
                                           "promotion": {"promoteTo": "champion"}})
 
 
-def _champion_and_run(spec: OptimizedModelSpec = SELF) -> tuple[InMemoryRegistry, ScriptedBackend, Ports,
-                                                                OptimizedModelStatus]:
-    """fraud version 1 is champion; the object's first reconcile started its run."""
+def _champion_and_run(spec: OptimizedModelSpec = SELF, alias: str = "champion") -> tuple[
+        InMemoryRegistry, ScriptedBackend, Ports, OptimizedModelStatus]:
+    """fraud version 1 is at the alias; the object's first reconcile started its run."""
     registry = InMemoryRegistry()
     registry.add_version("fraud", "s3://1", tags={TASK: "binary"})
-    registry.set_alias("fraud", "champion", "1")
+    registry.set_alias("fraud", alias, "1")
     backend = ScriptedBackend()
     ports = Ports(registry=registry, pipelines={"local": backend})
     running = reconcile_optimized_model(REF, spec, OptimizedModelStatus(), ports).status
@@ -159,12 +159,7 @@ def test_a_source_alias_its_winner_is_registered_under_mid_run_is_not_a_new_sour
     own output, so its run goes on (it was cancelled for a second, doomed one)."""
     spec = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "alias": "challenger"}, "backend": "local",
                                               "promotion": {"registerAs": "challenger"}})
-    registry = InMemoryRegistry()
-    registry.add_version("fraud", "s3://1", tags={TASK: "binary"})
-    registry.set_alias("fraud", "challenger", "1")
-    backend = ScriptedBackend()
-    ports = Ports(registry=registry, pipelines={"local": backend})
-    running = reconcile_optimized_model(REF, spec, OptimizedModelStatus(), ports).status
+    registry, backend, ports, running = _champion_and_run(spec, alias="challenger")
     winner = registry.add_version("fraud", "s3://2", tags={TASK: "binary", OWNER: "ml/fast",
                                                            PIPELINE_RUN: running.run_id, SOURCE: "fraud/1"}).version
     registry.set_alias("fraud", "challenger", winner)
