@@ -24,12 +24,15 @@ from mlflow import MlflowClient
 from kubeloop.api.promotion import alias_for
 from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.bottleneck import metrics_of
 from kubeloop.components.data import DatasetInfo, pinned
 from kubeloop.components.model import TaskModel, export_onnx, export_torchscript, save_model
 from kubeloop.registry import tags
 
 EXPORTED = "exported"
 REFERENCE = "reference/train.parquet"
+BOTTLENECK = "bottleneck"  # the folder of bottleneck.json and the profiler's trace.json.gz
+VERDICT_TAG, ADVICE_TAG = "bottleneck.verdict", "bottleneck.advice"
 
 
 def experiment_name(spec: TrainingJobSpec) -> str:
@@ -103,6 +106,32 @@ def log_training(tracking_uri: str, run_id: str, dataset: DatasetInfo, history: 
                        "dataset.dropped_by_ttl": dataset.dropped_by_ttl,
                        "dataset.entity_rows": dataset.entity_rows}.items():
         client.set_tag(run_id, key, str(value))
+
+
+def log_bottleneck(tracking_uri: str, run_id: str, report: dict, trace: Path | None) -> None:
+    """Where the training loop's time went: the shares and rates as
+    bottleneck.* metrics, the verdict and its advice as tags, the report
+    (bottleneck.json) and the profiler's trace under bottleneck/."""
+    client = MlflowClient(tracking_uri)
+    for key, value in metrics_of(report).items():
+        client.log_metric(run_id, key, float(value))
+    client.set_tag(run_id, VERDICT_TAG, report["verdict"])
+    client.set_tag(run_id, ADVICE_TAG, report["advice"])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bottleneck.json"
+        path.write_text(json.dumps(report, indent=2, sort_keys=True))
+        client.log_artifact(run_id, str(path), BOTTLENECK)
+    if trace is not None:
+        client.log_artifact(run_id, str(trace), BOTTLENECK)
+
+
+def bottleneck_of(tracking_uri: str, run_id: str) -> dict[str, str]:
+    """The run's verdict and advice, for the step's output; empty when the
+    run recorded none (a TrainJob's nodes, a run resumed after its last epoch)."""
+    run_tags = MlflowClient(tracking_uri).get_run(run_id).data.tags
+    if VERDICT_TAG not in run_tags:
+        return {}
+    return {"verdict": run_tags[VERDICT_TAG], "advice": run_tags.get(ADVICE_TAG, "")}
 
 
 def log_reference(tracking_uri: str, run_id: str, features: pd.DataFrame, seed: int = 0) -> None:

@@ -52,7 +52,8 @@ def architecture_for(job: TrainingJobSpec, info: DatasetInfo, hp=None):  # noqa:
 
 def train_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
                pipeline_run: str, owner: str, spec_hash: str, git_sha: str) -> str:
-    """Tune (if asked), train and checkpoint; returns the MLflow run id."""
+    """Tune (if asked), train and checkpoint, recording where the loop's
+    time went (registration.log_bottleneck); returns the MLflow run id."""
     from kubeloop.components import registration
     from kubeloop.components.model import build_model, save_model
     from kubeloop.components.training import TrainSettings, train, train_distributed
@@ -78,7 +79,7 @@ def train_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tra
         result = train_distributed(x, y, settings, processes, workdir, gpus=gpus, architecture=architecture)
     else:
         result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=workdir / "checkpoints",
-                       architecture=architecture,
+                       profile_dir=workdir / "profile", architecture=architecture,
                        progress=lambda r: log.info("epoch %d: loss %.4f, %.0f samples/s", r["epoch"], r["loss"],
                                                    r["samples_per_second"]))
     save_model(result.model, Path(model_dir))
@@ -90,6 +91,9 @@ def train_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tra
         "model.factory": architecture.factory, "model.parameters": json.dumps(architecture.parameters, sort_keys=True),
         **{f"dataloader.{k}": v for k, v in asdict(result.loader).items()},
     })
+    if result.bottleneck is not None:
+        registration.log_bottleneck(tracking_uri, run_id, result.bottleneck, result.trace)
+        log.info("%s", result.bottleneck["advice"])
     return run_id
 
 
@@ -152,7 +156,8 @@ def register_step(spec: str, info_json: str, model_dir: str, evaluation_json: st
                                   pipeline_run, owner, git_sha, champion=evaluation.get("champion"))
     shown = {k: round(v, 6) for k, v in metrics.items() if v == v and k not in ("rows", "positives")}
     return {"model": model, "metrics": shown, "dataset_hash": info.dataset_hash,
-            "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows}
+            "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows,
+            "bottleneck": registration.bottleneck_of(tracking_uri, run_id)}
 
 
 def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,

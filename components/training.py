@@ -24,6 +24,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from kubeloop.api.tasks import PRIMARY
 from kubeloop.components.model import BUILTIN, Architecture, TaskModel, build_model
+from kubeloop.components.profiling import LoopMeter
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     resumed_from_epoch: int = 0
     samples_per_second: float = 0.0
+    bottleneck: dict | None = None  # kubeloop.components.bottleneck.build_report's; None when no step ran
+    trace: Path | None = None  # the profiler's Chrome trace (gzipped), when one was recorded
 
 
 def seed_everything(seed: int) -> None:
@@ -215,8 +218,47 @@ def targets(task: str, y: np.ndarray, model: TaskModel | None = None) -> torch.T
     return t
 
 
+@dataclass
+class _Step:
+    """One micro-batch: forward, loss (with a teacher's soft targets when
+    distilling), backward, and the optimiser step on the accumulation's last."""
+
+    net: nn.Module
+    task: str
+    autocast: object
+    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer
+    accumulate: int
+    world: int
+    teacher: TaskModel | None
+    distillation: Distillation | None
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor, last_micro_batch: bool) -> float:
+        """The micro-batch's loss, unscaled by the accumulation."""
+        net = self.net
+        # Gradients are all-reduced only on the micro-batch that steps.
+        sync = nullcontext() if self.world == 1 or last_micro_batch else net.no_sync()
+        with sync:
+            with self.autocast:
+                logits = (net.module.logits(xb) if self.world > 1 else net.logits(xb)).float()
+                loss = task_loss(self.task, logits, yb)
+                if self.teacher is not None:
+                    with torch.no_grad():
+                        taught = self.teacher.logits(xb).float()
+                    distill = soft_loss(self.task, logits, taught, self.distillation.temperature)
+                    loss = self.distillation.alpha * distill + (1 - self.distillation.alpha) * loss
+                loss = loss / self.accumulate
+            self.scaler.scale(loss).backward()
+        if last_micro_batch:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.item() * self.accumulate
+
+
 def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_val: np.ndarray | None,
           settings: TrainSettings, *, gpus: int = 0, checkpoint_dir: Path | None = None,
+          profile_dir: Path | None = None,
           loader: LoaderSettings | None = None, progress: Callable[[dict], None] | None = None,
           rank: int = 0, world: int = 1, precision: str | None = None, model: TaskModel | None = None,
           distillation: Distillation | None = None, architecture: Architecture | None = None) -> TrainResult:
@@ -225,7 +267,8 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
     network to build (default: the built-in perceptron of a binary task);
     precision forces fp32, fp16 or bf16 instead of the device's best; model
     fine-tunes an existing network instead of a fresh one; distillation adds
-    a teacher's soft targets."""
+    a teacher's soft targets. The result carries the loop's bottleneck
+    report, and a profiler trace of a few steps written to profile_dir."""
     seed_everything(settings.seed)
     device = pick_device(gpus)
     precision = precision or pick_precision(device)
@@ -263,39 +306,25 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
             log.info("resumed from the checkpoint of epoch %d", start_epoch)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
                 if precision != "fp32" else nullcontext())
-    accumulate = settings.gradient_accumulation_steps
+    step_once = _Step(net, task, autocast, scaler, optimizer, settings.gradient_accumulation_steps, world,
+                      teacher, distillation)
+    meter = LoopMeter(device, profile_dir, len(data) * (settings.epochs - start_epoch))
     samples, seconds = 0, 0.0
     for epoch in range(start_epoch, settings.epochs):
         net.train()
         sampler.set_epoch(epoch)
         started, total_loss, steps = time.perf_counter(), 0.0, 0
         optimizer.zero_grad(set_to_none=True)
-        for step, (xb, yb) in enumerate(data, start=1):
-            xb = xb.to(device, non_blocking=True)
-            yb = yb.to(device, non_blocking=True)
-            last_micro_batch = step % accumulate == 0 or step == len(data)
-            # Gradients are all-reduced only on the micro-batch that steps.
-            sync = nullcontext() if world == 1 or last_micro_batch else net.no_sync()
-            with sync:
-                with autocast:
-                    logits = (net.module.logits(xb) if world > 1 else net.logits(xb)).float()
-                    loss = task_loss(task, logits, yb)
-                    if teacher is not None:
-                        with torch.no_grad():
-                            taught = teacher.logits(xb).float()
-                        distill = soft_loss(task, logits, taught, distillation.temperature)
-                        loss = distillation.alpha * distill + (1 - distillation.alpha) * loss
-                    loss = loss / accumulate
-                scaler.scale(loss).backward()
-            if last_micro_batch:
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-            total_loss += loss.item() * accumulate
-            steps += 1
-            samples += len(yb)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        with meter.epoch(data) as batches:
+            for step, (xb, yb) in enumerate(batches, start=1):
+                with meter.timed("copy"):
+                    xb = xb.to(device, non_blocking=True)
+                    yb = yb.to(device, non_blocking=True)
+                with meter.timed("step"):
+                    total_loss += step_once(xb, yb, step % step_once.accumulate == 0 or step == len(data))
+                meter.count(len(yb))
+                steps += 1
+                samples += len(yb)
         elapsed = time.perf_counter() - started
         seconds += elapsed
         record = {"epoch": epoch + 1, "loss": total_loss / max(steps, 1),
@@ -311,8 +340,10 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
         if progress and rank == 0:
             progress(record)
     model.cpu().eval()
+    ranks = {"rank": rank, "world": world} if world > 1 else {}
     return TrainResult(model, precision, str(device), loader_settings, history, start_epoch,
-                       samples / seconds if seconds else 0.0)
+                       samples / seconds if seconds else 0.0,
+                       meter.report(loader_settings.num_workers, loader_settings.pin_memory, **ranks), meter.trace)
 
 
 @torch.no_grad()
@@ -354,13 +385,17 @@ def train_distributed(x_train: np.ndarray, y_train: np.ndarray, settings: TrainS
     model.load_state_dict(out["model"])
     model.eval()
     return TrainResult(model, out["precision"], out["device"], LoaderSettings(**out["loader"]), out["history"],
-                       samples_per_second=out["samples_per_second"])
+                       samples_per_second=out["samples_per_second"], bottleneck=out["bottleneck"],
+                       trace=Path(out["trace"]) if out["trace"] else None)
 
 
 def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
-               checkpoint_dir: Path | None, architecture: Architecture | None = None) -> TrainResult | None:
+               checkpoint_dir: Path | None, architecture: Architecture | None = None,
+               profile_dir: Path | None = None) -> TrainResult | None:
     """One rank of a DDP run started by torchrun (RANK, WORLD_SIZE and
-    LOCAL_RANK in the environment); rank 0 returns the result."""
+    LOCAL_RANK in the environment); rank 0 returns the result. Its
+    bottleneck report and trace are rank 0's own (every rank runs the same
+    loop on an equal shard; the all-reduce waits show in rank 0's step time)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     use_cuda = gpus > 0 and torch.cuda.is_available()
     if use_cuda:
@@ -368,7 +403,7 @@ def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
         result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=checkpoint_dir, rank=rank, world=world,
-                       architecture=architecture)
+                       architecture=architecture, profile_dir=profile_dir if rank == 0 else None)
         result.samples_per_second *= world
         return result if rank == 0 else None
     finally:
@@ -382,11 +417,12 @@ def _worker(workdir: Path) -> None:
     architecture = Architecture(**raw.pop("architecture"))
     settings = TrainSettings(**{**raw, "hidden_units": tuple(raw["hidden_units"])})
     result = train_rank(np.load(workdir / "x.npy"), np.load(workdir / "y.npy"), settings, gpus,
-                        workdir / "checkpoints", architecture)
+                        workdir / "checkpoints", architecture, workdir / "profile")
     if result is not None:
         _atomic_save({"model": result.model.state_dict(), "precision": result.precision,
                       "device": result.device, "loader": asdict(result.loader), "history": result.history,
-                      "samples_per_second": result.samples_per_second}, workdir / "result.pt")
+                      "samples_per_second": result.samples_per_second, "bottleneck": result.bottleneck,
+                      "trace": str(result.trace) if result.trace else None}, workdir / "result.pt")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,18 @@ control plane. One small feature repository serves the whole session."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.data import DatasetInfo, time_split
 from kubeloop.featurestore.generate import Scenario, default_start
 
 VIEWS = ["card_activity", "merchant_risk", "card_profile", "transaction_context"]
+SMALL_FEATURES = ["f0", "f1", "f2"]
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +48,27 @@ def dataset(feature_repo, job_spec, tmp_path_factory):
             "x": train[cols].to_numpy(np.float32), "y": y_train,
             "x_holdout": holdout[cols].to_numpy(np.float32), "y_holdout": y_holdout,
             "slices": holdout["channel"].to_numpy()}
+
+
+@pytest.fixture
+def small_dataset(tmp_path) -> tuple[Path, DatasetInfo]:
+    """A few hundred rows in the training data step's layout."""
+    rows = 256
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(rows, len(SMALL_FEATURES))).astype(np.float32), columns=SMALL_FEATURES)
+    frame["fault"] = (frame["f0"] + rng.normal(0, 0.5, rows) > 0).astype(int)
+    frame["event_timestamp"] = pd.date_range("2026-03-02", periods=rows, freq="h", tz="UTC")
+    frame = time_split(frame, 0.2)
+    path = tmp_path / "data.parquet"
+    frame.to_parquet(path)
+    holdout = int((frame["split"] == "holdout").sum())
+    info = DatasetInfo(entity_rows=rows, dropped_by_ttl=0, rows=rows, train_rows=rows - holdout, holdout_rows=holdout,
+                       positives=int(frame["fault"].sum()), dataset_hash="synthetic", feature_columns=SMALL_FEATURES,
+                       label="fault", feature_views={}, slice_column=None, holdout_start="")
+    return path, info
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the sqlite store keeps artifacts under ./mlruns
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"

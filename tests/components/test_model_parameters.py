@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 import yaml
@@ -30,7 +28,6 @@ from kubeloop.api.optimization import OptimizedModelSpec
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components import ops, steps
-from kubeloop.components.data import DatasetInfo, time_split
 from kubeloop.components.trainjob import build_trainjob
 from kubeloop.operator.builders.pipelines import build_optimization_run, build_training_run
 from kubeloop.pipelines import optimization, training
@@ -58,7 +55,6 @@ WRITTEN = yaml.safe_load(MANIFEST)
 JOB = TrainingJobSpec.model_validate(WRITTEN)
 OPTIMIZED = OptimizedModelSpec.model_validate({"source": {"name": "faults", "version": "1"}, "batchSizes": [1, 8]})
 REF = ObjectRef("TrainingJob", "ml", "faults", "uid-1", generation=1)
-FEATURES = ["f0", "f1", "f2"]
 COMPILED = {"training": training.COMPILED, "optimization": optimization.COMPILED}
 
 
@@ -91,30 +87,6 @@ def as_a_step_receives(pipeline, component, spec, root: Path):  # noqa: ANN001, 
         component_spec, {"spec": spec, **artifacts}, str(root), block_input_artifact=False)
     command_line = json.dumps(executor_input_utils.executor_input_to_dict(executor_input, component_spec))
     return Executor(json.loads(command_line), component).get_input_parameter_value("spec")
-
-
-@pytest.fixture
-def small_dataset(tmp_path) -> tuple[Path, DatasetInfo]:
-    """A few hundred rows in the training data step's layout."""
-    rows = 256
-    rng = np.random.default_rng(0)
-    frame = pd.DataFrame(rng.normal(size=(rows, len(FEATURES))).astype(np.float32), columns=FEATURES)
-    frame["fault"] = (frame["f0"] + rng.normal(0, 0.5, rows) > 0).astype(int)
-    frame["event_timestamp"] = pd.date_range("2026-03-02", periods=rows, freq="h", tz="UTC")
-    frame = time_split(frame, 0.2)
-    path = tmp_path / "data.parquet"
-    frame.to_parquet(path)
-    holdout = int((frame["split"] == "holdout").sum())
-    info = DatasetInfo(entity_rows=rows, dropped_by_ttl=0, rows=rows, train_rows=rows - holdout, holdout_rows=holdout,
-                       positives=int(frame["fault"].sum()), dataset_hash="synthetic", feature_columns=FEATURES,
-                       label="fault", feature_views={}, slice_column=None, holdout_start="")
-    return path, info
-
-
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the sqlite store keeps artifacts under ./mlruns
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 def test_the_factory_gets_the_manifests_types_through_the_local_backends_train_step(small_dataset, tracking,

@@ -16,12 +16,6 @@ from kubeloop.components.data import build_dataset
 from kubeloop.featurestore.store import StoreLocation
 
 
-@pytest.fixture
-def tracking(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the sqlite store keeps artifacts under ./mlruns
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
 def test_tuning_logs_nested_trials_and_registration_is_idempotent(tracking, dataset, job_spec, tmp_path):
     spec = json.dumps({**job_spec.to_wire(), "tuning": {"trials": 3, "algorithm": "random", "parameters": {
         "learningRate": {"min": 0.0005, "max": 0.01, "log": True}, "dropout": {"choices": [0.0, 0.2]}}},
@@ -46,6 +40,8 @@ def test_tuning_logs_nested_trials_and_registration_is_idempotent(tracking, data
     first = steps.register_step(spec, info, model_dir, evaluation, tracking, run_id, "ns-job-1", "ns/job", "deadbeef")
     again = steps.register_step(spec, info, model_dir, evaluation, tracking, run_id, "ns-job-1", "ns/job", "deadbeef")
     assert first["model"] == again["model"] and first["model"]["version"] == "1"
+    assert first["bottleneck"] == {"verdict": run.data.tags["bottleneck.verdict"],
+                                   "advice": run.data.tags["bottleneck.advice"]}
     version = client.get_model_version("fraud-test", "1")
     assert version.tags["git_sha"] == "deadbeef" and version.tags["dataset_hash"] == dataset["info"].dataset_hash
     # The legacy stage name is mapped onto its alias.

@@ -80,6 +80,9 @@ def test_ddp_with_two_processes_matches_one_process(dataset, tmp_path):
     auc_ddp = auc(ddp.model, dataset["x_holdout"], dataset["y_holdout"])
     assert abs(auc_single - auc_ddp) < 0.02, (auc_single, auc_ddp)
     assert len(ddp.history) == SETTINGS.epochs
+    # Rank 0 measures and profiles its own loop.
+    assert (ddp.bottleneck["rank"], ddp.bottleneck["world"]) == (0, 2)
+    assert ddp.trace is not None and ddp.trace.parent == tmp_path / "profile"
 
 
 def test_tuned_and_naive_loaders_yield_the_same_rows(dataset):

@@ -12,6 +12,7 @@ import yaml
 from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.components.bottleneck import VERDICTS
 from tests.support.faults import training_job as job
 from tests.support.waiting import wait_for
 
@@ -67,6 +68,12 @@ def test_example_trains_registers_and_does_not_train_twice(platform, kube, kubec
     run = client.get_run(version.run_id)
     assert run.data.tags["env.torch"] and run.data.params["hyperparameters.epochs"] == "2"
     assert float(run.data.tags["dataset.dropped_by_ttl"]) > 0
+    # Where the run's time went: a verdict, shares that add up, the report and the profiler's trace.
+    assert run.data.tags["bottleneck.verdict"] in VERDICTS
+    shares = [run.data.metrics[f"bottleneck.{k}_share"] for k in ("loader", "copy", "step", "other")]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-6)
+    assert {a.path for a in client.list_artifacts(version.run_id, "bottleneck")} == {
+        "bottleneck/bottleneck.json", "bottleneck/trace.json.gz"}
 
     # The same spec again: no new run, no new version.
     kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
