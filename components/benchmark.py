@@ -29,6 +29,7 @@ from typing import Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from kubeloop.components.intervals import Estimate, quantile_interval
 from kubeloop.components.variants import THREADS, Predict
@@ -180,3 +181,30 @@ def peak_memory_mib(predict: Predict, x: np.ndarray, device: torch.device) -> fl
     predict(x)
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() / 2**20
+
+
+CONTEXT_MIB = 512
+"""CUDA context, cuDNN/cuBLAS workspaces and a Triton instance's own state:
+what a GPU process costs before the model's first byte (assumed here; the GPU
+benchmark, tests/bench/gpu_suite.py, measures it)."""
+
+
+def estimated_footprint_mib(model: nn.Module, n_features: int, batch: int) -> int:
+    """GPU memory a served model needs, without a GPU to ask: twice the
+    weights, the widest layer's fp32 activations at batch rows (twice), and
+    CONTEXT_MIB."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    widest = max([n_features] + [m.out_features for m in model.modules() if isinstance(m, nn.Linear)])
+    activations = batch * widest * 4 * 2
+    return int(math.ceil((2 * params + activations) / 2**20)) + CONTEXT_MIB
+
+
+def footprint_mib(predict: Predict, model: nn.Module, x: np.ndarray, batch: int,
+                  device: torch.device) -> tuple[int, str]:
+    """The footprint placement plans with: on a GPU the allocator's peak for
+    one call on batch rows of x, plus CONTEXT_MIB ("measured"); on a CPU
+    estimated_footprint_mib ("estimate")."""
+    measured = peak_memory_mib(predict, x[:batch], device)
+    if measured is not None:
+        return int(math.ceil(measured)) + CONTEXT_MIB, "measured"
+    return estimated_footprint_mib(model, x.shape[1], batch), "estimate"

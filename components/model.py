@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from kubeloop.api.signature import INPUT, OUTPUTS
+from kubeloop.api.tasks import INPUT, OUTPUTS
 
 BUILTIN = "kubeloop.components.model:mlp"
 

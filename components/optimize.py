@@ -24,9 +24,6 @@ from kubeloop.components.data import DatasetInfo, load_split
 from kubeloop.registry import tags
 
 log = logging.getLogger(__name__)
-# CUDA context, cuDNN/cuBLAS workspaces and a Triton instance's own state:
-# what a GPU process costs before the model's first byte.
-CONTEXT_MIB = 512
 # Timing budgets per variant (CPU seconds, samples, rounds) at the SLO's batch
 # size and at the others. At the SLO's, 1.5 s of half-millisecond samples give
 # each of 30 rounds the 100 its own p99 needs (components.intervals).
@@ -164,6 +161,7 @@ def optimize_step(spec: str, info_json: str, dataset_path: str, source_dir: str,
     from mlflow import MlflowClient
 
     from kubeloop.api.training import TrainingJobSpec
+    from kubeloop.components.benchmark import footprint_mib
     from kubeloop.components.model import load_model
     from kubeloop.components.selection import choose
     from kubeloop.components.triton import plan_batching
@@ -206,7 +204,8 @@ def optimize_step(spec: str, info_json: str, dataset_path: str, source_dir: str,
         winner = variants[choice.winner.technique]
         shutil.copyfile(winner.onnx, workdir / "winner.onnx")
         plan = plan_batching(choice.winner.profile, job.latency_slo.milliseconds, job.target.device, os.cpu_count() or 1)
-        footprint, source_of = _footprint(winner, ctx, max(job.batch_sizes))
+        footprint, source_of = footprint_mib(winner.predict, ctx.source, ctx.x_train, max(job.batch_sizes),
+                                             ctx.device)
         speedup = choice.winner.speedup
         mlflow.log_metrics({"winner.speedup": speedup.value, "winner.speedup.low": speedup.low,
                             "winner.speedup.high": speedup.high})
@@ -266,23 +265,6 @@ def _interval(est, digits: int) -> dict | None:  # noqa: ANN001 - Estimate
 
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else round(value, digits)
-
-
-def _footprint(winner, ctx, batch: int) -> tuple[int, str]:  # noqa: ANN001
-    """GPU memory the served model needs: measured by the allocator on a GPU,
-    estimated from weights and activations on CPU (stated as such)."""
-
-    from kubeloop.components.benchmark import peak_memory_mib
-
-    measured = peak_memory_mib(winner.predict, ctx.x_train[:batch], ctx.device)
-    if measured is not None:
-        return int(math.ceil(measured)) + CONTEXT_MIB, "measured"
-    from torch import nn
-
-    params = sum(p.numel() * p.element_size() for p in ctx.source.parameters())
-    widest = max([ctx.n_features] + [m.out_features for m in ctx.source.modules() if isinstance(m, nn.Linear)])
-    activations = batch * widest * 4 * 2
-    return int(math.ceil((2 * params + activations) / 2**20)) + CONTEXT_MIB, "estimate"
 
 
 def register_optimized_step(spec: str, source_version: str, results_json: str, work_dir: str, tracking_uri: str,

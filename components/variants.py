@@ -17,15 +17,17 @@ import copy
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from kubeloop.api.optimization import OptimizedModelSpec
 from kubeloop.components.model import MLP, TaskModel, build_model, export_onnx, export_torchscript
 from kubeloop.components.training import Distillation, TrainSettings, train
+
+if TYPE_CHECKING:  # pydantic only for the annotation: the GPU benchmark builds variants without it
+    from kubeloop.api.optimization import OptimizedModelSpec
 
 log = logging.getLogger(__name__)
 Predict = Callable[[np.ndarray], np.ndarray]

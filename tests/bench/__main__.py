@@ -5,6 +5,7 @@
     python -m tests.bench operator --quick
     python -m tests.bench fleet           # Pod LISTs with 200 GPU InferenceServices
     python -m tests.bench repeatability   # the optimiser's choice, five times
+    python -m tests.bench gpu             # AMP, GPU variants, GPU memory (standalone: tests.bench.gpu_suite)
 
 Each suite measures against a baseline in the same process and reports the
 ratio; every figure is repeated (at least five runs, or interleaved rounds)
@@ -34,6 +35,7 @@ from tests.bench import (  # noqa: E402
     features_suite,
     fleet_suite,
     front_suite,
+    gpu_suite,
     operator_suite,
     optimization_suite,
     outcomes_suite,
@@ -45,7 +47,7 @@ from tests.bench import (  # noqa: E402
 SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optimization": optimization_suite.run,
           "repeatability": repeatability_suite.run, "serving": serving_suite.run, "drift": drift_suite.run,
           "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run,
-          "outcomes": outcomes_suite.run}
+          "outcomes": outcomes_suite.run, "gpu": gpu_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 

@@ -5,9 +5,7 @@ reader can tell a measured difference from the machine's noise."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, TypeVar
-
-from rich.table import Table
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from kubeloop.components.intervals import summary
 
@@ -15,6 +13,8 @@ RUNS = 5
 SPREAD_LIMIT = 0.10
 """(max - min) / median over the runs above which a figure is flagged."""
 T = TypeVar("T")
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ def figures(results: list[dict], units: dict[str, str]) -> list[Figure]:
 
 
 def figures_table(title: str, rows: list[Figure]) -> Table:
+    from rich.table import Table  # here: the GPU suite uses the figures on machines without rich
+
     table = Table(title=title)
     for column in ("figure", "median", "spread", "runs", "flag"):
         table.add_column(column, justify="left" if column in ("figure", "flag") else "right")

@@ -19,6 +19,7 @@ from kubeloop.components.evaluation import evaluate
 from kubeloop.components.training import NAIVE_LOADER, TrainSettings, predict, train, train_distributed
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import StoreLocation, create_repository
+from tests.bench.gpu_suite import train_throughput as _throughput
 from tests.bench.repeat import Figure, figures, figures_table, repeat
 
 VIEWS = ["card_activity", "merchant_risk", "card_profile", "transaction_context"]
@@ -36,12 +37,6 @@ def _data(tmp: Path, quick: bool):
 
 def auc(model, x: np.ndarray, y: np.ndarray) -> float:
     return evaluate("binary", y, predict(model, x))["auc"]
-
-
-def _throughput(x, y, settings: TrainSettings, **kwargs) -> float:
-    """Median samples/s of one training run (its first epoch warms up)."""
-    return float(np.median([h["samples_per_second"]
-                            for h in train(x, y, None, None, settings, **kwargs).history[1:]]))
 
 
 def _loaders(x, y, settings: TrainSettings) -> dict:

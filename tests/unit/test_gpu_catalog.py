@@ -151,3 +151,11 @@ def test_single_strategy_advice_is_homogeneous():
     assert choose_layout(A100_40, 1, {"1g.5gb": 5}, homogeneous=True)[0] == "all-1g.5gb"
     with pytest.raises(LayoutError, match="single strategy"):
         choose_layout(A100_40, 1, {"3g.20gb": 1, "1g.5gb": 2}, homogeneous=True)  # 3 instances, 2 per GPU
+
+
+def test_smallest_profile_is_the_fewest_slices_that_hold_the_footprint():
+    assert H100.smallest_profile(0).name == "1g.10gb"
+    assert H100.smallest_profile(15000).name == "1g.20gb"
+    assert H100.smallest_profile(15000, "2g.20gb").name == "2g.20gb"
+    assert H100.smallest_profile(15000, "1g.10gb") is None
+    assert H100.smallest_profile(H100.memory_mib) is None

@@ -19,10 +19,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kubeloop.api.tasks import Task
-
-INPUT = "features"
-OUTPUTS = {"binary": "probability", "multiclass": "probabilities", "regression": "value"}
+from kubeloop.api.tasks import INPUT, OUTPUTS, Task
 TAG = "kubeloop.signature"
 MISSING_VALUE = 0.0
 """What a feature with no value becomes, in the training data (the offline

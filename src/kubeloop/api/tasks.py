@@ -27,6 +27,12 @@ PRIMARY: dict[str, str] = {"binary": "auc", "multiclass": "macro_f1", "regressio
 
 LOWER_IS_BETTER = frozenset({"log_loss", "brier", "ece", "rmse", "mae"})
 
+INPUT = "features"
+OUTPUTS = {"binary": "probability", "multiclass": "probabilities", "regression": "value"}
+"""The model's input tensor and each task's output tensor (api.signature
+describes them); here, free of pydantic, so the trainer and the exporters
+import them on a machine that holds only torch (the GPU benchmark)."""
+
 
 def produces(task: str, metric: str) -> bool:
     """Whether the task's evaluation reports the metric."""

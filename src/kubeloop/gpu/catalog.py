@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeloop.api.schema import cel_list
-
 
 @dataclass(frozen=True)
 class MigProfile:
@@ -69,6 +67,12 @@ class GpuModel:
 
     def profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)
+
+    def smallest_profile(self, need_mib: int, wanted: str = "auto") -> MigProfile | None:
+        """The MIG profile with the fewest slices that holds need_mib (wanted:
+        "auto" or one profile's name); None when none does."""
+        fitting = [p for p in self.mig_profiles if p.memory_mib >= need_mib and wanted in ("auto", p.name)]
+        return min(fitting, key=lambda p: (p.compute_slices, p.memory_slices), default=None)
 
 
 def _profiles(*rows: tuple[str, int, int, int, tuple[int, ...]]) -> tuple[MigProfile, ...]:
@@ -161,6 +165,10 @@ def _profile_order(name: str) -> tuple[int, int, str]:
 def mig_profile_rule() -> tuple[str, str, str, str]:
     """A CEL rule for a ServingGPU: the MIG profile exists, and exists for the
     named product. Generated from the catalogue so the two never disagree."""
+    # Here, not at the top: the catalogue itself stays free of pydantic (the
+    # GPU benchmark reads it on a machine that holds only torch).
+    from kubeloop.api.schema import cel_list
+
     by_product = ", ".join(
         f"'{gpu.product}': {cel_list(p.name for p in gpu.mig_profiles)}"
         for gpu in GPUS if gpu.mig_profiles

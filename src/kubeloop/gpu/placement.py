@@ -302,10 +302,9 @@ def relayout_for(gpu: ServingGPU, need: int, nodes: list[NodeInfo], replicas: in
         model = gpu_model(node.labels[PRODUCT_LABEL])
         if gpu.product and gpu_model(gpu.product) is not model:
             continue
-        fitting = [p for p in model.mig_profiles if p.memory_mib >= need and wanted in ("auto", p.name)]
-        if not fitting:
+        profile = model.smallest_profile(need, wanted)
+        if profile is None:
             continue
-        profile = min(fitting, key=lambda p: (p.compute_slices, p.memory_slices))
         demand = held_mig_devices(node)
         demand[profile.name] = demand.get(profile.name, 0) + replicas
         try:
