@@ -12,6 +12,11 @@ SERVING_VENV := .venv-serving
 PY := $(VENV)/bin/python
 TEST_WORKERS ?= $(shell nproc)
 export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
+# Every Python process the tests and the loop start (pipeline steps, monitoring
+# jobs, the operator, the front) imports kubeloop's own modules; where the
+# machine sets PYTHONDONTWRITEBYTECODE each of them compiles those from source
+# again, about a second of CPU per process.
+unexport PYTHONDONTWRITEBYTECODE
 BIN_STAMPS := $(KUBELOOP_CACHE)/bin/kubernetes-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/node-$(KUBERNETES_VERSION)/.complete \
               $(KUBELOOP_CACHE)/bin/kwok-$(KWOK_VERSION)/.complete \

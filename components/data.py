@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kubeloop.api.signature import MISSING_VALUE
 from kubeloop.api.training import TrainingJobSpec
 
 SPLIT = "split"
@@ -108,7 +109,7 @@ def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInf
         StoreLocation.from_json(store), spec.features.feature_views,
         LabelRows.of(spec.features.labels),
         _parse_time(spec.features.window.start), _parse_time(spec.features.window.end),
-        spec.evaluation.slice_column,
+        spec.evaluation.slice_column, keep_missing=True,
     )
     frame = data.frame
     if len(frame) < 100:
@@ -117,6 +118,8 @@ def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInf
     classes = label_classes(spec.task, frame[data.label], data.label)
     slice_column = spec.evaluation.slice_column
     frame = time_split(frame, spec.evaluation.holdout_fraction)
+    # Features without a value stay NaN in the file, for the validation step
+    # to count; load_split gives the steps that learn MISSING_VALUE instead.
     # A slice may be the label or a feature itself: each column is written once.
     keep = list(dict.fromkeys([*data.feature_columns, data.label, "event_timestamp", SPLIT,
                                *([slice_column] if slice_column else [])]))
@@ -154,8 +157,15 @@ def target(info: DatasetInfo, label: pd.Series) -> np.ndarray:
     return label.astype(float).to_numpy(np.float32)
 
 
+def model_inputs(frame: pd.DataFrame, info: DatasetInfo) -> pd.DataFrame:
+    """The rows with their features as the model sees them: a feature the
+    store had no value for is MISSING_VALUE (the file keeps it NaN)."""
+    return frame.fillna({c: MISSING_VALUE for c in info.feature_columns})
+
+
 def load_split(path: Path, info: DatasetInfo, split: str) -> tuple[pd.DataFrame, np.ndarray]:
-    """The rows of one split, and their targets (see target)."""
+    """The rows of one split with the features as the model sees them
+    (model_inputs), and their targets (see target)."""
     frame = pd.read_parquet(path)
-    part = frame[frame[SPLIT] == split]
+    part = model_inputs(frame[frame[SPLIT] == split], info)
     return part, target(info, part[info.label])

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.components.data import SPLIT, DatasetInfo, target
+from kubeloop.components.data import SPLIT, DatasetInfo, model_inputs, target
 from kubeloop.components.model import save_model
 from kubeloop.components.steps import architecture_for
 from kubeloop.components.training import TrainSettings, train_rank
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = TrainingJobSpec.from_json(args.spec)
     info = DatasetInfo.from_json(args.dataset_info)
     frame = pd.read_parquet(args.dataset)
-    train_rows = frame[frame[SPLIT] == "train"]
+    train_rows = model_inputs(frame[frame[SPLIT] == "train"], info)
     x = train_rows[info.feature_columns].to_numpy(np.float32)
     y = target(info, train_rows[info.label])
     settings = TrainSettings.from_spec(spec.hyperparameters, spec.seed)

@@ -32,25 +32,35 @@ def training_data(spec: str, feature_store: str, feast_repo: str, feature_store_
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def train(spec: str, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
-          owner: str, spec_hash: str, git_sha: str, model: Output[Model]) -> str:
+def validate_data(spec: str, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
+                  owner: str) -> str:
+    """Check the rows against spec.validation and the champion's training
+    data; fails the run on a violation (fail mode); returns the report."""
+    from kubeloop.components.steps import validate_step
+
+    return validate_step(spec, dataset.path, dataset_info, tracking_uri, pipeline_run, owner)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def train(spec: str, dataset: Input[Dataset], dataset_info: str, validation: str, tracking_uri: str,
+          pipeline_run: str, owner: str, spec_hash: str, git_sha: str, model: Output[Model]) -> str:
     """Tune and train the torch model; returns the MLflow run id."""
     from kubeloop.components.steps import train_step
 
     return train_step(spec, dataset.path, dataset_info, model.path, tracking_uri, pipeline_run, owner,
-                      spec_hash, git_sha)
+                      spec_hash, git_sha, validation)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def train_on_trainer(spec: str, dataset: Input[Dataset], dataset_info: str, tracking_uri: str, pipeline_run: str,
-                     owner: str, spec_hash: str, git_sha: str, namespace: str, image: str,
+def train_on_trainer(spec: str, dataset: Input[Dataset], dataset_info: str, validation: str, tracking_uri: str,
+                     pipeline_run: str, owner: str, spec_hash: str, git_sha: str, namespace: str, image: str,
                      model: Output[Model]) -> str:
     """Multi-node training as a Kubeflow Trainer TrainJob (its nodes run image);
     returns the MLflow run id."""
     from kubeloop.components.steps import train_on_trainer_step
 
     return train_on_trainer_step(spec, dataset.uri, dataset_info, model.path, model.uri, tracking_uri,
-                                 pipeline_run, owner, spec_hash, git_sha, namespace, image)
+                                 pipeline_run, owner, spec_hash, git_sha, namespace, image, validation)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

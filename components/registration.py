@@ -150,6 +150,74 @@ def _reference_tag(client: MlflowClient, run_id: str) -> dict[str, str]:
     return {tags.REFERENCE: f"runs:/{run_id}/{REFERENCE}"} if REFERENCE in logged else {}
 
 
+VALIDATION_DIR = "validation"
+
+
+def _log_report(client: MlflowClient, run_id: str, report_json: str) -> str:
+    """The report and the schema it inferred as the run's artifacts
+    (validation/report.json, validation/data_schema.json); its summary."""
+    report = json.loads(report_json)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
+        (folder / "data_schema.json").write_text(json.dumps(report["schema"], indent=2, sort_keys=True))
+        client.log_artifacts(run_id, str(folder), VALIDATION_DIR)
+    summary = report["summary"]
+    client.set_tag(run_id, tags.VALIDATION, summary)
+    return summary
+
+
+def log_validation(tracking_uri: str, run_id: str, report_json: str) -> None:
+    """The validation step's report on the training run; register copies
+    its summary onto the version."""
+    _log_report(MlflowClient(tracking_uri), run_id, report_json)
+
+
+def log_failed_validation(tracking_uri: str, spec: TrainingJobSpec, pipeline_run: str, owner: str,
+                          report_json: str) -> str:
+    """A run that fails at validation trains nothing, so no training run
+    exists: the report goes on a failed run of the job's experiment, named
+    after the pipeline run. Returns its id."""
+    mlflow.set_tracking_uri(tracking_uri)
+    experiment = mlflow.set_experiment(experiment_name(spec))
+    client = MlflowClient(tracking_uri)
+    run = client.create_run(experiment.experiment_id, run_name=pipeline_run,
+                            tags={tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner})
+    _log_report(client, run.info.run_id, report_json)
+    client.set_terminated(run.info.run_id, "FAILED")
+    return run.info.run_id
+
+
+def champion_baseline(tracking_uri: str, champion) -> tuple[dict | None, pd.DataFrame | None]:  # noqa: ANN001 - registry ModelVersion
+    """What a champion's training data looked like: the schema inferred from
+    it (None for a version registered before kubeloop kept one) and its
+    training sample (the drift job's reference; None if it has none)."""
+    mlflow.set_tracking_uri(tracking_uri)
+    schema_uri = champion.tags.get(tags.DATA_SCHEMA)
+    reference_uri = champion.tags.get(tags.REFERENCE)
+    schema = reference = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if schema_uri:
+            try:
+                schema = json.loads(Path(mlflow.artifacts.download_artifacts(schema_uri, dst_path=tmp)).read_text())
+            except (mlflow.exceptions.MlflowException, OSError):
+                schema = None
+        if reference_uri:
+            try:
+                reference = pd.read_parquet(mlflow.artifacts.download_artifacts(reference_uri, dst_path=tmp))
+            except (mlflow.exceptions.MlflowException, OSError):
+                reference = None
+    return schema, reference
+
+
+def _validation_tags(client: MlflowClient, run_id: str) -> dict[str, str]:
+    """The validation summary and the schema's location, from the run."""
+    summary = client.get_run(run_id).data.tags.get(tags.VALIDATION)
+    if summary is None:
+        return {}
+    return {tags.VALIDATION: summary, tags.DATA_SCHEMA: f"runs:/{run_id}/{VALIDATION_DIR}/data_schema.json"}
+
+
 def log_evaluation(tracking_uri: str, run_id: str, metrics: dict[str, float], slices: dict[str, dict]) -> None:
     client = MlflowClient(tracking_uri)
     for key, value in metrics.items():
@@ -219,6 +287,7 @@ def register(tracking_uri: str, run_id: str, model: TaskModel, spec: TrainingJob
             **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in metrics.items() if v == v and k not in ("rows", "positives")},
             **(_champion_tags(champion) if champion else {}),
             **_reference_tag(client, run_id),
+            **_validation_tags(client, run_id),
         }
         existing = mlflow.register_model(info.model_uri, spec.model_name, tags=version_tags)
     if spec.promotion and spec.promotion.register_as:

@@ -38,6 +38,74 @@ def training_data_step(spec: str, feature_store: str, feast_repo: str, dataset_p
     return info.to_json()
 
 
+def validate_step(spec: str, dataset_path: str, info_json: str, tracking_uri: str, pipeline_run: str,
+                  owner: str) -> str:
+    """Check the training data against spec.validation and the champion's
+    training data; returns the report (JSON) for the training run and the
+    version. In fail mode a finding fails the step (and the run), naming
+    the column, the rule and the values; the report is then logged on a
+    failed MLflow run of the job's experiment."""
+    import pandas as pd
+
+    from kubeloop.components import validation as checks
+
+    job = TrainingJobSpec.from_json(spec)
+    info = DatasetInfo.from_json(info_json)
+    frame = pd.read_parquet(dataset_path)  # features without a value still NaN
+    columns = [*info.feature_columns, *([info.slice_column] if info.slice_column else [])]
+    schema = checks.infer_schema(frame, columns, info.label, info.task)
+    settings = job.validation
+    report = checks.Report(mode=settings.mode if settings else "off", schema=schema)
+    if settings is not None:
+        report.findings = checks.check_spec(frame, info.label, info.task, settings)
+        if settings.champion.enabled:
+            report.champion, found = _compare_with_champion(job, info, tracking_uri, dataset_path, frame, schema)
+            report.findings += found
+    log.info("data validation: %s", report.summary())
+    if report.mode == "fail" and report.findings:
+        # Here, not above: MLflow and torch cost a validation that passes seconds of start-up.
+        from kubeloop.components import registration
+
+        registration.log_failed_validation(tracking_uri, job, pipeline_run, owner, report.to_json())
+        raise checks.DataValidationError(f"data validation failed, {checks.describe(report.findings)}")
+    return report.to_json()
+
+
+def champion_alias(job: TrainingJobSpec) -> str:
+    """The alias of the version the job competes with: the one it promotes to."""
+    from kubeloop.api.promotion import alias_for
+
+    return alias_for((job.promotion.promote_to if job.promotion else None) or "champion")
+
+
+def _compare_with_champion(job: TrainingJobSpec, info: DatasetInfo, tracking_uri: str, dataset_path: str,
+                           frame, schema: dict) -> tuple[dict | None, list]:  # noqa: ANN001 - a DataFrame
+    """The rows against the champion's schema, and each feature's PSI
+    against its training sample; (what was compared, the findings)."""
+    from kubeloop.components import registration
+    from kubeloop.components import validation as checks
+    from kubeloop.components.distributions import column_drift
+    from kubeloop.registry.mlflow import MlflowRegistry
+
+    champion = MlflowRegistry(tracking_uri).get_alias(job.model_name, champion_alias(job))
+    if champion is None:
+        return None, []
+    limits = job.validation.champion
+    before, reference = registration.champion_baseline(tracking_uri, champion)
+    found = []
+    if before is not None:
+        found += checks.compare_schemas(schema, before, limits, champion.version)
+        found += checks.out_of_range(frame, before, limits, champion.version)
+    psi = {}
+    features = [c for c in info.feature_columns if reference is not None and c in reference.columns]
+    if features:
+        train, _ = load_split(Path(dataset_path), info, "train")
+        psi = column_drift(reference, train, features, method="psi", threshold=limits.psi_threshold).scores
+        found += checks.psi_findings(psi, limits.psi_threshold, champion.version)
+    return {"version": champion.version, "schema": before is not None, "reference": reference is not None,
+            "psi": psi}, found
+
+
 def architecture_for(job: TrainingJobSpec, info: DatasetInfo, hp=None):  # noqa: ANN001, ANN201 - Hyperparameters, Architecture
     """The network the job trains: its own factory, or the built-in perceptron."""
     from kubeloop.components.model import Architecture
@@ -51,9 +119,10 @@ def architecture_for(job: TrainingJobSpec, info: DatasetInfo, hp=None):  # noqa:
 
 
 def train_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tracking_uri: str,
-               pipeline_run: str, owner: str, spec_hash: str, git_sha: str) -> str:
+               pipeline_run: str, owner: str, spec_hash: str, git_sha: str, validation: str = "") -> str:
     """Tune (if asked), train and checkpoint, recording where the loop's
-    time went (registration.log_bottleneck); returns the MLflow run id."""
+    time went (registration.log_bottleneck); returns the MLflow run id.
+    validation: the validation step's report, logged on the run."""
     from kubeloop.components import registration
     from kubeloop.components.model import build_model, save_model
     from kubeloop.components.training import TrainSettings, train, train_distributed
@@ -65,6 +134,8 @@ def train_step(spec: str, dataset_path: str, info_json: str, model_dir: str, tra
     x = frame[info.feature_columns].to_numpy(np.float32)
     build_model(architecture_for(job, info))  # a factory that cannot build fails before any run is started
     run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
+    if validation:
+        registration.log_validation(tracking_uri, run_id, validation)
     hp = job.hyperparameters
     if job.tuning.trials > 1:
         hp, trials = tune(x, y, job, info, lambda n, params, score: registration.log_trial(
@@ -127,15 +198,13 @@ def _evaluate_champion(job: TrainingJobSpec, info: DatasetInfo, tracking_uri: st
                        y: np.ndarray) -> dict | None:
     """The current champion scored on the same hold-out, when a gate will
     compare with it."""
-    from kubeloop.api.promotion import alias_for
     from kubeloop.components.evaluation import evaluate
     from kubeloop.registry.mlflow import MlflowRegistry
     from kubeloop.components.scoring import score_version
 
     if not job.promotion or not job.promotion.gates.not_worse_than_champion:
         return None
-    alias = alias_for(job.promotion.promote_to or "champion")
-    champion = MlflowRegistry(tracking_uri).get_alias(job.model_name, alias)
+    champion = MlflowRegistry(tracking_uri).get_alias(job.model_name, champion_alias(job))
     if champion is None:
         return None
     outputs = score_version(tracking_uri, champion, x)
@@ -162,9 +231,10 @@ def register_step(spec: str, info_json: str, model_dir: str, evaluation_json: st
 
 def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,
                           tracking_uri: str, pipeline_run: str, owner: str, spec_hash: str, git_sha: str,
-                          namespace: str, image: str, timeout: float = 24 * 3600) -> str:
+                          namespace: str, image: str, validation: str = "", timeout: float = 24 * 3600) -> str:
     """Multi-node training on a real cluster: run a Kubeflow Trainer TrainJob
-    and wait for it; returns the MLflow run id like train_step."""
+    and wait for it; returns the MLflow run id like train_step (and logs the
+    validation report like it)."""
     import fsspec
 
     from kubeloop.components import registration
@@ -175,6 +245,8 @@ def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir
 
     job = TrainingJobSpec.from_json(spec)
     run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
+    if validation:
+        registration.log_validation(tracking_uri, run_id, validation)
     output = f"{model_uri.rstrip('/')}-trainjob"
     name = dns_name(pipeline_run, "train")
     kube = Kube.in_cluster()

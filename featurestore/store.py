@@ -260,7 +260,9 @@ class TrainingData:
     def dataset_hash(self) -> str:
         """Content hash of the exact rows and columns the model sees."""
         columns = sorted([*self.feature_columns, self.label, "event_timestamp"])
-        digest = pd.util.hash_pandas_object(self.frame[columns].sort_values(columns), index=False)
+        # Gaps hash as the value the model sees, whether or not the frame kept them.
+        frame = self.frame[columns].fillna({c: MISSING_VALUE for c in self.feature_columns})
+        digest = pd.util.hash_pandas_object(frame.sort_values(columns), index=False)
         return hashlib.sha256(digest.values.tobytes() + ",".join(columns).encode()).hexdigest()[:16]
 
 
@@ -380,10 +382,12 @@ def _carried_slice(column: str | None, rows: pd.DataFrame, views: list, what: st
 
 def training_data(location: StoreLocation | Path | str, feature_views: list[str], labels: LabelRows,
                   start: datetime | None = None, end: datetime | None = None,
-                  slice_column: str | None = None) -> TrainingData:
+                  slice_column: str | None = None, keep_missing: bool = False) -> TrainingData:
     """Entity rows from the label rows, joined point-in-time with the views;
     slice_column, a label-row column or a feature, comes out beside the
-    features, never among feature_columns.
+    features, never among feature_columns. keep_missing: a feature with no
+    value stays NaN (for data validation to count) instead of becoming
+    MISSING_VALUE.
 
     Feast's file offline store drops entity rows whose feature rows are older
     than a view's ttl; the count of those rows is returned, never hidden.
@@ -413,7 +417,7 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
         columns={ts: "event_timestamp"})
     fingerprints = {view.name: hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
                     for view in views}
-    frame, numeric = point_in_time(store, views, entity_df)
+    frame, numeric = point_in_time(store, views, entity_df, fill=not keep_missing)
     dropped = len(entity_df) - len(frame)
     if dropped:
         log.warning("the offline store dropped %d of %d entity rows (feature rows older than a view's ttl)",
@@ -423,17 +427,21 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
                         dropped_by_ttl=dropped, feature_views=fingerprints, entities=keys, request_columns=request)
 
 
-def point_in_time(store, views: list, entity_df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:  # noqa: ANN001
+def point_in_time(store, views: list, entity_df: pd.DataFrame,  # noqa: ANN001
+                  fill: bool = True) -> tuple[pd.DataFrame, list[str]]:
     """The views' features for the entity rows (their keys, request columns
     and event_timestamp; other columns pass through), point-in-time, with
     the numeric feature columns as the model sees them: float, a missing
-    value being 0 (the training default). Rows whose features are older than
-    a view's ttl are missing from the answer (Feast's file offline store)."""
+    value being 0 (the training default; NaN without fill). Rows whose
+    features are older than a view's ttl are missing from the answer
+    (Feast's file offline store)."""
     refs = [f"{view.name}:{f.name}" for view in views for f in view.features]
     frame = store.get_historical_features(entity_df=entity_df, features=refs).to_df()
     columns = [r.split(":", 1)[1] for r in refs]
     numeric = [c for c in columns if pd.api.types.is_numeric_dtype(frame[c])]
-    frame[numeric] = frame[numeric].astype("float64").fillna(MISSING_VALUE)
+    frame[numeric] = frame[numeric].astype("float64")
+    if fill:
+        frame[numeric] = frame[numeric].fillna(MISSING_VALUE)
     return frame, numeric
 
 

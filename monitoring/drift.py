@@ -1,9 +1,7 @@
-"""Data drift with Evidently: recent requests against the training data.
-
-Evidently 0.7 reports how many columns drifted (DriftedColumnsCount) and a
-score per column (ValueDrift, with the statistical test it chose for the
-column's type and size); whether the dataset drifted is ours to derive from
-the share, against the InferenceService's threshold.
+"""Data drift with Evidently (kubeloop.components.distributions): recent
+requests against the training data. Evidently scores each column with the
+test it chooses for the column's type and size; whether the dataset drifted
+is ours to derive from the share, against the InferenceService's threshold.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kubeloop.components.distributions import column_drift
 from kubeloop.requestlog import answered, request_records
 
 log = logging.getLogger(__name__)
@@ -68,36 +67,15 @@ def _sample(frame: pd.DataFrame, rows: int | None, seed: int) -> pd.DataFrame:
     return frame.sample(n=rows, random_state=seed)
 
 
-def _drifted(method: str, score: float, threshold: float) -> bool:
-    """p-value tests drift when the p-value is small, distances when large."""
-    return score < threshold if "p_value" in method else score >= threshold
-
-
 def evaluate(reference: pd.DataFrame, current: pd.DataFrame, features: list[str], threshold: float,
              sample_rows: int | None = None, seed: int = 0, report: Path | None = None) -> DriftResult:
     """Run Evidently's DataDriftPreset on the features; sample_rows bounds the
     rows of each side (a uniform sample) for large windows."""
-    from evidently import Report
-    from evidently.presets import DataDriftPreset
-
     started = time.perf_counter()
     ref = _sample(reference[features], sample_rows, seed)
     cur = _sample(current[features], sample_rows, seed + 1)
-    snapshot = Report([DataDriftPreset(columns=features, drift_share=threshold)]).run(
-        current_data=cur, reference_data=ref)
-    scores, methods, flagged = {}, {}, []
-    share = 0.0
-    for metric in snapshot.dict()["metrics"]:
-        config = metric["config"]
-        if config["type"].endswith("DriftedColumnsCount"):
-            share = float(metric["value"]["share"])
-        elif config["type"].endswith("ValueDrift"):
-            column, value = config["column"], float(metric["value"])
-            scores[column], methods[column] = value, config["method"]
-            if _drifted(config["method"], value, config["threshold"]):
-                flagged.append(column)
-    if report is not None:
-        snapshot.save_html(str(report))
+    found = column_drift(ref, cur, features, drift_share=threshold, report=report)
+    share, scores, methods, flagged = found.share, found.scores, found.methods, found.drifted
     return DriftResult(share=share, drifted=share >= threshold, threshold=threshold, rows=len(current),
                        reference_rows=len(reference), scores=scores, features_drifted=sorted(flagged),
                        methods=methods, seconds=round(time.perf_counter() - started, 3),

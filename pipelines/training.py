@@ -1,5 +1,5 @@
-"""The training pipeline: Feast training data -> torch training (with
-tuning) -> hold-out evaluation -> MLflow registration.
+"""The training pipeline: Feast training data -> data validation -> torch
+training (with tuning) -> hold-out evaluation -> MLflow registration.
 
 `training_pipeline` is the portable definition; its compiled IR is
 committed as pipelines/compiled/training.yaml for the Kubeflow Pipelines UI.
@@ -42,9 +42,12 @@ def build_training_pipeline(resources: TrainingResources | None = None,
         data = ops.training_data(spec=spec, feature_store=feature_store, feast_repo=feast_repo,
                                  feature_store_file=feature_store_file(store)).set_display_name("training data")
         steps.apply(mount_feature_store(data, store), credentials=False)
+        validated = ops.validate_data(spec=spec, dataset=data.outputs["dataset"], dataset_info=data.outputs["Output"],
+                                      tracking_uri=tracking_uri, pipeline_run=pipeline_run,
+                                      owner=owner).set_display_name("validate data")
         common = dict(spec=spec, dataset=data.outputs["dataset"], dataset_info=data.outputs["Output"],
-                      tracking_uri=tracking_uri, pipeline_run=pipeline_run, owner=owner, spec_hash=spec_hash,
-                      git_sha=git_sha)
+                      validation=validated.output, tracking_uri=tracking_uri, pipeline_run=pipeline_run, owner=owner,
+                      spec_hash=spec_hash, git_sha=git_sha)
         if multi_node:
             trained = ops.train_on_trainer(**common, namespace=namespace,
                                            image=steps.image).set_display_name("train (TrainJob)")
@@ -59,7 +62,7 @@ def build_training_pipeline(resources: TrainingResources | None = None,
                                   evaluation=evaluated.output, tracking_uri=tracking_uri,
                                   run_id=trained.outputs["Output"], pipeline_run=pipeline_run, owner=owner,
                                   git_sha=git_sha).set_display_name("register")
-        for task in (trained, evaluated, registered):
+        for task in (validated, trained, evaluated, registered):
             steps.apply(task, credentials=True)
         return registered.output
 

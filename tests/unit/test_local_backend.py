@@ -69,6 +69,28 @@ def test_the_failing_steps_exception_is_extracted():
         "step training-data: ValueError: feature view 'nope' does not exist in project p; known views: a")
 
 
+def test_a_data_validation_failure_reaches_the_condition_intact():
+    """Local: the validate step's one-line message (column, rule, values) is
+    what the run's error, and so the RunSucceeded condition, says."""
+    from kubeloop.components.validation import Finding, describe
+
+    findings = [Finding("credit_limit", "maxOutOfRangeShare",
+                        "column 'credit_limit': 100.0% of values are outside the champion's (version 1) range "
+                        "[588.3, 2.1e+04] widened by rangeTolerance 0.1 (seen 5.9e+05 to 2.1e+07; "
+                        "maxOutOfRangeShare 0.01)"),
+                Finding("credit_limit", "psiThreshold", "column 'credit_limit': PSI 9.1 against the champion's "
+                                                        "(version 1) training data is above psiThreshold 0.25")]
+    message = f"data validation failed, {describe(findings)}"
+    log = "\n".join([
+        "11:00:00 - INFO - Executing task \x1b[96m'validate-data'\x1b[0m",
+        "    Traceback (most recent call last):",
+        f"    kubeloop.components.validation.DataValidationError: {message}",
+        "11:00:01 - ERROR - Task \x1b[96m'validate-data'\x1b[0m finished with status \x1b[91mFAILURE\x1b[0m",
+    ])
+    assert step_error(log, "validate-data") == (
+        f"step validate-data: kubeloop.components.validation.DataValidationError: {message}")
+
+
 def test_the_worker_and_its_steps_never_inherit_the_operators_prometheus_folder(backend, monkeypatch):
     """Local: importing feast in the operator points PROMETHEUS_MULTIPROC_DIR at a folder
     feast removes when the operator exits; a worker that inherited it failed its next

@@ -37,7 +37,8 @@ def test_committed_ir_loads_with_kfps_loader():
 def test_steps_run_in_the_components_image_without_pip():
     ir = yaml.safe_load(COMPILED.read_text())
     executors = ir["deploymentSpec"]["executors"]
-    assert set(executors) == {"exec-training-data", "exec-train", "exec-evaluate", "exec-register"}
+    assert set(executors) == {"exec-training-data", "exec-validate-data", "exec-train", "exec-evaluate",
+                              "exec-register"}
     for executor in executors.values():
         assert executor["container"]["image"] == COMPONENTS_IMAGE
         assert "pip install" not in " ".join(executor["container"]["command"])
@@ -66,7 +67,7 @@ CLUSTER_STEPS = StepEnvironment(image="registry.example/kubeloop/components:1a2b
                                 object_store_endpoint="http://minio.minio.svc:9000")
 # What a feature_store.yaml may hold, and the IR must never carry.
 STORE_CREDENTIAL = "hunter2"
-MLFLOW_STEPS = {"exec-train", "exec-evaluate", "exec-register"}
+MLFLOW_STEPS = {"exec-validate-data", "exec-train", "exec-evaluate", "exec-register"}
 OPTIMIZED = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "version": "1"}}).to_json()
 
 

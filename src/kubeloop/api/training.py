@@ -210,6 +210,93 @@ class Evaluation(KubeModel):
     features for evaluation only), or a feature."""
 
 
+class ColumnRule(KubeModel):
+    """What one column of the training data must hold. Checked on every row
+    (train and hold-out) after the point-in-time join, before training."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("has(self.maxNullShare) || has(self.min) || has(self.max) || has(self.categories)",
+             "a rule needs at least one of maxNullShare, min, max or categories", "column"),
+            ("!has(self.min) || !has(self.max) || self.min <= self.max", "min must not exceed max", "min"),
+            ("!has(self.categories) || (!has(self.min) && !has(self.max))",
+             "categories is for a categorical column: give it without min and max", "categories"),
+        )
+    )
+
+    column: str = Field(min_length=1, max_length=128)
+    """A column of the training data: a feature, the label or the slice column."""
+    max_null_share: float | None = Field(default=None, ge=0, le=1)
+    """The largest share of rows without a value (the feature store had none)."""
+    min: float | None = None
+    """The smallest value allowed (a numeric column)."""
+    max: float | None = None
+    """The largest value allowed (a numeric column)."""
+    categories: list[str] | None = Field(default=None, min_length=1, max_length=256)
+    """The values allowed (compared as text; a whole number as 3, not 3.0)."""
+
+
+class ShareRange(KubeModel):
+    """Bounds of a share, from 0 to 1."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            ("has(self.min) || has(self.max)", "give min, max or both", "min"),
+            ("!has(self.min) || !has(self.max) || self.min <= self.max", "min must not exceed max", "min"),
+        )
+    )
+
+    min: float | None = Field(default=None, ge=0, le=1)
+    """The smallest share allowed."""
+    max: float | None = Field(default=None, ge=0, le=1)
+    """The largest share allowed."""
+
+
+class ChampionComparison(KubeModel):
+    """The training data compared with the data the champion learned from:
+    the schema inferred from the champion's training run (kept with it as
+    validation/data_schema.json) and its training sample (for PSI). The
+    champion is the version at promotion.promoteTo (champion by default); a
+    first run, with none, only records its own schema."""
+
+    enabled: bool = True
+    """Compare with the champion at all."""
+    psi_threshold: float = Field(default=0.25, gt=0, le=100)
+    """Population stability index per feature (Evidently's psi test) above
+    which the feature's distribution has moved too far."""
+    max_null_share_increase: float = Field(default=0.1, ge=0, le=1)
+    """How much a column's share of rows without a value may rise above the champion's."""
+    range_tolerance: float = Field(default=0.1, ge=0, le=100)
+    """How far outside the champion's [min, max] a value may lie before it
+    counts as out of range, as a fraction of that range's width."""
+    max_out_of_range_share: float = Field(default=0.01, ge=0, le=1)
+    """The share of a numeric column's values that may lie out of range."""
+    max_unseen_category_share: float = Field(default=0.0, ge=0, le=1)
+    """The share of a categorical column's rows whose value the champion
+    never saw."""
+    max_label_share_shift: float = Field(default=0.1, ge=0, le=1)
+    """How far the share of each label value (binary: of positives) may move
+    from the champion's (classification tasks)."""
+
+
+class DataValidation(KubeModel):
+    """Checks of the training data before training: the rules stated here and
+    a comparison with the champion's training data. The report is logged to
+    the training run (validation/report.json)."""
+
+    mode: Literal["fail", "warn"] = "fail"
+    """fail: a violation fails the run, its condition naming the column, the
+    rule and the values. warn: the run goes on and the registered version
+    records the findings (tag kubeloop.validation)."""
+    rules: list[ColumnRule] = Field(default_factory=list, max_length=64)
+    """Per-column rules."""
+    label_share: ShareRange | None = None
+    """Bounds of the label's share: binary, of positive rows; multiclass, of
+    every class."""
+    champion: ChampionComparison = Field(default_factory=ChampionComparison)
+    """The comparison with the champion's training data."""
+
+
 class TrainingResources(KubeModel):
     """What each training process needs."""
 
@@ -241,6 +328,8 @@ class TrainingJobSpec(KubeModel):
              "promotion.gates.metrics names a metric this task does not produce (binary: auc, log_loss, f1, ...; "
              "multiclass: accuracy, macro_f1, log_loss, top_k_accuracy, recall.<class>; regression: rmse, mae, "
              "r2)", "promotion.gates.metrics"),
+            ("!has(self.validation) || !has(self.validation.labelShare) || self.task != 'regression'",
+             "validation.labelShare needs a classification task (binary or multiclass)", "validation.labelShare"),
         )
     )
 
@@ -274,6 +363,11 @@ class TrainingJobSpec(KubeModel):
     data give the same model."""
     promotion: PromotionPolicy | None = None
     """Aliases to give the registered version, and the gates it must pass first."""
+    validation: DataValidation | None = None
+    """Checks of the training data before training: rules and the comparison
+    with the champion's training data. Omitted means no checks; the data's
+    schema is still inferred and kept with the training run, as a later
+    job's baseline."""
 
 
     @property

@@ -47,3 +47,11 @@ training split's input columns, at most REFERENCE_ROWS rows): the drift job's
 reference, read from the registry wherever the job runs (a Pod on a cluster
 has no feature store folder)."""
 REFERENCE_ROWS = 50_000
+VALIDATION = "kubeloop.validation"
+"""On the training run and the version: what the data validation step found
+(passed, warn: N findings: ..., or not configured); the whole report is the
+run's validation/report.json."""
+DATA_SCHEMA = "kubeloop.data_schema"
+"""runs:/ URI of the schema inferred from the version's training data
+(validation/data_schema.json): a later job's baseline when this version is
+its champion."""
