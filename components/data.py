@@ -50,6 +50,9 @@ class DatasetInfo:
     """The request-time columns of the on-demand feature views."""
     store: str = ""
     """The StoreLocation (JSON) the rows were read from."""
+    view_hashes: dict[str, str] = field(default_factory=dict)
+    """Feature view name (and "(labels)") -> a content hash of the values it
+    gave these rows: what names a drifted view when the data set is rebuilt."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -136,6 +139,7 @@ def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInf
         window_end=spec.features.window.end
         or (frame["event_timestamp"].max() + pd.Timedelta(microseconds=1)).isoformat(),
         task=spec.task, classes=classes, entities=data.entities, request_columns=data.request_columns, store=store,
+        view_hashes=data.view_hashes,
     )
 
 

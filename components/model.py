@@ -16,6 +16,7 @@ a pickled module: loading imports the factory again and fills its weights
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import itertools
 import sys
@@ -90,6 +91,17 @@ def load_factory(factory: str, path: str | None = None):  # noqa: ANN201 - the f
     if not callable(built):
         raise FactoryError(f"spec.model.factory {factory}: {module_name} has no function {function}")
     return built
+
+
+def factory_code(factory: str, path: str | None = None) -> str:
+    """A hash of the source file of the factory's module ("" when it has
+    none): lineage for the network's code, which the git sha misses when the
+    factory lives in a user's package."""
+    load_factory(factory, path)  # imports its module, from path when given
+    source = getattr(sys.modules[factory.partition(":")[0]], "__file__", None)
+    if not source or not Path(source).is_file():
+        return ""
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12]
 
 
 class TaskModel(nn.Module):

@@ -319,8 +319,10 @@ def register_optimized_step(spec: str, source_version: str, results_json: str, w
             tags.GPU_MEMORY_SOURCE: results["gpu_memory_source"],
             tags.OUTCOME: json.dumps(outcome, separators=(",", ":")),
             "exported": f"runs:/{run_id}/{EXPORTED}", "triton": f"runs:/{run_id}/triton",
+            tags.OPTIMIZATION_SPEC: job.model_dump_json(by_alias=True, exclude_none=True),
             **{k: source.tags[k] for k in (tags.TRAINING_SPEC, "feature_columns", "feature_views", "git_sha", "label",
-                                           "threshold", tags.TASK, tags.FEATURE_STORE, tags.FACTORY, tags.REFERENCE)
+                                           "threshold", tags.TASK, tags.FEATURE_STORE, tags.FACTORY, tags.REFERENCE,
+                                           tags.FACTORY_CODE, tags.VIEW_HASHES, "dataset_hash")
                if k in source.tags},
             SIGNATURE_TAG: signature.to_json(),
             # Gate evidence: the source's metrics, the winner's own measured

@@ -26,7 +26,7 @@ from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.bottleneck import metrics_of
 from kubeloop.components.data import DatasetInfo, pinned
-from kubeloop.components.model import TaskModel, export_onnx, export_torchscript, save_model
+from kubeloop.components.model import TaskModel, export_onnx, export_torchscript, factory_code, save_model
 from kubeloop.registry import tags
 
 EXPORTED = "exported"
@@ -282,6 +282,8 @@ def register(tracking_uri: str, run_id: str, model: TaskModel, spec: TrainingJob
             "threshold": str(spec.evaluation.threshold), tags.TASK: dataset.task,
             SIGNATURE_TAG: signature.to_json(), tags.FEATURE_STORE: dataset.store,
             tags.FACTORY: model.architecture.factory,
+            tags.FACTORY_CODE: factory_code(model.architecture.factory, model.architecture.path),
+            tags.VIEW_HASHES: json.dumps(dataset.view_hashes, sort_keys=True),
             "run_id": run_id, "exported": f"runs:/{run_id}/{EXPORTED}",
             tags.TRAINING_SPEC: pinned(spec, dataset).model_dump_json(by_alias=True, exclude_none=True),
             **{f"{tags.METRIC_PREFIX}{k}": f"{v:.6f}" for k, v in metrics.items() if v == v and k not in ("rows", "positives")},

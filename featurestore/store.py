@@ -255,15 +255,38 @@ class TrainingData:
     """The entity join keys of the views."""
     request_columns: list[str] = field(default_factory=list)
     """The request-time columns of the on-demand views."""
+    view_columns: dict[str, list[str]] = field(default_factory=dict)
+    """Feature view name -> the columns of the frame it contributed."""
 
     @property
     def dataset_hash(self) -> str:
         """Content hash of the exact rows and columns the model sees."""
-        columns = sorted([*self.feature_columns, self.label, "event_timestamp"])
-        # Gaps hash as the value the model sees, whether or not the frame kept them.
-        frame = self.frame[columns].fillna({c: MISSING_VALUE for c in self.feature_columns})
-        digest = pd.util.hash_pandas_object(frame.sort_values(columns), index=False)
-        return hashlib.sha256(digest.values.tobytes() + ",".join(columns).encode()).hexdigest()[:16]
+        return content_hash(self._as_seen(), [*self.feature_columns, self.label, "event_timestamp"])
+
+    def _as_seen(self) -> pd.DataFrame:
+        """The rows with gaps as the value the model sees, whether or not the frame kept them."""
+        return self.frame.fillna({c: MISSING_VALUE for c in self.feature_columns})
+
+    @property
+    def view_hashes(self) -> dict[str, str]:
+        """A content hash per view of the values it gave these rows (and one
+        of the labels): when the dataset hash changes while every definition
+        fingerprint stays, these name the view whose data changed."""
+        rows = [*self.entities, *self.request_columns, "event_timestamp"]
+        parts = {**self.view_columns, LABELS: [self.label]}
+        seen = self._as_seen()
+        return {name: content_hash(seen, [*rows, *columns]) for name, columns in parts.items()}
+
+
+LABELS = "(labels)"
+"""view_hashes' entry for the label rows themselves (no view has this name: Feast names are identifiers)."""
+
+
+def content_hash(frame: pd.DataFrame, columns: list[str]) -> str:
+    """Hash of the values of the columns, independent of row and column order."""
+    columns = sorted(dict.fromkeys(c for c in columns if c in frame.columns))
+    digest = pd.util.hash_pandas_object(frame[columns].sort_values(columns), index=False)
+    return hashlib.sha256(digest.values.tobytes() + ",".join(columns).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -415,8 +438,7 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
     carried = _carried_slice(slice_column, rows, views, what)
     entity_df = rows[list(dict.fromkeys([*keys, *request, labels.column, ts, *carried]))].rename(
         columns={ts: "event_timestamp"})
-    fingerprints = {view.name: hashlib.sha256(view.to_proto().spec.SerializeToString()).hexdigest()[:12]
-                    for view in views}
+    fingerprints = {view.name: definition_fingerprint(view) for view in views}
     frame, numeric = point_in_time(store, views, entity_df, fill=not keep_missing)
     dropped = len(entity_df) - len(frame)
     if dropped:
@@ -424,7 +446,40 @@ def training_data(location: StoreLocation | Path | str, feature_views: list[str]
                     dropped, len(entity_df))
     frame = frame.sort_values("event_timestamp", kind="stable").reset_index(drop=True)
     return TrainingData(frame=frame, feature_columns=numeric, label=labels.column, entity_rows=len(entity_df),
-                        dropped_by_ttl=dropped, feature_views=fingerprints, entities=keys, request_columns=request)
+                        dropped_by_ttl=dropped, feature_views=fingerprints, entities=keys, request_columns=request,
+                        view_columns={view.name: [f.name for f in view.features] for view in views})
+
+
+TIMESTAMPS = ("created_timestamp", "last_updated_timestamp")
+
+
+def definition_fingerprint(view) -> str:  # noqa: ANN001 - a feast (on-demand) feature view
+    """What the view computes (schema, ttl, sources, transformation), not
+    when Feast made its objects: the sources' timestamps are left out (a
+    request source gets a new one on every read), an on-demand view's
+    function counts by its source text (its pickled body differs between
+    processes), and maps are serialised in key order (protobuf's default
+    order varies between reads)."""
+    spec = view.to_proto().spec
+    _clear_timestamps(spec)
+    return hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()[:12]
+
+
+def _clear_timestamps(message) -> None:  # noqa: ANN001 - a protobuf message
+    for described, value in message.ListFields():
+        if described.name in TIMESTAMPS or (described.name == "body" and getattr(message, "body_text", "")):
+            message.ClearField(described.name)
+        elif described.message_type is None:
+            continue
+        elif described.message_type.GetOptions().map_entry:
+            if described.message_type.fields_by_name["value"].message_type is not None:
+                for item in value.values():
+                    _clear_timestamps(item)
+        elif described.label == described.LABEL_REPEATED:
+            for item in value:
+                _clear_timestamps(item)
+        else:
+            _clear_timestamps(value)
 
 
 def point_in_time(store, views: list, entity_df: pd.DataFrame,  # noqa: ANN001

@@ -4,7 +4,9 @@ local runner, and MLflow ends up with a registered version and its lineage."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,7 +77,20 @@ def test_example_trains_registers_and_does_not_train_twice(platform, kube, kubec
     assert {a.path for a in client.list_artifacts(version.run_id, "bottleneck")} == {
         "bottleneck/bottleneck.json", "bottleneck/trace.json.gz"}
 
-    # The same spec again: no new run, no new version.
+    # Reproduced from its lineage by the CLI: the same rows (dataset hash),
+    # auc within the stated 0.01, and nothing registered (checked below).
+    reproduced = subprocess.run([sys.executable, "-m", "kubeloop.cli", "reproduce", model_name, "1", "--json",
+                                 "--tolerance", "0.01"], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, **platform.env()})
+    assert reproduced.returncode == 0, reproduced.stdout[-3000:] + reproduced.stderr[-3000:]
+    report = json.loads(reproduced.stdout)
+    assert report["dataset"] == {"name": "dataset hash", "recorded": version.tags["dataset_hash"],
+                                 "now": version.tags["dataset_hash"], "changed": False}
+    auc = next(m for m in report["metrics"] if m["name"] == "auc")
+    assert auc["checked"] and auc["delta"] <= 0.01 and report["verdict"] == "reproduced"
+    assert client.get_run(report["run_id"]).data.tags["kubeloop.reproduces"] == f"{model_name}/1"
+
+    # The same spec again: no new run, no new version (nor from the reproduction).
     kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
     kubectl("annotate", "-n", namespace, "trainingjob", "fraud", "touched=yes")
     operator.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kubeloop.cli import api, demo, dev, operator, placement, registry, rollout, serving
+from kubeloop.cli import api, demo, dev, operator, placement, registry, reproduce, rollout, serving
 from kubeloop.featurestore import cli as features
 from kubeloop.pipelines import cli as pipelines
 
@@ -24,3 +24,4 @@ app.command("demo")(demo.demo)
 app.command("promote")(registry.promote)
 app.command("rollback")(registry.rollback)
 app.command("audit")(registry.audit)
+app.command("reproduce")(reproduce.reproduce)

@@ -55,3 +55,15 @@ DATA_SCHEMA = "kubeloop.data_schema"
 """runs:/ URI of the schema inferred from the version's training data
 (validation/data_schema.json): a later job's baseline when this version is
 its champion."""
+VIEW_HASHES = "kubeloop.view_hashes"
+"""Feature view name (and "(labels)") -> a content hash of the values it gave
+the training rows (JSON): `kubeloop reproduce` names the view whose data
+changed when the rebuilt data set's hash differs."""
+FACTORY_CODE = "kubeloop.factory_code"
+"""A hash of the source file of the factory's module, so a reproduction can
+say the network's code changed even where the git sha cannot (a user's package)."""
+OPTIMIZATION_SPEC = "kubeloop.optimization_spec"
+"""On an optimised version: the OptimizedModel spec (JSON) that made it."""
+REPRODUCES = "kubeloop.reproduces"
+"""On a run `kubeloop reproduce` made: name/version of the version it rebuilt
+(such a run is never registered nor promoted)."""
