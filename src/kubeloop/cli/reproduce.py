@@ -5,7 +5,9 @@ it reproduces. Exit 0: reproduced; 1: it differs; 2: it cannot be rebuilt
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -41,8 +43,11 @@ def reproduce(
 
     fail_fast()
     try:
-        report = rebuild(tracking_uri, model, version, feast_repo, work_dir,
-                         Tolerance(tuple(metric or ()), tolerance, output_tolerance))
+        # What the libraries print on the way (MLflow's "View run ... at" line)
+        # goes to stderr: stdout holds the report alone, so --json parses.
+        with contextlib.redirect_stdout(sys.stderr):
+            report = rebuild(tracking_uri, model, version, feast_repo, work_dir,
+                             Tolerance(tuple(metric or ()), tolerance, output_tolerance))
     except (LookupError, LineageError) as exc:
         console.print(f"[red]cannot reproduce:[/red] {exc}")
         raise typer.Exit(2) from None
