@@ -2,8 +2,9 @@
 the Triton behind it: every encoding tritonclient sends (JSON or the binary
 tensor data extension in; JSON, binary, or the client's default of binary
 when it names no outputs, out) gets the same tensors, the request's id and
-the same datatypes through the front as from Triton direct, and a bad
-tensor the same refusal. Backend: local
+the same datatypes through the front as from Triton direct, so do bodies
+and answers compressed (gzip, deflate), a bad tensor gets the same refusal,
+and the version's statistics have the same form. Backend: local
 (the router process and real tritonserver)."""
 
 from __future__ import annotations

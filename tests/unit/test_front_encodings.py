@@ -6,6 +6,8 @@ real tritonserver is in tests/e2e)."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import itertools
 import json
 
 import numpy as np
@@ -217,6 +219,7 @@ def echo_triton(received: list[dict]):  # noqa: ANN201 - an aiohttp application
 
     async def infer(request: web.Request) -> web.Response:
         assert "Inference-Header-Content-Length" not in request.headers
+        assert "Content-Encoding" not in request.headers and request.headers["Accept-Encoding"] == "identity"
         payload = json.loads(await request.read())
         received.append(payload)
         first = payload["inputs"][0]
@@ -352,3 +355,58 @@ def test_a_binary_body_the_front_cannot_read_is_a_400_and_never_reaches_triton(t
     assert f"input features has a binary_data_size but the request has no Inference-Header-Content-Length " \
            f"header: set it to {json_size}" in errors[0][1]
     assert "add up to 32 bytes but 36 follow" in errors[1][1] and "not a JSON object" in errors[2][1]
+
+
+def tritonclient_compressing(url: str, array: np.ndarray) -> dict[str, np.ndarray]:
+    """tritonclient's answers to the array sent in every pair of request and
+    answer compressions (None: none), binary and JSON in turn, by request id."""
+    client = InferenceServerClient(url.removeprefix("http://"), network_timeout=10)
+    answers = {}
+    for i, (request_coding, answer_coding) in enumerate(itertools.product(("gzip", "deflate", None), repeat=2)):
+        result = client.infer("fraud", [tensor(array, i % 2 == 0, "FP32")], request_id=f"c{i}",
+                              outputs=[InferRequestedOutput("echo", binary_data=i % 3 == 0),
+                                       InferRequestedOutput("probability")],  # what the request log reads
+                              request_compression_algorithm=request_coding, response_compression_algorithm=answer_coding)
+        answers[result.get_response()["id"]] = result.as_numpy("echo")
+    return answers
+
+
+async def gzipped_binary_answer(url: str, array: np.ndarray) -> tuple[dict, bytes]:
+    """The headers and raw body of a gzipped binary request asking for a gzipped binary answer."""
+    import aiohttp
+
+    body, json_size = request(array, "FP32", True, [InferRequestedOutput("echo", binary_data=True)])
+    headers = {"Content-Encoding": "gzip", "Accept-Encoding": "gzip", "Inference-Header-Content-Length": str(json_size)}
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        async with session.post(f"{url}/v2/models/fraud/infer", data=gzip.compress(body), headers=headers) as answer:
+            return dict(answer.headers), await answer.read()
+
+
+def test_compressed_requests_and_answers_work_as_tritonclient_asks_for_them(tmp_path, front_env):
+    """tritonclient's request_compression_algorithm and
+    response_compression_algorithm: the body is decoded before routing and
+    logging (Inference-Header-Content-Length counting the plain body's
+    bytes), Triton is called plain, and the answer comes back in the coding
+    asked, its binary header counting the plain answer's JSON, as Triton's."""
+    from aiohttp.test_utils import TestServer
+
+    from kubeloop.front import router as module
+    from kubeloop.requestlog import request_records
+
+    array = ARRAYS["FP32"](64)  # an answer long enough to be worth compressing
+
+    async def go() -> tuple[dict, tuple[dict, bytes], list[dict]]:
+        received: list[dict] = []
+        async with TestServer(echo_triton(received)) as triton:
+            path = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"))
+            async with module.running(path) as (url, _):
+                return (await asyncio.to_thread(tritonclient_compressing, url, array),
+                        await gzipped_binary_answer(url, array), received)
+
+    answers, (headers, body), received = asyncio.run(go())
+    assert len(answers) == 9 and all(same(found, array) for found in answers.values())
+    assert headers["Content-Encoding"] == "gzip" and headers["Content-Type"] == "application/octet-stream"
+    assert same(read(200, headers, gzip.decompress(body)).as_numpy("echo"), array)
+    assert len(received) == 10 and all(r["inputs"][0]["data"] == array.ravel().tolist() for r in received)
+    logged = {row["key"]: row["features"] for row in request_records(tmp_path / "requests")}
+    assert logged.keys() >= set(answers) and all(logged[key] == array.tolist() for key in answers)

@@ -8,6 +8,8 @@ proven per backend in tests/e2e."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import zlib
 
 from kubeloop.front.httpserver import Request, Response, Server, json_response
 from kubeloop.front.upstream import UpstreamError, Upstreams
@@ -133,6 +135,46 @@ def test_a_head_request_is_answered_as_its_get_without_the_body():
     [got] = _echo_server(handler, (b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n", b"the body"))
     # The GET's answer follows the HEAD's headers at once: nothing of a body between them.
     assert got == b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nContent-Type: application/json\r\n\r\n" * 2 + b"the body"
+
+
+def test_a_compressed_body_reaches_the_handler_plain_and_an_answer_is_compressed_as_the_caller_asks():
+    async def handler(request: Request) -> Response:
+        assert b"content-encoding" not in request.headers  # decoded once, at the edge
+        return Response(200, request.body)
+
+    plain = b"0123456789" * 60
+    gzipped = b"Content-Encoding: gzip\r\n"
+    asked = (_post("/", gzip.compress(plain), gzipped + b"Accept-Encoding: deflate;q=0.5, gzip;q=0.1\r\n")
+             + _post("/", zlib.compress(plain), b"Content-Encoding: deflate\r\nAccept-Encoding: identity\r\n")
+             + _post("/", b"short", b"Accept-Encoding: gzip\r\n"))
+    [got] = _echo_server(handler, (asked, b"short"))
+    deflated, as_sent, short = (b"HTTP/1.1" + answer for answer in got.split(b"HTTP/1.1")[1:])
+    head, _, body = deflated.partition(b"\r\n\r\n")
+    assert b"Content-Encoding: deflate" in head and zlib.decompress(body) == plain
+    assert b"Content-Length: %d" % len(body) in head
+    assert b"Content-Encoding" not in as_sent and as_sent.endswith(b"\r\n\r\n" + plain)
+    assert b"Content-Encoding" not in short  # too short to be worth compressing
+
+
+def test_a_body_that_cannot_be_decoded_is_refused_and_the_connection_serves_the_next_request():
+    async def handler(request: Request) -> Response:
+        return Response(200, b"served:" + request.body)
+
+    async def go():
+        server, port = await _serving(handler, max_body=1000)
+        try:
+            return await _exchange(port, _post("/", gzip.compress(b"\0" * 100_000), b"Content-Encoding: gzip\r\n")
+                                   + _post("/", b"not gzip", b"Content-Encoding: gzip\r\n")
+                                   + _post("/", b"x", b"Content-Encoding: br\r\n") + _post("/", b"fine"),
+                                   b"served:fine")
+        finally:
+            await server.close()
+
+    bomb, corrupt, unknown, fine = (b"HTTP/1.1" + a for a in asyncio.run(go()).split(b"HTTP/1.1")[1:])
+    assert bomb.startswith(b"HTTP/1.1 413") and b"decompresses to more than 1000 bytes" in bomb
+    assert corrupt.startswith(b"HTTP/1.1 400") and b"not valid gzip data, as its Content-Encoding says" in corrupt
+    assert unknown.startswith(b"HTTP/1.1 415") and b"Content-Encoding 'br' is not supported" in unknown
+    assert fine.startswith(b"HTTP/1.1 200") and b"Connection: close" not in bomb + corrupt + unknown
 
 
 def test_closing_waits_for_the_requests_under_way():

@@ -13,7 +13,10 @@ after IDLE_SECONDS, a request not read whole within READ_SECONDS answered 408
 and its connection closed (a caller trickling bytes holds no connection for
 long), a handler's exception answered 500 (logged) without ending the
 connection's other requests, an answer that cannot be written closing its
-connection (logged), and a HEAD request answered as its GET without the body.
+connection (logged), a HEAD request answered as its GET without the body, and
+HTTP's content codings (kubeloop.front.compression): a gzip or deflate body
+decoded before the handler reads it (its plain size within the body limit,
+413 beyond), and an answer compressed when the caller's Accept-Encoding asks.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Awaitable, Callable
 
 import httptools
 import orjson
+
+from kubeloop.front.compression import MIN_COMPRESSED, CodingError, chosen, compressed, decoded
 
 log = logging.getLogger("kubeloop.http")
 MAX_BODY = 16 * 2**20
@@ -82,6 +87,28 @@ def encode(response: Response, keep_alive: bool, head: bool = False) -> bytes:
         response.status, _REASONS.get(response.status, b""), len(response.body),
         b"Content-Type: %s\r\n" % response.content_type.encode() if response.body else b"", response.headers,
         b"" if keep_alive else b"Connection: close\r\n", b"" if head else response.body)
+
+
+def decode_body(request: Request, limit: int) -> Response | None:
+    """Put the request's plain body in place of a compressed one (and drop
+    its Content-Encoding, so nothing reads it twice); None, or the answer
+    refusing a body that cannot be decoded within limit bytes."""
+    coding = request.headers.pop(b"content-encoding", None)
+    try:
+        request.body = decoded(request.body, coding, limit)
+    except CodingError as exc:
+        return json_response({"error": str(exc)}, exc.status)
+    return None
+
+
+def compress_for(response: Response, accept_encoding: bytes | None) -> Response:
+    """The answer in the coding the caller prefers, when it asks for one
+    and the body is worth compressing (pure)."""
+    coding = chosen(accept_encoding) if accept_encoding and len(response.body) >= MIN_COMPRESSED else None
+    if coding is None:
+        return response
+    return replace(response, body=compressed(response.body, coding),
+                   headers=response.headers + b"Content-Encoding: %s\r\n" % coding.encode())
 
 
 class _Connection(asyncio.Protocol):
@@ -175,7 +202,7 @@ class _Connection(asyncio.Protocol):
 
     async def _answer(self, request: Request) -> None:
         try:
-            response = await self.server.handler(request)
+            response = decode_body(request, self.server.max_body) or await self.server.handler(request)
         except Exception:  # one request's failure is its own 500; the connection goes on
             log.exception("%s %s failed", request.method, request.path)
             response = json_response({"error": "internal error (see the front's log)"}, 500)
@@ -208,7 +235,8 @@ class _Connection(asyncio.Protocol):
         refused by the transport) closes the connection, the one way left to
         tell the caller, and False."""
         try:
-            transport.write(encode(response, request.keep_alive, head=request.method == "HEAD"))
+            coded = compress_for(response, request.headers.get(b"accept-encoding"))
+            transport.write(encode(coded, request.keep_alive, head=request.method == "HEAD"))
         except Exception:  # the server goes on; this connection cannot (its caller waits for this answer)
             log.exception("%s %s: the answer could not be written; closing the connection",
                           request.method, request.path)

@@ -42,6 +42,10 @@ tritonserver (KServe v2 protocol).
   asks (binary_data_output, an output's binary_data). A binary request is
   decoded on arrival, so all of the above reads the same tensors whatever
   the encoding; Triton is sent JSON (kubeloop.front.encoding says why).
+  A compressed body (Content-Encoding) is decoded, and an answer
+  compressed as Accept-Encoding asks, by the server at the edge
+  (kubeloop.front.compression): the router reads plain bytes, and its
+  calls to Triton stay uncompressed.
 
 Answers are read as the served version's signature says (the config's task,
 output, classes and threshold; see kubeloop.api.signature).
