@@ -117,10 +117,7 @@ def log_bottleneck(tracking_uri: str, run_id: str, report: dict, trace: Path | N
         client.log_metric(run_id, key, float(value))
     client.set_tag(run_id, VERDICT_TAG, report["verdict"])
     client.set_tag(run_id, ADVICE_TAG, report["advice"])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bottleneck.json"
-        path.write_text(json.dumps(report, indent=2, sort_keys=True))
-        client.log_artifact(run_id, str(path), BOTTLENECK)
+    client.log_dict(run_id, report, f"{BOTTLENECK}/bottleneck.json")
     if trace is not None:
         client.log_artifact(run_id, str(trace), BOTTLENECK)
 
@@ -157,11 +154,8 @@ def _log_report(client: MlflowClient, run_id: str, report_json: str) -> str:
     """The report and the schema it inferred as the run's artifacts
     (validation/report.json, validation/data_schema.json); its summary."""
     report = json.loads(report_json)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        (folder / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True))
-        (folder / "data_schema.json").write_text(json.dumps(report["schema"], indent=2, sort_keys=True))
-        client.log_artifacts(run_id, str(folder), VALIDATION_DIR)
+    client.log_dict(run_id, report, f"{VALIDATION_DIR}/report.json")
+    client.log_dict(run_id, report["schema"], f"{VALIDATION_DIR}/data_schema.json")
     summary = report["summary"]
     client.set_tag(run_id, tags.VALIDATION, summary)
     return summary
@@ -193,21 +187,21 @@ def champion_baseline(tracking_uri: str, champion) -> tuple[dict | None, pd.Data
     it (None for a version registered before kubeloop kept one) and its
     training sample (the drift job's reference; None if it has none)."""
     mlflow.set_tracking_uri(tracking_uri)
-    schema_uri = champion.tags.get(tags.DATA_SCHEMA)
-    reference_uri = champion.tags.get(tags.REFERENCE)
-    schema = reference = None
+    schema = _artifact(champion.tags.get(tags.DATA_SCHEMA), mlflow.artifacts.load_dict)
     with tempfile.TemporaryDirectory() as tmp:
-        if schema_uri:
-            try:
-                schema = json.loads(Path(mlflow.artifacts.download_artifacts(schema_uri, dst_path=tmp)).read_text())
-            except (mlflow.exceptions.MlflowException, OSError):
-                schema = None
-        if reference_uri:
-            try:
-                reference = pd.read_parquet(mlflow.artifacts.download_artifacts(reference_uri, dst_path=tmp))
-            except (mlflow.exceptions.MlflowException, OSError):
-                reference = None
+        reference = _artifact(champion.tags.get(tags.REFERENCE),
+                              lambda uri: pd.read_parquet(mlflow.artifacts.download_artifacts(uri, dst_path=tmp)))
     return schema, reference
+
+
+def _artifact(uri: str | None, read):  # noqa: ANN001, ANN202 - a reader of one artifact URI, and what it reads
+    """What read makes of the artifact at uri; None without a uri or when it cannot be read."""
+    if not uri:
+        return None
+    try:
+        return read(uri)
+    except (mlflow.exceptions.MlflowException, OSError):
+        return None
 
 
 def _validation_tags(client: MlflowClient, run_id: str) -> dict[str, str]:

@@ -211,7 +211,4 @@ def _notes(lineage: Lineage) -> list[str]:
 def _log_report(client, run_id: str, report: Report) -> None:  # noqa: ANN001 - MlflowClient
     """The verdict on the rebuild's run, and the whole report beside it."""
     client.set_tag(run_id, "kubeloop.reproduction.verdict", report.verdict[:5000])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(REPORT).name
-        path.write_text(json.dumps(report.to_dict(), indent=2, sort_keys=True))
-        client.log_artifact(run_id, str(path), str(Path(REPORT).parent))
+    client.log_dict(run_id, report.to_dict(), REPORT)
