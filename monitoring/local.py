@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from kubeloop.api.refs import ObjectRef
-from kubeloop import processes
+from kubeloop import forkserver, processes
 from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind, read_latest
 
 
 class LocalDriftMonitor(DriftMonitor):
-    def __init__(self, work_dir: Path, tracking_uri: str, feast_repo: str = "", kind: JobKind = DRIFT):
+    def __init__(self, work_dir: Path, tracking_uri: str, feast_repo: str = "", kind: JobKind = DRIFT,
+                 forkserver: bool = False):
+        """forkserver: whether the jobs start from work_dir's fork server."""
         self.kind = kind
+        self.work_dir = Path(work_dir) if forkserver else None
         self.root = Path(work_dir) / kind.folder
         self.where = {"tracking_uri": tracking_uri, "feast_repo": feast_repo}
         """MLflow and the default feature repository, as this machine reaches them."""
@@ -42,8 +44,9 @@ class LocalDriftMonitor(DriftMonitor):
         folder = self.folder(ref)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "job.json").write_text(json.dumps({**job, **self.where}, indent=2))
-        record = processes.start(self.kind.name, [sys.executable, "-m", self.kind.module, str(folder)],
-                                 folder / "logs")
+        python, env = forkserver.python(self.work_dir)
+        record = processes.start(self.kind.name, [python, "-m", self.kind.module, str(folder)], folder / "logs",
+                                 env=env)
         (folder / "process.json").write_text(json.dumps(record.to_dict()))
 
     def latest(self, ref: ObjectRef) -> dict | None:

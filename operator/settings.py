@@ -108,6 +108,10 @@ class OperatorConfig(BaseSettings):
     gpu_allocation: GpuAllocation = _env("KUBELOOP_GPU_ALLOCATION", "device-plugin")
     """How serving Pods ask for their GPU slice: device-plugin (extended
     resources) or dra (a ResourceClaim of NVIDIA's DRA driver's devices)."""
+    forkserver: bool = _env("KUBELOOP_FORKSERVER", True)
+    """Whether the local backends start pipeline steps and monitoring jobs
+    from a warm interpreter (kubeloop.forkserver) instead of a fresh one
+    each; off, each imports torch, MLflow and Feast again."""
     tensorrt: bool = _env("KUBELOOP_TENSORRT", False)
     """Whether the components image has TensorRT (KUBELOOP_TENSORRT=true)."""
     webhook_port: int = _env("KUBELOOP_WEBHOOK_PORT", 0, ge=0, le=65535)

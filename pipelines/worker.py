@@ -11,6 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from kubeloop import forkserver
 from kubeloop.processes import single_process_metrics
 from kubeloop.pipelines.backends.local import write_state
 
@@ -66,6 +67,9 @@ def main(run_dir: Path) -> int:
     request = json.loads((run_dir / "request.json").read_text())
     write_state(run_dir, phase="Running", progress="starting the pipeline")
     sys.stdout = ProgressTee(sys.stdout, run_dir)
+    # kfp starts each step as `sys.executable -m kfp.dsl.executor_main ...`:
+    # kubeloop-python forks it from the platform's warm interpreter instead.
+    sys.executable = forkserver.client_executable() or sys.executable
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "root"),
                raise_on_error=True)
     pipeline = pipeline_function(request["pipeline"])

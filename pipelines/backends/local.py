@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from kubeloop import processes
+from kubeloop import forkserver, processes
 from kubeloop.files import write_atomic
 from kubeloop.pipelines.backends.base import PipelineBackend, RunRequest, RunStatus
 
@@ -66,9 +66,12 @@ class LocalBackend(PipelineBackend):
     name = "local"
 
     def __init__(self, work_dir: Path, context: LocalContext, worker: str = "kubeloop.pipelines.worker",
-                 tensorrt: bool = False):
-        """tensorrt: whether this machine's Python has TensorRT for the optimiser."""
-        self.runs = Path(work_dir) / "runs"
+                 tensorrt: bool = False, forkserver: bool = False):
+        """tensorrt: whether this machine's Python has TensorRT for the optimiser;
+        forkserver: whether the steps start from work_dir's fork server."""
+        self.work_dir = Path(work_dir)
+        self.runs = self.work_dir / "runs"
+        self.forkserver = forkserver
         self.context = context
         self.worker = worker
         self.tensorrt = tensorrt
@@ -90,8 +93,9 @@ class LocalBackend(PipelineBackend):
         write_state(run_dir, phase="Pending", progress="starting the worker")
         # In a session of its own, recorded where `kubeloop dev down` finds it, and
         # with prometheus-client's mode decided by kubeloop, not by what the operator imported.
+        warm = forkserver.ensure(self.work_dir) if self.forkserver else {}
         worker = processes.start("worker", [sys.executable, "-m", self.worker, str(run_dir)], run_dir,
-                                 env={"PYTHONUNBUFFERED": "1", **STEP_MLFLOW_RETRIES})
+                                 env={"PYTHONUNBUFFERED": "1", **STEP_MLFLOW_RETRIES, **warm})
         write_state(run_dir, pid=worker.pid, create_time=worker.create_time)
         return self.status(request.name)
 

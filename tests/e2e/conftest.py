@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeloop import processes
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
@@ -50,6 +51,8 @@ def start_operator(platform, kube, tmp_path):
                 _delete_inference_services(kube, op.namespaces)
         finally:
             op.stop()
+            # Left alone it would exit once idle; the next tests want its memory now.
+            processes.stop_all_under(Path(op.env["KUBELOOP_WORK_DIR"]) / "forkserver")
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ champion serving."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -38,10 +39,15 @@ def retrain_jobs(story: Loop) -> list[str]:
 
 
 @pytest.mark.timeout(1800)  # the story's own waits (scaled for slow machines) should speak first
-def test_drift_retrains_gates_canaries_and_promotes(loop):
+def test_drift_retrains_gates_canaries_and_promotes(loop, tmp_path):
     for title, step in loop.steps():
         print(f"{title}: {step()}")
     facts = loop.facts
+    # Local path: the steps and the drift checks were forked from the work
+    # dir's warm interpreter, and each ended well there.
+    forked = (tmp_path / "work" / "forkserver" / "server.log").read_text()
+    assert forked.count("kfp.dsl.executor_main (pid") >= 8 and "kubeloop.monitoring.job (pid" in forked
+    assert not re.search(r"executor_main \(pid \d+\) exited with [1-9]", forked), forked
 
     # Each hop happened after the one before it.
     alert, job = facts["alert"], facts["retrain_job"]

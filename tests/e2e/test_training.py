@@ -111,6 +111,10 @@ def test_example_trains_registers_and_does_not_train_twice(platform, kube, kubec
     changed = finished(kube, namespace, "fraud")
     assert changed["status"]["phase"] == "Succeeded" and changed["status"]["model"]["version"] == "2"
     assert changed["status"]["observedGeneration"] == changed["metadata"]["generation"]
+    # Local path: each run's five steps were forked from the work dir's warm
+    # interpreter (kubeloop.forkserver), through both operator restarts.
+    forked = (Path(operator.env["KUBELOOP_WORK_DIR"]) / "forkserver" / "server.log").read_text()
+    assert forked.count("kfp.dsl.executor_main (pid") == forked.count("exited with 0") == 10, forked
 
 
 def test_a_failing_step_fails_the_job_and_the_operator_carries_on(kube, kubectl, namespace, operator):
