@@ -14,10 +14,11 @@ from kubeloop.monitoring.base import DRIFT, DriftMonitor, JobKind, read_latest
 
 class LocalDriftMonitor(DriftMonitor):
     def __init__(self, work_dir: Path, tracking_uri: str, feast_repo: str = "", kind: JobKind = DRIFT,
-                 forkserver: bool = False):
-        """forkserver: whether the jobs start from work_dir's fork server."""
+                 forkserver: Path | None = None):
+        """forkserver: the folder whose fork server starts the jobs (None: each
+        job a fresh interpreter)."""
         self.kind = kind
-        self.work_dir = Path(work_dir) if forkserver else None
+        self.forkserver = forkserver
         self.root = Path(work_dir) / kind.folder
         self.where = {"tracking_uri": tracking_uri, "feast_repo": feast_repo}
         """MLflow and the default feature repository, as this machine reaches them."""
@@ -44,7 +45,7 @@ class LocalDriftMonitor(DriftMonitor):
         folder = self.folder(ref)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "job.json").write_text(json.dumps({**job, **self.where}, indent=2))
-        python, env = forkserver.python(self.work_dir)
+        python, env = forkserver.python(self.forkserver)
         record = processes.start(self.kind.name, [python, "-m", self.kind.module, str(folder)], folder / "logs",
                                  env=env)
         (folder / "process.json").write_text(json.dumps(record.to_dict()))

@@ -191,6 +191,16 @@ class OperatorConfig(BaseSettings):
             _ENVIRON.reset(token)
 
     @property
+    def forkserver_home(self) -> Path | None:
+        """Whose fork server the local backends start their processes from:
+        the local platform's (one for every operator of it, stopped with it)
+        where KUBELOOP_STATE_DIR names it, else the work dir's; None with
+        KUBELOOP_FORKSERVER off."""
+        if not self.forkserver:
+            return None
+        return self.platform_state_dir or self.state_dir
+
+    @property
     def state_dir(self) -> Path:
         """Where the local backends keep runs, model repositories and logs:
         KUBELOOP_WORK_DIR, else under the local platform's state directory,

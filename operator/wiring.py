@@ -62,7 +62,8 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
                                      "(`kubeloop dev env` prints it, and KUBELOOP_FEAST_REPO, the default store)")
         context = LocalContext(feast_repo=str(config.feast_repo or ""), tracking_uri=config.tracking_uri,
                                git_sha=git_sha())
-        return {name: LocalBackend(config.state_dir, context, tensorrt=config.tensorrt, forkserver=config.forkserver)}
+        return {name: LocalBackend(config.state_dir, context, tensorrt=config.tensorrt,
+                                   forkserver=config.forkserver_home)}
     from kubeloop.pipelines.backends.kfp import KfpBackend
     from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
     from kubeloop.pipelines.environment import StepEnvironment
@@ -155,7 +156,7 @@ def build_monitor(config: OperatorConfig, kube: Kube, kind: JobKind = DRIFT) -> 
     from kubeloop.monitoring.local import LocalDriftMonitor
 
     return LocalDriftMonitor(config.state_dir, config.tracking_uri, str(config.feast_repo or ""), kind,
-                             forkserver=config.forkserver)
+                             forkserver=config.forkserver_home)
 
 
 def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:

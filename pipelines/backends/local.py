@@ -66,11 +66,11 @@ class LocalBackend(PipelineBackend):
     name = "local"
 
     def __init__(self, work_dir: Path, context: LocalContext, worker: str = "kubeloop.pipelines.worker",
-                 tensorrt: bool = False, forkserver: bool = False):
+                 tensorrt: bool = False, forkserver: Path | None = None):
         """tensorrt: whether this machine's Python has TensorRT for the optimiser;
-        forkserver: whether the steps start from work_dir's fork server."""
-        self.work_dir = Path(work_dir)
-        self.runs = self.work_dir / "runs"
+        forkserver: the folder whose fork server starts the steps (None: each
+        step a fresh interpreter)."""
+        self.runs = Path(work_dir) / "runs"
         self.forkserver = forkserver
         self.context = context
         self.worker = worker
@@ -93,7 +93,7 @@ class LocalBackend(PipelineBackend):
         write_state(run_dir, phase="Pending", progress="starting the worker")
         # In a session of its own, recorded where `kubeloop dev down` finds it, and
         # with prometheus-client's mode decided by kubeloop, not by what the operator imported.
-        warm = forkserver.ensure(self.work_dir) if self.forkserver else {}
+        warm = forkserver.ensure(self.forkserver) if self.forkserver else {}
         worker = processes.start("worker", [sys.executable, "-m", self.worker, str(run_dir)], run_dir,
                                  env={"PYTHONUNBUFFERED": "1", **STEP_MLFLOW_RETRIES, **warm})
         write_state(run_dir, pid=worker.pid, create_time=worker.create_time)

@@ -331,11 +331,11 @@ def _exit(code: int) -> None:
 
 # Starting the platform's server.
 
-def python(state_dir: Path | None) -> tuple[str, dict[str, str]]:
+def python(home: Path | None) -> tuple[str, dict[str, str]]:
     """The interpreter to start `-m MODULE` with, and what to add to its
-    environment: kubeloop-python and the fork server of state_dir where it is
-    given, else this interpreter."""
-    env = ensure(state_dir) if state_dir is not None else {}
+    environment: kubeloop-python and home's fork server where home is given,
+    else this interpreter."""
+    env = ensure(home) if home is not None else {}
     return (str(_client_path()), env) if env else (sys.executable, {})
 
 
@@ -343,13 +343,14 @@ def _client_path() -> Path:
     return Path(sysconfig.get_path("scripts")) / CLIENT
 
 
-def ensure(state_dir: Path, preload: tuple[str, ...] = PRELOAD, idle: float = IDLE_SECONDS) -> dict[str, str]:
-    """The environment that sends kubeloop-python to this platform's fork
-    server, started here (importing preload) unless it runs already; {} where
-    kubeloop-python is not installed (the processes then start cold)."""
+def ensure(home: Path, preload: tuple[str, ...] = PRELOAD, idle: float = IDLE_SECONDS) -> dict[str, str]:
+    """The environment that sends kubeloop-python to home's fork server (a
+    platform's state dir or an operator's work dir), started here (importing
+    preload) unless it runs already; {} where kubeloop-python is not
+    installed (the processes then start cold)."""
     if not _client_path().exists():
         return {}
-    folder = Path(state_dir) / "forkserver"
+    folder = Path(home) / "forkserver"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / "server.sock"
     with open(folder / "lock", "w") as lock:

@@ -7,11 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from kubeloop import processes
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
+
+REAL_NODE_MODULE = "test_real_node.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Split over workers (make test), each module runs whole on one worker,
+    in this order: the real node's first, as the longest (its image builds,
+    started by make test, are waited for), then the others as written."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.path.name != REAL_NODE_MODULE)
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +47,9 @@ def start_operator(platform, kube, tmp_path):
     def start(namespaces: list[str], **env: str) -> OperatorProcess:
         defaults = {"KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKENDS": "noop",
                     "KUBELOOP_PIPELINE_BACKEND": "noop",
-                    "KUBELOOP_RESYNC_SECONDS": "2", "KUBELOOP_WORK_DIR": str(tmp_path / "work")}
+                    "KUBELOOP_RESYNC_SECONDS": "2", "KUBELOOP_WORK_DIR": str(tmp_path / "work"),
+                    # As `kubeloop dev env` sets it: the platform's fork server, shared by the session's tests.
+                    "KUBELOOP_STATE_DIR": str(platform.dir)}
         logs = tmp_path / ("operator" if not started else f"operator-{len(started)}")
         op = OperatorProcess(platform.kubeconfig, logs, {**defaults, **env}, namespaces)
         started.append(op.start())
@@ -51,8 +62,6 @@ def start_operator(platform, kube, tmp_path):
                 _delete_inference_services(kube, op.namespaces)
         finally:
             op.stop()
-            # Left alone it would exit once idle; the next tests want its memory now.
-            processes.stop_all_under(Path(op.env["KUBELOOP_WORK_DIR"]) / "forkserver")
 
 
 @pytest.fixture

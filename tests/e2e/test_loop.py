@@ -18,6 +18,7 @@ from kubeloop.registry.mlflow import MlflowRegistry
 from kubeloop.story.loop import Loop, wait_until
 
 from tests.support.alerts import post_alert
+from tests.support.forked import ForkLog
 from tests.support.stories import story_inputs
 
 pytestmark = pytest.mark.e2e
@@ -39,15 +40,16 @@ def retrain_jobs(story: Loop) -> list[str]:
 
 
 @pytest.mark.timeout(1800)  # the story's own waits (scaled for slow machines) should speak first
-def test_drift_retrains_gates_canaries_and_promotes(loop, tmp_path):
+def test_drift_retrains_gates_canaries_and_promotes(loop, platform):
+    fork_log = ForkLog(platform.dir)
     for title, step in loop.steps():
         print(f"{title}: {step()}")
     facts = loop.facts
-    # Local path: the steps and the drift checks were forked from the work
-    # dir's warm interpreter, and each ended well there.
-    forked = (tmp_path / "work" / "forkserver" / "server.log").read_text()
-    assert forked.count("kfp.dsl.executor_main (pid") >= 8 and "kubeloop.monitoring.job (pid" in forked
-    assert not re.search(r"executor_main \(pid \d+\) exited with [1-9]", forked), forked
+    # Local path: the steps and the drift checks were forked from the
+    # platform's warm interpreter, and ended well there.
+    forked = fork_log.since()
+    assert len(re.findall(r"kfp.dsl.executor_main \(pid \d+\) exited with 0\n", forked)) >= 8, forked
+    assert re.search(r"kubeloop.monitoring.job \(pid \d+\) exited with 0\n", forked), forked
 
     # Each hop happened after the one before it.
     alert, job = facts["alert"], facts["retrain_job"]

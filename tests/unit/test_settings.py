@@ -118,13 +118,16 @@ def test_the_cluster_runs_drift_checks_as_jobs_and_puts_the_front_in_front():
 
 
 def test_the_local_backends_start_their_processes_warm_unless_told_not_to(tmp_path):
-    """Local path (settings): KUBELOOP_FORKSERVER reaches the local pipeline
-    backend and the local monitors; off, they start plain interpreters."""
+    """Local path (settings): the local pipeline backend and the local
+    monitors fork from the platform's server (KUBELOOP_STATE_DIR), else the
+    work dir's; KUBELOOP_FORKSERVER=false gives them plain interpreters."""
     from kubeloop.operator.wiring import build_monitor, build_pipeline_backends
 
-    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "KUBELOOP_WORK_DIR": str(tmp_path)}
-    assert build_pipeline_backends(OperatorConfig.from_env(env))["local"].forkserver
-    assert build_monitor(OperatorConfig.from_env(env), kube=None).work_dir == tmp_path
+    env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "KUBELOOP_WORK_DIR": str(tmp_path / "work")}
+    assert build_pipeline_backends(OperatorConfig.from_env(env))["local"].forkserver == tmp_path / "work"
+    platform = OperatorConfig.from_env({**env, "KUBELOOP_STATE_DIR": str(tmp_path / "platform")})
+    assert build_pipeline_backends(platform)["local"].forkserver == tmp_path / "platform"
+    assert build_monitor(platform, kube=None).forkserver == tmp_path / "platform"
     off = OperatorConfig.from_env({**env, "KUBELOOP_FORKSERVER": "false"})
-    assert not build_pipeline_backends(off)["local"].forkserver
-    assert build_monitor(off, kube=None).work_dir is None
+    assert build_pipeline_backends(off)["local"].forkserver is None
+    assert build_monitor(off, kube=None).forkserver is None
