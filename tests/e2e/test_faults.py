@@ -43,7 +43,10 @@ def test_one_run_through_a_graceful_restart_an_api_server_restart_and_two_mlflow
        promotion completes once MLflow is back, with one audit entry.
     """
     op = local_operator()
+    # Enough epochs for the train step to outlast the restarts of parts 1 and
+    # 2 (about a minute): with the steps forked warm, two epochs take seconds.
     job = training_job(namespace, "faults")
+    job["spec"]["hyperparameters"]["epochs"] = 60
     job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
                                 "gates": {"metrics": [{"metric": "auc", "min": 0.5}]}}
     model = job["spec"]["modelName"]
