@@ -52,6 +52,7 @@ PR_SET_PDEATHSIG = 1
 BIND_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 10.0
 MAX_REQUEST = 16 << 20  # arguments and environment, as JSON
+MAX_LOGGED_EXITS = 100_000  # a line each, about 6 MB of log
 IDLE_ENV = "KUBELOOP_FORKSERVER_IDLE_SECONDS"
 IDLE_SECONDS = 600.0
 """A server with nothing to run for this long exits (the memory of its
@@ -148,10 +149,25 @@ def _preload(modules: list[str]) -> None:
     processes.single_process_metrics()
 
 
+class ExitLog:
+    """A line per child on stdout (the server's log), up to limit lines."""
+
+    def __init__(self, limit: int):
+        self.limit, self.count = limit, 0
+
+    def record(self, line: str) -> None:
+        self.count += 1
+        if self.count <= self.limit:
+            print(line, flush=True)
+        elif self.count == self.limit + 1:
+            print(f"{self.limit} exits logged: the later ones are not", flush=True)
+
+
 class Server:
     def __init__(self, listener: socket.socket, idle: float):
         self.listener, self.idle = listener, idle
         self.pid = os.getpid()
+        self.exits = ExitLog(MAX_LOGGED_EXITS)
         self.children: dict[int, tuple[socket.socket, str]] = {}
         """pid -> the caller's connection and the module the child runs"""
         self.selector = selectors.DefaultSelector()
@@ -233,7 +249,7 @@ class Server:
     def _finished(self, pid: int, code: int) -> None:
         conn, module = self.children.pop(pid)
         code = code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
-        print(f"{module} (pid {pid}) exited with {code}", flush=True)
+        self.exits.record(f"{module} (pid {pid}) exited with {code}")
         with contextlib.suppress(OSError):
             conn.sendall(STATUS.pack(code))
         with contextlib.suppress(KeyError, ValueError):

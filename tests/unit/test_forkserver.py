@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -100,8 +99,9 @@ def test_a_killed_server_takes_its_children_and_the_caller_says_so(probe_dir, se
     caller = subprocess.Popen([str(CLIENT), "-m", "probe", "sleep"], env=full, cwd=probe_dir,
                               stderr=subprocess.PIPE, text=True)
     child = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), timeout=60))
-    server_pid = psutil.Process(child).ppid()
-    os.kill(server_pid, signal.SIGKILL)
+    server = psutil.Process(psutil.Process(child).ppid())
+    assert "kubeloop.forkserver" in server.cmdline(), "the child should be the server's, not a cold process"
+    server.kill()
     assert caller.wait(timeout=30) == 1 and "went away while running probe" in caller.stderr.read()
     wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
 
@@ -144,3 +144,11 @@ def test_a_caller_that_is_not_kubeloop_python_is_turned_away_and_the_next_is_ser
     assert answer == b"", "the server should close on a stranger"
     warm = wait_for(lambda: (r := run(probe_dir, server)) and json.loads(r.stdout)["preloaded"] and r, timeout=60)
     assert warm.returncode == 0
+
+
+def test_the_servers_log_of_exits_is_bounded_and_says_so(capsys):
+    log = forkserver.ExitLog(limit=2)
+    for pid in range(5):
+        log.record(f"probe (pid {pid}) exited with 0")
+    assert capsys.readouterr().out.splitlines() == [
+        "probe (pid 0) exited with 0", "probe (pid 1) exited with 0", "2 exits logged: the later ones are not"]
