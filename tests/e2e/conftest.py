@@ -12,16 +12,6 @@ from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
-REAL_NODE_MODULE = "test_real_node.py"
-
-
-def pytest_collection_modifyitems(config, items):
-    """Split over workers (make test), each module runs whole on one worker,
-    in this order: the real node's first, as the longest (its image builds,
-    started by make test, are waited for), then the others as written."""
-    if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.path.name != REAL_NODE_MODULE)
-
 
 @pytest.fixture(scope="session")
 def kubectl(platform):
