@@ -27,11 +27,7 @@ class LocalDriftMonitor(DriftMonitor):
         return self.root / f"{ref.namespace}-{ref.name}"
 
     def _record(self, ref: ObjectRef) -> processes.ProcessRecord | None:
-        path = self.folder(ref) / "process.json"
-        try:
-            return processes.ProcessRecord(**json.loads(path.read_text()))
-        except (FileNotFoundError, ValueError, TypeError):
-            return None
+        return processes.ProcessRecord.read(self.folder(ref) / "process.json")
 
     def running(self, ref: ObjectRef) -> bool:
         record = self._record(ref)

@@ -60,7 +60,8 @@ preloaded libraries, about 1 GiB, goes back); the next caller starts cold
 and the next ensure() starts another."""
 
 
-# The caller's side (kubeloop-python): no imports beyond the standard library's.
+# The caller's side (kubeloop-python), which starts every step: it imports
+# none of the libraries the server preloads.
 
 def main() -> None:
     args = sys.argv[1:]
@@ -146,7 +147,6 @@ def _preload(modules: list[str]) -> None:
         except Exception:  # noqa: BLE001 - a child that needs it imports it itself, and fails there
             print(f"fork server: not preloaded: {name}", file=sys.stderr)
     os.environ.pop("_KFP_RUNTIME")
-    processes.single_process_metrics()
 
 
 class ExitLog:
@@ -385,11 +385,8 @@ def ensure(home: Path, preload: tuple[str, ...] = PRELOAD, idle: float = IDLE_SE
 
 
 def _running(folder: Path) -> bool:
-    try:
-        record = processes.ProcessRecord(**json.loads((folder / f"server{processes.RECORD_SUFFIX}").read_text()))
-    except (OSError, ValueError, TypeError):
-        return False
-    return record.running()
+    record = processes.ProcessRecord.read(folder / f"server{processes.RECORD_SUFFIX}")
+    return record is not None and record.running()
 
 
 if __name__ == "__main__":

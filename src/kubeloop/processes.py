@@ -42,6 +42,14 @@ class ProcessRecord:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def read(cls, path: Path) -> "ProcessRecord | None":
+        """The record kept at path; None where there is none (or not one)."""
+        try:
+            return cls(**json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
 
 # prometheus-client's mode, decided here for every process kubeloop starts
 # (servers, pipeline workers and, through the workers, their steps): single
@@ -87,11 +95,8 @@ def stop_all_under(root: Path) -> list[ProcessRecord]:
     its work folder; returns the ones that were still running."""
     stopped = []
     for path in sorted(Path(root).rglob(f"*{RECORD_SUFFIX}")):
-        try:
-            record = ProcessRecord(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue
-        if record.running():
+        record = ProcessRecord.read(path)
+        if record is not None and record.running():
             stop(record)
             stopped.append(record)
     return stopped

@@ -38,7 +38,7 @@ def start_operator(platform, kube, tmp_path):
         defaults = {"KUBELOOP_REGISTRY": "memory", "KUBELOOP_PIPELINE_BACKENDS": "noop",
                     "KUBELOOP_PIPELINE_BACKEND": "noop",
                     "KUBELOOP_RESYNC_SECONDS": "2", "KUBELOOP_WORK_DIR": str(tmp_path / "work"),
-                    # As `kubeloop dev env` sets it: the platform's fork server, shared by the session's tests.
+                    # The platform's fork server, shared by the session's tests (their work dirs differ).
                     "KUBELOOP_STATE_DIR": str(platform.dir)}
         logs = tmp_path / ("operator" if not started else f"operator-{len(started)}")
         op = OperatorProcess(platform.kubeconfig, logs, {**defaults, **env}, namespaces)
