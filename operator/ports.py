@@ -20,7 +20,8 @@ from kubeloop.serving.base import ServingBackend
 class TrafficAnalysis(Protocol):
     """The front's measurements of two versions (kubeloop.monitoring.outcomes.traffic)."""
 
-    def sample(self, service: str, champion: str, challenger: str, window: float) -> TrafficSample: ...
+    def sample(self, service: str, champion: str, challenger: str, window: float, settle: float = 0.0,
+               ) -> TrafficSample: ...
 
 
 class Objects(Protocol):

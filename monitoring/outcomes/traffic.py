@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 import requests
 
 
+MIN_RANGE = 10
+"""Seconds: the shortest range a query reads (two of Prometheus's scrapes)."""
+
+
 class AnalysisUnavailable(Exception):
     """Prometheus could not be asked (down, or refused the query): try again."""
 
@@ -27,24 +31,35 @@ class TrafficSample:
     errors: dict[str, float] = field(default_factory=dict)
     """Version -> those answered with a 5xx status."""
     p99: dict[str, float] = field(default_factory=dict)
-    """Version -> 99th percentile latency, seconds (absent without requests)."""
+    """Version -> 99th percentile latency over the latency window, seconds
+    (absent without requests there)."""
+    timed: dict[str, float] = field(default_factory=dict)
+    """Version -> requests answered in the latency window (the window less
+    its first settle seconds)."""
     comparisons: float = 0.0
     """Paired requests: answered by the challenger and also by the champion."""
     disagreements: float = 0.0
     """Paired requests the two decided differently."""
 
 
-def queries(service: str, champion: str, challenger: str, window: int) -> dict[str, str]:
+def queries(service: str, champion: str, challenger: str, window: int, latency_window: int | None = None,
+            ) -> dict[str, str]:
     """The PromQL of a sample (pure). Roles primary and canary only: the
-    champion's paired answers and a shadow's copies are no caller's."""
+    champion's paired answers and a shadow's copies are no caller's.
+    latency_window: the trailing part of the window that p99 and timed
+    read; None leaves them out."""
     callers = f'service="{service}", role=~"primary|canary", version=~"{champion}|{challenger}"'
     pair = f'service="{service}", primary="{champion}", canary="{challenger}"'
-    return {
+    duration = "kubeloop_inference_request_duration_seconds"
+    latency = {} if latency_window is None else {
+        "p99": f"histogram_quantile(0.99, sum by (le, version) (increase({duration}_bucket{{{callers}}}"
+               f"[{latency_window}s])))",
+        "timed": f"sum by (version) (increase({duration}_count{{{callers}}}[{latency_window}s]))",
+    }
+    return latency | {
         "requests": f"sum by (version) (increase(kubeloop_inference_requests_total{{{callers}}}[{window}s]))",
         "errors": f'sum by (version) (increase(kubeloop_inference_requests_total{{{callers}, code=~"5.."}}'
                   f"[{window}s]))",
-        "p99": "histogram_quantile(0.99, sum by (le, version) (increase("
-               f"kubeloop_inference_request_duration_seconds_bucket{{{callers}}}[{window}s])))",
         "comparisons": f"sum(increase(kubeloop_canary_comparisons_total{{{pair}}}[{window}s]))",
         "disagreements": f"sum(increase(kubeloop_canary_disagreements_total{{{pair}}}[{window}s]))",
     }
@@ -57,12 +72,18 @@ class PrometheusTraffic:
         self.url = url.rstrip("/")
         self.timeout = timeout
 
-    def sample(self, service: str, champion: str, challenger: str, window: float) -> TrafficSample:
+    def sample(self, service: str, champion: str, challenger: str, window: float, settle: float = 0.0,
+               ) -> TrafficSample:
+        """settle: the window's first seconds that latency does not read."""
         # Prometheus wants a whole-second range of at least two scrapes.
-        text = queries(service, champion, challenger, max(10, math.ceil(window)))
-        by_version = {name: self._by_version(text[name]) for name in ("requests", "errors", "p99")}
+        latency_window = math.floor(window - settle)
+        text = queries(service, champion, challenger, max(MIN_RANGE, math.ceil(window)),
+                       latency_window if latency_window >= MIN_RANGE else None)
+        by_version = {name: self._by_version(text[name]) if name in text else {}
+                      for name in ("requests", "errors", "p99", "timed")}
         return TrafficSample(requests=by_version["requests"], errors=by_version["errors"],
                              p99={v: q for v, q in by_version["p99"].items() if math.isfinite(q)},
+                             timed=by_version["timed"],
                              comparisons=self._scalar(text["comparisons"]),
                              disagreements=self._scalar(text["disagreements"]))
 

@@ -163,7 +163,7 @@ def _traffic(ref: ObjectRef, current: RolloutStatus, now: float, ports: Ports): 
         return None
     try:
         return ports.traffic.sample(f"{ref.namespace}/{ref.name}", current.champion, current.challenger,
-                                    now - epoch(current.step_started_at))
+                                    now - epoch(current.step_started_at), rollouts.LATENCY_SETTLE)
     except AnalysisUnavailable:
         return None
 

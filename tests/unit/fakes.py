@@ -106,7 +106,9 @@ class FakeTraffic:
 
     def healthy(self, champion: str, challenger: str, requests: float = 500) -> TrafficSample:
         return TrafficSample(requests={champion: requests * 4, challenger: requests}, errors={},
-                             p99={champion: 0.01, challenger: 0.011}, comparisons=requests / 10, disagreements=0)
+                             p99={champion: 0.01, challenger: 0.011}, comparisons=requests / 10, disagreements=0,
+                             timed={champion: requests * 4, challenger: requests})
 
-    def sample(self, service: str, champion: str, challenger: str, window: float) -> TrafficSample:
+    def sample(self, service: str, champion: str, challenger: str, window: float, settle: float = 0.0,
+               ) -> TrafficSample:
         return self.sample_for.get((champion, challenger)) or self.healthy(champion, challenger)

@@ -18,9 +18,12 @@ T0 = 1_800_000_000.0
 
 
 def healthy(requests: int = 400, errors: int = 0, p99: float = 0.010, comparisons: int = 100,
-            disagreements: int = 5) -> Evidence:
+            disagreements: int = 5, timed: int | None = None) -> Evidence:
+    """timed: the challenger's requests in the latency window (all of them unless said)."""
+    timed = requests if timed is None else timed
     return Evidence(TrafficSample(requests={"1": requests * 4, "2": requests}, errors={"1": 0, "2": errors},
-                                  p99={"1": 0.010, "2": p99}, comparisons=comparisons, disagreements=disagreements))
+                                  p99={"1": 0.010, "2": p99}, comparisons=comparisons, disagreements=disagreements,
+                                  timed={"1": timed * 4, "2": timed}))
 
 
 def test_a_healthy_challenger_moves_through_every_step_then_is_promoted():
@@ -76,6 +79,16 @@ def test_a_small_p99_rise_is_within_the_tolerance_whatever_its_ratio():
     assert "p99 latency 12.00x" in judge(tolerant, status, healthy(p99=0.120)).message
 
 
+def test_latency_waits_for_enough_requests_after_the_step_settled():
+    """The p99s are compared only over the step less its first seconds, and
+    only once both versions answered enough requests there: a slow start
+    alone aborts nothing."""
+    status = start(ROLLOUT, "1", "2", T0, None)
+    early = judge(RolloutAnalysis(), status, healthy(p99=2.5, timed=150))
+    assert early.verdict == "Pass" and early.latency_ratio is None
+    assert "p99 latency" in judge(RolloutAnalysis(), status, healthy(p99=2.5, timed=250)).message
+
+
 def paired(champion: np.ndarray, challenger: np.ndarray) -> PairedLosses:
     return PairedLosses(Stream.of(champion), Stream.of(challenger), Stream.of(challenger - champion))
 
@@ -126,10 +139,12 @@ def test_an_action_left_from_an_earlier_rollout_is_not_applied_to_a_new_one():
 
 
 def test_the_queries_count_callers_answers_only():
-    text = queries("ns/fraud", "1", "2", 60)
+    text = queries("ns/fraud", "1", "2", 60, 50)
     assert 'role=~"primary|canary"' in text["requests"] and "[60s]" in text["requests"]
     assert 'code=~"5.."' in text["errors"] and "histogram_quantile(0.99" in text["p99"]
     assert 'primary="1", canary="2"' in text["comparisons"]
+    assert "[50s]" in text["p99"] and "_count{" in text["timed"] and "[50s]" in text["timed"]
+    assert "p99" not in queries("ns/fraud", "1", "2", 60) and "timed" not in queries("ns/fraud", "1", "2", 60)
 
 
 def test_a_step_s_time_runs_only_while_the_challenger_answers():
