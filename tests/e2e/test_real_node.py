@@ -1515,14 +1515,16 @@ def assert_host_clean(state_dirs: list[Path], pids: list[int], sysctls_before: d
         assert not Path(folder).exists(), list(Path(folder).rglob("*"))
 
 
-def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, served, tmp_path):
+def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(real, served, tmp_path_factory):
     """Cluster path: a second real node is refused while one runs; a real
     node killed without teardown (every process
     SIGKILLed, its Pods' processes left running) is cleaned up by the next
     `dev up`, whose node then runs Pods; its `dev down` leaves no process,
     mount, cgroup, bridge, iptables chain, route or sysctl change behind."""
     served.close()  # the crash below takes the API server the operator needs to stop its local Triton
-    refused = Platform(tmp_path / "refused", real_node=True)
+    # Beside the first node's state (the kubelet's sockets live under it, and
+    # a test's own folder can be too long for them).
+    refused = Platform(tmp_path_factory.mktemp("refused") / "state", real_node=True)
     with pytest.raises(NodeBusy, match=f"dev down --state-dir {real.platform.dir}"):
         refused.up()  # while the first node runs, a second is refused before it starts anything
     assert not refused.dir.exists()
@@ -1538,7 +1540,7 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
         os.kill(record.pid, signal.SIGKILL)
     assert host.leftovers(crashed.dir)["cgroups"], "the crash should have left the Pod's cgroups"
 
-    second = Platform(tmp_path / "second", real_node=True)
+    second = Platform(tmp_path_factory.mktemp("second") / "state", real_node=True)
     try:
         second.up()
         kube = second.kube()

@@ -15,10 +15,10 @@ from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
     NodePaths, build_cni_config, build_containerd_config, build_kube_proxy_config, build_kubelet_config,
-    kubelet_argv,
+    kubelet_argv, socket_path_problem,
 )
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
-from kubeloop.dev.platform import KWOK_CIDR
+from kubeloop.dev.platform import KWOK_CIDR, Platform, PlatformError
 
 PATHS = NodePaths(Path("/state/node"), Path("/run/kubeloop/0123456789ab"))
 CRI = "io.containerd.grpc.v1.cri"
@@ -170,3 +170,17 @@ def test_a_second_build_of_an_image_waits_for_the_first(tmp_path, monkeypatch):
     for thread in threads:
         thread.join(10)
     assert order == ["first in", "first out", "second in"]
+
+
+def test_a_state_dir_too_long_for_the_kubelet_s_sockets_is_refused_before_anything_starts(tmp_path):
+    """The kubelet binds sockets under its root: past a unix socket path's
+    107 bytes it dies at start (seen under xdist's longer temporary
+    folders), so `dev up` refuses such a state directory by name first."""
+    fits = Path("/" + "s" * 66)  # + /node/kubelet/pod-resources/ + 12 = 107
+    assert socket_path_problem(NodePaths(fits / "node", PATHS.sockets)) is None
+    assert "--state-dir of at most 67 bytes" in socket_path_problem(NodePaths(Path(f"{fits}s") / "node",
+                                                                               PATHS.sockets))
+    long = tmp_path / ("d" * (110 - len(str(tmp_path))))
+    with pytest.raises(PlatformError, match="--state-dir of at most 67 bytes"):
+        Platform(long, real_node=True).up()
+    assert not long.exists()

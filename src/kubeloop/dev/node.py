@@ -12,6 +12,7 @@ kube-proxy leaves conntrack sysctls alone. Every port binds the node address
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ NODE_LABEL = "kubeloop.dev/node"
 CNI_BIN = Path("/usr/lib/cni")
 NEEDED = {"containerd": "containerd", "runc": "runc", "ctr": "containerd", "iptables": "iptables",
           "conntrack": "conntrack", "umoci": "umoci"}
+
+
+SOCKET_PATH_MAX = 107
+"""Bytes in a unix socket's path (sun_path holds 108 with its NUL)."""
+KUBELET_SOCKET_NAME = 12
+"""The longest name the kubelet binds in its pod-resources folder: its
+kubelet.sock, and before that a random name of up to 10 digits."""
 
 
 class NodeError(RuntimeError):
@@ -55,6 +63,12 @@ class NodePaths:
         return self.root / "kubelet"
 
     @property
+    def pod_resources(self) -> Path:
+        """Where the kubelet binds its pod-resources socket: under its root,
+        so a long state directory makes it too long to bind."""
+        return self.kubelet_root / "pod-resources"
+
+    @property
     def kubelet_config(self) -> Path:
         return self.root / "kubelet-config.yaml"
 
@@ -69,6 +83,16 @@ class NodePaths:
     @property
     def kube_proxy_kubeconfig(self) -> Path:
         return self.root / "kube-proxy.kubeconfig"
+
+
+def socket_path_problem(paths: NodePaths) -> str | None:
+    """Why the kubelet could not bind its sockets under these paths, or None."""
+    longest = len(os.fsencode(paths.pod_resources)) + 1 + KUBELET_SOCKET_NAME
+    if longest <= SOCKET_PATH_MAX:
+        return None
+    return (f"the kubelet's sockets under {paths.pod_resources} would be {longest} bytes long, over the "
+            f"{SOCKET_PATH_MAX} a unix socket's path may have: choose a --state-dir of at most "
+            f"{len(os.fsencode(paths.root.parent)) - (longest - SOCKET_PATH_MAX)} bytes")
 
 
 def missing_prerequisites() -> list[str]:

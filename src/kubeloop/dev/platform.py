@@ -168,6 +168,8 @@ class Platform:
                                     " `kubeloop dev down` first to change that")
             progress("the platform is already up")
             return self.state()
+        if self.real_node and (problem := node.socket_path_problem(self.node_paths)):
+            raise PlatformError(problem)
         if self.dir.exists():
             progress("clearing a stale platform state")
             self.down()
