@@ -11,7 +11,16 @@ VENV := .venv
 SERVING_VENV := .venv-serving
 PY := $(VENV)/bin/python
 TEST_WORKERS ?= $(shell nproc)
+# The e2e tests: each worker starts a platform of its own and runs a module
+# at a time (the real node's on one of them).
+E2E_WORKERS ?= 2
 export KUBELOOP_CACHE ?= $(HOME)/.cache/kubeloop
+UV_HOME := $(KUBELOOP_CACHE)/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
+# uv's wheel cache beside kubeloop's others; it uses this machine's Python,
+# never one it would download.
+export UV_CACHE_DIR ?= $(KUBELOOP_CACHE)/uv-cache
+export UV_PYTHON_DOWNLOADS := never
 # Every Python process the tests and the loop start (pipeline steps, monitoring
 # jobs, the operator, the front) imports kubeloop's own modules; where the
 # machine sets PYTHONDONTWRITEBYTECODE each of them compiles those from source
@@ -57,24 +66,28 @@ setup: python serving-env binaries debs $(NODE_IMAGES)
 
 python: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements/constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[dev]'
+# uv, in a venv of its own in the cache, one per version.
+$(UV):
+	rm -rf $(UV_HOME) && $(PYTHON) -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install -q uv==$(UV_VERSION)
+
+# --seed: pip too, which builds the real node's Python images.
+$(VENV)/.installed: pyproject.toml requirements/constraints.txt | $(UV)
+	@test -x $(PY) || $(UV) venv -q --seed -p $(PYTHON) $(VENV)
+	$(UV) pip install -q -p $(PY) -c requirements/constraints.txt -e '.[dev]'
 	touch $@
 
 serving-env: $(SERVING_VENV)/.installed
 
 # The local Triton runtime's environment (see requirements/serving.txt).
-$(SERVING_VENV)/.installed: requirements/serving.txt
-	@test -x $(SERVING_VENV)/bin/python || $(PYTHON) -m venv $(SERVING_VENV)
-	$(SERVING_VENV)/bin/python -m pip install -q --upgrade pip
-	$(SERVING_VENV)/bin/python -m pip install -q -r requirements/serving.txt
+$(SERVING_VENV)/.installed: requirements/serving.txt | $(UV)
+	@test -x $(SERVING_VENV)/bin/python || $(UV) venv -q --seed -p $(PYTHON) $(SERVING_VENV)
+	$(UV) pip install -q -p $(SERVING_VENV)/bin/python -r requirements/serving.txt
 	touch $@
 
 binaries: $(BIN_STAMPS)
 
-$(BIN_STAMPS): tools/versions.env
+$(BIN_STAMPS) &: tools/versions.env
 	tools/build-binaries.sh
 
 debs:
@@ -101,12 +114,13 @@ lint: setup
 	$(PY) -m pytest --collect-only -q -p no:cacheprovider tests > /dev/null
 
 # Unit and component tests (no platform) run on every core; the e2e tests
-# then share one platform per session, in one process. Both run whatever the
-# first's result, and each prints its ten slowest tests.
+# then on E2E_WORKERS, each with a platform for its session, a module whole
+# on one worker. Both run whatever the first's result, and each prints its
+# ten slowest tests.
 test: setup lint
 	$(PREBUILD_IMAGES)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --durations=10 tests/unit tests/components; fast=$$?; \
-	$(PY) -m pytest --durations=10 tests/e2e; e2e=$$?; \
+	$(PY) -m pytest -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 tests/e2e; e2e=$$?; \
 	[ $$fast = 0 ] && [ $$e2e = 0 ]
 
 test-unit: python binaries

@@ -12,6 +12,21 @@ from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
+LONGEST_FIRST = ("test_real_node.py", "test_outcomes.py", "test_loop.py", "test_byo.py", "test_fault_kills.py",
+                 "test_faults.py", "test_optimization.py", "test_serving_placement.py")
+"""The modules that take longest (README's test-time table), in that order:
+over workers the last module to finish sets the run's end, so the short
+ones go last, where they fill in beside the others."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Split over workers (make test), each module runs whole on one worker,
+    the longest first (the real node's waits for its image builds, started
+    by make test), then the others as written."""
+    if hasattr(config, "workerinput"):
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
+
 
 @pytest.fixture(scope="session")
 def kubectl(platform):
