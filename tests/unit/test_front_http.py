@@ -156,6 +156,50 @@ def test_a_compressed_body_reaches_the_handler_plain_and_an_answer_is_compressed
     assert b"Content-Encoding" not in short  # too short to be worth compressing
 
 
+def test_a_large_answer_is_compressed_off_the_loop_while_the_next_caller_is_answered():
+    """Local backend's front (and the router Pods'): zlib on a large answer
+    runs on a coding thread, so a caller arriving meanwhile has its whole
+    answer before the large one's first byte; a small answer is compressed
+    in place, and a large compressed request is decoded on a coding thread."""
+    big = b"".join(b"%d," % i for i in range(2_000_000))  # 15 MB of text: a good part of a second of gzip
+    answered = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        if request.path == "/big":
+            answered.set()
+            return Response(200, big)
+        return Response(200, b"small:" + request.body)
+
+    async def go():
+        server, port = await _serving(handler)
+        events = []
+
+        async def large() -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n")
+            await reader.read(1)
+            events.append("big's first byte")
+            writer.close()
+
+        try:
+            waiting = asyncio.create_task(large())
+            await answered.wait()
+            request = gzip.compress(b"a" * 5_000_000)
+            small = await _exchange(port, _post("/small", request, b"Content-Encoding: gzip\r\nAccept-Encoding: "
+                                                b"gzip\r\nConnection: close\r\n"), b"never sent")  # to the close
+            events.append("small's whole answer")
+            await waiting
+            return events, small, server.coded_off_loop
+        finally:
+            await server.close()
+
+    events, small, coded_off_loop = asyncio.run(go())
+    assert events == ["small's whole answer", "big's first byte"], events
+    head, _, body = small.partition(b"\r\n\r\n")
+    assert b"Content-Encoding: gzip" in head and len(gzip.decompress(body)) == len(b"small:") + 5_000_000
+    assert coded_off_loop == 3  # the big answer, the small call's 5 MB body, and its answer of as much
+
+
 def test_a_body_that_cannot_be_decoded_is_refused_and_the_connection_serves_the_next_request():
     async def handler(request: Request) -> Response:
         return Response(200, b"served:" + request.body)

@@ -16,7 +16,8 @@ connection's other requests, an answer that cannot be written closing its
 connection (logged), a HEAD request answered as its GET without the body, and
 HTTP's content codings (kubeloop.front.compression): a gzip or deflate body
 decoded before the handler reads it (its plain size within the body limit,
-413 beyond), and an answer compressed when the caller's Accept-Encoding asks.
+413 beyond), and an answer compressed when the caller's Accept-Encoding asks,
+large ones on a coding thread so that other callers do not wait on zlib.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Awaitable, Callable
@@ -31,7 +33,9 @@ from typing import Awaitable, Callable
 import httptools
 import orjson
 
-from kubeloop.front.compression import MIN_COMPRESSED, CodingError, chosen, compressed, decoded
+from kubeloop.front.compression import (
+    CODERS, INFLATE_OFF_LOOP, MIN_COMPRESSED, OFF_LOOP, CodingError, chosen, compressed, decoded,
+)
 
 log = logging.getLogger("kubeloop.http")
 MAX_BODY = 16 * 2**20
@@ -202,12 +206,20 @@ class _Connection(asyncio.Protocol):
 
     async def _answer(self, request: Request) -> None:
         try:
-            response = decode_body(request, self.server.max_body) or await self.server.handler(request)
+            response = await self.server.decode(request) or await self.server.handler(request)
         except Exception:  # one request's failure is its own 500; the connection goes on
             log.exception("%s %s failed", request.method, request.path)
             response = json_response({"error": "internal error (see the front's log)"}, 500)
         finally:
             self.server.done()
+        if self.transport is not None:
+            try:
+                response = await self.server.compress(response, request.headers.get(b"accept-encoding"))
+            except Exception:  # as an answer that cannot be written: the caller waits for this one
+                log.exception("%s %s: the answer could not be compressed; closing the connection",
+                              request.method, request.path)
+                self.transport.close()
+                return
         transport = self.transport
         if transport is not None and not self._write(transport, request, response):
             return  # the caller has no answer: none to count or log as given
@@ -235,8 +247,7 @@ class _Connection(asyncio.Protocol):
         refused by the transport) closes the connection, the one way left to
         tell the caller, and False."""
         try:
-            coded = compress_for(response, request.headers.get(b"accept-encoding"))
-            transport.write(encode(coded, request.keep_alive, head=request.method == "HEAD"))
+            transport.write(encode(response, request.keep_alive, head=request.method == "HEAD"))
         except Exception:  # the server goes on; this connection cannot (its caller waits for this answer)
             log.exception("%s %s: the answer could not be written; closing the connection",
                           request.method, request.path)
@@ -276,6 +287,9 @@ class Server:
         self.tasks: set[asyncio.Task] = set()
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task | None = None
+        self.coders = ThreadPoolExecutor(CODERS, thread_name_prefix="kubeloop-coding")
+        self.coded_off_loop = 0
+        """Bodies coded on a coding thread (large answers, large compressed requests)."""
 
     async def start(self, host: str, port: int) -> int:
         """Listen; the port bound (port 0 picks a free one)."""
@@ -290,6 +304,22 @@ class Server:
         """The calling task's request is answered. (Not a done callback: each
         cost a turn of the event loop, an epoll_wait per request.)"""
         self.tasks.discard(asyncio.current_task())
+
+    async def decode(self, request: Request) -> Response | None:
+        """decode_body, on a coding thread for a large compressed body."""
+        if b"content-encoding" not in request.headers or len(request.body) < INFLATE_OFF_LOOP:
+            return decode_body(request, self.max_body)
+        return await self._off_loop(decode_body, request, self.max_body)
+
+    async def compress(self, response: Response, accept_encoding: bytes | None) -> Response:
+        """compress_for, on a coding thread for a large answer."""
+        if not accept_encoding or len(response.body) < OFF_LOOP:
+            return compress_for(response, accept_encoding)
+        return await self._off_loop(compress_for, response, accept_encoding)
+
+    async def _off_loop(self, work, *args):  # noqa: ANN001, ANN202 - decode_body or compress_for
+        self.coded_off_loop += 1
+        return await self.loop.run_in_executor(self.coders, work, *args)
 
     async def _sweep(self) -> None:
         while True:
@@ -308,3 +338,4 @@ class Server:
         for connection in list(self.connections):
             if connection.transport:
                 connection.transport.close()
+        self.coders.shutdown(wait=False, cancel_futures=True)
