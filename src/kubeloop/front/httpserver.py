@@ -212,16 +212,8 @@ class _Connection(asyncio.Protocol):
             response = json_response({"error": "internal error (see the front's log)"}, 500)
         finally:
             self.server.done()
-        if self.transport is not None:
-            try:
-                response = await self.server.compress(response, request.headers.get(b"accept-encoding"))
-            except Exception:  # as an answer that cannot be written: the caller waits for this one
-                log.exception("%s %s: the answer could not be compressed; closing the connection",
-                              request.method, request.path)
-                self.transport.close()
-                return
         transport = self.transport
-        if transport is not None and not self._write(transport, request, response):
+        if transport is not None and not await self._write(transport, request, response):
             return  # the caller has no answer: none to count or log as given
         if response.after is not None:  # a caller that left was still served: counted and logged
             try:
@@ -242,12 +234,13 @@ class _Connection(asyncio.Protocol):
             self.paused = False
             transport.resume_reading()
 
-    def _write(self, transport: asyncio.Transport, request: Request, response: Response) -> bool:
-        """Write the answer; one that cannot be written (not encodable, or
-        refused by the transport) closes the connection, the one way left to
-        tell the caller, and False."""
+    async def _write(self, transport: asyncio.Transport, request: Request, response: Response) -> bool:
+        """Write the answer, compressed as the caller asks; one that cannot be
+        written (not compressible or encodable, or refused by the transport)
+        closes the connection, the one way left to tell the caller, and False."""
         try:
-            transport.write(encode(response, request.keep_alive, head=request.method == "HEAD"))
+            coded = await self.server.compress(response, request.headers.get(b"accept-encoding"))
+            transport.write(encode(coded, request.keep_alive, head=request.method == "HEAD"))
         except Exception:  # the server goes on; this connection cannot (its caller waits for this answer)
             log.exception("%s %s: the answer could not be written; closing the connection",
                           request.method, request.path)
