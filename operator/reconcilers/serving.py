@@ -140,7 +140,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         degraded = bool(missing) or bool(rolled_back)
     phase = "Pending" if not (served.primary_ready or answering) else "Degraded" if degraded else "Ready"
     new = finish(
-        status, observations, ref.generation, REQUIRED, phase=phase, url=served.url,
+        status, observations, ref.generation, REQUIRED, phase=phase, url=served.url, grpc_address=served.grpc_address,
         canary_version=canary.version if canary and not rolled_back else None,
         rolled_back_version=rolled_back,
         shadow_version=splits["shadow"].version if splits.get("shadow") else None,

@@ -83,7 +83,7 @@ def _end_to_end(root: Path, repo: Path, results: dict, console: Console, quick: 
                        ("amount", "hour", "channel"), columns)
     figures: list[Figure] = []
     (root / "triton").mkdir()
-    with triton_serving(root / "triton") as (base, x, _plan):
+    with triton_serving(root / "triton") as (base, x, _plan, _grpc):
         router, url = _start_router(root, base, spec)
         try:
             types = {"amount": "FP64", "channel": "BYTES"}

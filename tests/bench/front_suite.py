@@ -6,7 +6,7 @@ requests paired with the primary: the comparison's extra call, its counters
 and log row); the suite's Triton serves one version, so the canary is that
 version again and the paired calls join its calls rather than a second
 version's;
-NVIDIA's tritonclient as the load generator (JSON and binary, 1 and 4
+NVIDIA's tritonclient as the load generator (HTTP JSON and binary, and gRPC; 1 and 4
 rows, c1 and c16; tests.bench.tritonclient_load) against both;
 the CPU each process spends per request at concurrency 16 (on a machine
 whose cores the load generator, the front and Triton share, that decides
@@ -55,9 +55,9 @@ def run(context, console: Console, quick: bool = False) -> dict:
     prefix = f"s3://requests/bench-{uuid.uuid4().hex[:8]}"
     repeated: list[Figure] = []
     results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, _plan):
-        router, front = _start_router(Path(tmp), "router", base, f"{prefix}/front", env)
-        rollout_router, rollout = _start_router(Path(tmp), "rollout-router", base, f"{prefix}/rollout", env, ROLLOUT)
+    with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, _plan, triton_grpc):
+        router, front, front_grpc = _start_router(Path(tmp), "router", base, f"{prefix}/front", env)
+        rollout_router, rollout, _ = _start_router(Path(tmp), "rollout-router", base, f"{prefix}/rollout", env, ROLLOUT)
         try:
             urls = {"triton": f"{base}/v2/models/tuned/infer", "front": f"{front}/v2/models/tuned/infer",
                     "rollout": f"{rollout}/v2/models/tuned/infer"}
@@ -74,7 +74,8 @@ def run(context, console: Console, quick: bool = False) -> dict:
                                [r[name]["p99_ms"] / r[baseline]["p99_ms"] for r in rounds], "x")]
             with console.status("front: tritonclient as the load generator, every encoding"):
                 results["tritonclient"], figures = tritonclient_load.cells(
-                    {"triton": Target(base, "tuned"), "front": Target(front, "tuned")}, x, "probability", seconds)
+                    {"triton": Target(base, "tuned", triton_grpc), "front": Target(front, "tuned", front_grpc)}, x,
+                    "probability", seconds)
             repeated += figures
             with console.status("front: CPU per request at concurrency 16"):
                 repeated += _cpu_per_request({k: urls[k] for k in ("triton", "front")}, x, router, seconds)
@@ -113,18 +114,20 @@ def _cpu(procs: list[psutil.Process]) -> float:
 
 def _start_router(root: Path, name: str, triton: str, request_log: str, env: dict[str, str],  # noqa: ANN202
                   routes: dict | None = None):
-    """A router process; routes: the config's routes (and compare) in place of the primary alone."""
+    """A router process, its URL and gRPC host:port; routes: the config's
+    routes (and compare) in place of the primary alone."""
     config = root / f"{name}.json"
     config.write_text(json.dumps({
         "service": "bench/front", "model": "tuned", "triton_model": "tuned", "triton_url": triton,
         "routes": [{"role": "primary", "version": "1", "percent": 100}], "request_log": request_log,
         "sample_rate": 1.0, "task": "binary", "output": "probability", **(routes or {})}))
-    port = processes.free_port()
+    port, grpc_port = processes.free_port(), processes.free_port()
     router = processes.start(name, [sys.executable, "-m", "kubeloop.front.router", "--config", str(config),
-                                    "--port", str(port)], root / "logs", env=_s3_env(env))
+                                    "--port", str(port), "--grpc-port", str(grpc_port)], root / "logs",
+                             env=_s3_env(env))
     url = f"http://127.0.0.1:{port}"
     wait_ready([f"{url}/v2/health/ready"], router)
-    return router, url
+    return router, url, f"127.0.0.1:{grpc_port}"
 
 
 def _s3_env(env: dict[str, str]) -> dict[str, str]:
@@ -196,7 +199,7 @@ def _print(console: Console, results: dict, repeated: list[Figure], seconds: flo
             r = results[f"{name}_c{concurrency}"]
             table.add_row(str(concurrency), name, str(r["requests_per_s"]), str(r["p50_ms"]), str(r["p99_ms"]))
     console.print(table)
-    client = Table(title=f"NVIDIA's tritonclient.http as the load generator, Triton direct vs the front "
+    client = Table(title=f"NVIDIA's tritonclient (HTTP and gRPC) as the load generator, Triton direct vs the front "
                          f"(medians of {RUNS} alternating rounds of {seconds} s; generator cores: this process's "
                          f"CPU use, near 1 it is the limit)")
     for column in ("encoding, rows, concurrency", "target", "requests/s", "p50 ms", "p99 ms", "generator cores"):

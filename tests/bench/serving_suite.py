@@ -59,10 +59,10 @@ async def load_bodies(url: str, bodies: list[str], concurrency: int, seconds: fl
 
 
 @contextmanager
-def triton_serving(root: Path) -> Iterator[tuple[str, np.ndarray, object]]:
+def triton_serving(root: Path) -> Iterator[tuple[str, np.ndarray, object, str]]:
     """A real tritonserver serving one small model twice: "tuned" (the
     config generated from its latency profile) and "plain" (no batching);
-    yields its URL, rows to send and the batching plan."""
+    yields its URL, rows to send, the batching plan and its gRPC host:port."""
     runtime = TritonRuntime.discover()
     x, y = synthetic(rows=8000)
     torch.set_num_threads(1)
@@ -84,7 +84,7 @@ def triton_serving(root: Path) -> Iterator[tuple[str, np.ndarray, object]]:
     base = f"http://127.0.0.1:{ports[0]}"
     try:
         wait_ready([f"{base}/v2/models/{m}/ready" for m in ("tuned", "plain")], server)
-        yield base, x, plan
+        yield base, x, plan, f"127.0.0.1:{ports[1]}"
     finally:
         processes.stop(server)
 
@@ -103,7 +103,7 @@ def wait_ready(urls: list[str], server: processes.ProcessRecord, timeout: float 
 
 def run(context, console: Console, quick: bool = False) -> dict:
     seconds = 0.6 if quick else 1.6  # per config and round
-    with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, plan):
+    with tempfile.TemporaryDirectory() as tmp, triton_serving(Path(tmp)) as (base, x, plan, _grpc):
         results = {"plan": plan.why, "preferred": list(plan.preferred_batch_sizes),
                    "queue_delay_us": plan.max_queue_delay_us, "instances": plan.instances}
         repeated: list[Figure] = []

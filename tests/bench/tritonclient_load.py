@@ -1,7 +1,8 @@
-"""NVIDIA's tritonclient.http as the load generator: closed-loop callers,
-each a thread with its own client, sending tensors as JSON or in Triton's
-binary extension and asking for the answer the same way, against Triton
-direct and the front in alternating rounds. The callers share this
+"""NVIDIA's tritonclient as the load generator: closed-loop callers, each a
+thread with its own client, sending tensors over HTTP as JSON or in
+Triton's binary extension and asking for the answer the same way, or over
+gRPC (raw tensors), against Triton direct and the front in alternating
+rounds. The callers share this
 process's GIL, so the process's CPU use is reported beside the figures: a
 generator near one core is the limit, not the target."""
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from tests.bench.repeat import RUNS, Figure
 
-ENCODINGS = {"json": False, "binary": True}
+ENCODINGS = ("json", "binary", "grpc")
 ROWS = (1, 4)
 CONCURRENCY = (1, 16)
 
@@ -24,31 +25,49 @@ CONCURRENCY = (1, 16)
 class Target:
     url: str
     model: str
+    grpc: str
+    """host:port of its KServe v2 gRPC."""
 
 
-def requests_of(x: np.ndarray, rows: int, binary: bool, output: str, count: int = 64) -> list[tuple]:
+def requests_of(x: np.ndarray, rows: int, encoding: str, output: str, count: int = 64) -> list[tuple]:
     """Prepared (inputs, outputs) pairs, reused by every caller: what a
     client sends is built once, as a load generator would."""
+    import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     prepared = []
     for i in range(count):
+        rows_of = x[i * rows:(i + 1) * rows]
+        if encoding == "grpc":
+            tensor = grpcclient.InferInput("features", [rows, x.shape[1]], "FP32")
+            tensor.set_data_from_numpy(rows_of)
+            prepared.append(([tensor], [grpcclient.InferRequestedOutput(output)]))
+            continue
+        binary = encoding == "binary"
         tensor = httpclient.InferInput("features", [rows, x.shape[1]], "FP32")
-        tensor.set_data_from_numpy(x[i * rows:(i + 1) * rows], binary_data=binary)
+        tensor.set_data_from_numpy(rows_of, binary_data=binary)
         prepared.append(([tensor], [httpclient.InferRequestedOutput(output, binary_data=binary)]))
     return prepared
 
 
-def closed_loop(target: Target, prepared: list[tuple], concurrency: int, seconds: float) -> dict:
-    """Requests per second, p50 and p99 ms, and the cores this process used."""
+def client_of(target: Target, encoding: str):  # noqa: ANN201 - a tritonclient InferenceServerClient
+    if encoding == "grpc":
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(target.grpc)
     import tritonclient.http as httpclient
 
+    return httpclient.InferenceServerClient(target.url.removeprefix("http://"), network_timeout=30)
+
+
+def closed_loop(target: Target, encoding: str, prepared: list[tuple], concurrency: int, seconds: float) -> dict:
+    """Requests per second, p50 and p99 ms, and the cores this process used."""
     latencies: list[float] = []
     failures: list[BaseException] = []
     deadline = time.perf_counter() + seconds
 
     def caller(offset: int) -> None:
-        client = httpclient.InferenceServerClient(target.url.removeprefix("http://"), network_timeout=30)
+        client = client_of(target, encoding)
         i = offset
         try:
             while time.perf_counter() < deadline:
@@ -81,15 +100,15 @@ def cells(targets: dict[str, Target], x: np.ndarray, output: str, seconds: float
     turn over RUNS rounds, the order reversed every other round. The
     medians per cell and target, and the ratios of "front" to "triton"."""
     medians, figures = {}, []
-    for encoding, binary in ENCODINGS.items():
+    for encoding in ENCODINGS:
         for rows in ROWS:
-            prepared = requests_of(x, rows, binary, output)
+            prepared = requests_of(x, rows, encoding, output)
             for concurrency in CONCURRENCY:
                 cell = f"{encoding}, {rows} row{'s' if rows > 1 else ''}, c{concurrency}"
                 rounds = []
                 for index in range(RUNS):
                     names = list(targets) if index % 2 == 0 else list(reversed(targets))
-                    rounds.append({n: closed_loop(targets[n], prepared, concurrency, seconds) for n in names})
+                    rounds.append({n: closed_loop(targets[n], encoding, prepared, concurrency, seconds) for n in names})
                 medians[cell] = {n: {k: round(float(np.median([r[n][k] for r in rounds])), 2) for k in rounds[0][n]}
                                  for n in targets}
                 figures += [

@@ -2,9 +2,9 @@
 request that carries only the raw transaction (card, merchant, amount, hour,
 channel) by reading the rest from the materialised Feast online store, with
 the probability the raw-vector request built from the offline store for the
-same entities at the same time gets; an unknown card follows the stated
-policy (training default or 422), counted by view; the skew check finds the
-logged vectors equal to the offline store's.
+same entities at the same time gets, over HTTP and over gRPC; an unknown
+card follows the stated policy (training default or 422), counted by view;
+the skew check finds the logged vectors equal to the offline store's.
 
 Backend: local (real tritonserver, router, Feast file offline store, MLflow),
 once with Feast's sqlite online store and once with Redis (Debian's
@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 import redis
 import requests
+import tritonclient.grpc as grpcclient
 from mlflow import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import triton_to_np_dtype
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.api.signature import ModelSignature
@@ -38,6 +40,18 @@ UNKNOWN_CARD = 10**9
 
 def infer(url: str, model: str, body: dict) -> requests.Response:
     return requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def grpc_infer(address: str, model: str, body: dict) -> np.ndarray:
+    """A v2 request's tensors sent with tritonclient.grpc; its first output."""
+    tensors = []
+    for tensor in body["inputs"]:
+        values = np.array([str(v).encode() for v in tensor["data"]], dtype=np.object_) \
+            if tensor["datatype"] == "BYTES" else np.array(tensor["data"], dtype=triton_to_np_dtype(tensor["datatype"]))
+        tensors.append(grpcclient.InferInput(tensor["name"], tensor["shape"], tensor["datatype"]))
+        tensors[-1].set_data_from_numpy(values)
+    result = grpcclient.InferenceServerClient(address).infer(model, tensors, client_timeout=30)
+    return result.as_numpy(result.get_response().outputs[0].name)
 
 
 def missing_count(url: str, view: str, policy: str) -> float:
@@ -82,8 +96,9 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
     kube.create({"apiVersion": API_VERSION, "kind": "InferenceService",
                  "metadata": {"name": "fraud", "namespace": namespace},
                  "spec": {"model": {"name": model, "alias": "champion"}, "features": {"missing": "default"}}})
-    url = wait_for(lambda: (s := kube.get(API_VERSION, "InferenceService", "fraud", namespace).get("status", {}))
-                   .get("phase") == "Ready" and s["url"], timeout=300, interval=0.5, what="the service Ready")
+    status = wait_for(lambda: (s := kube.get(API_VERSION, "InferenceService", "fraud", namespace).get("status", {}))
+                      .get("phase") == "Ready" and s, timeout=300, interval=0.5, what="the service Ready")
+    url = status["url"]
 
     # 32 recent transactions as the payment system sends them, now; the
     # offline store's point-in-time vectors for the same entities now.
@@ -102,6 +117,9 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
     one = infer(url, model, entity_request(sent.iloc[:1]))
     assert one.json()["outputs"][0]["data"][0] == pytest.approx(expected[0], rel=1e-5, abs=1e-6)
+    # The same entity request over gRPC (raw tensors, the channel as BYTES): the same answers.
+    np.testing.assert_allclose(grpc_infer(status["grpcAddress"], model, entity_request(sent)).ravel(), expected,
+                               rtol=1e-5, atol=1e-6)
 
     # A request without a request-time column is refused, naming it.
     incomplete = entity_request(sent.iloc[:1])
@@ -112,14 +130,14 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
     # The request log holds the assembled vectors; the skew check finds them
     # equal to the offline store's point-in-time values.
     wait_for(lambda: sum(len(r["features"]) for r in request_records(_log_folder(log_dir)) if r.get("request"))
-             == len(sent) + 1, timeout=15, what="the entity requests in the request log")
+             == 2 * len(sent) + 1, timeout=15, what="the entity requests in the request log")
     logged = [r for r in request_records(_log_folder(log_dir)) if r.get("request")]
     assert logged[0]["request"]["card_id"][:3] == sent["card_id"].tolist()[:3]
     assert np.allclose(np.array(logged[0]["features"], dtype=np.float32), vectors, rtol=1e-6)
     skew = subprocess.run([sys.executable, "-m", "kubeloop.cli", "serving", "skew", str(_log_folder(log_dir)),
                            "--model", model, "--tracking-uri", uri], capture_output=True, text=True, timeout=300)
     assert skew.returncode == 0, skew.stdout + skew.stderr
-    assert f"{len(sent) + 1} rows compared, 0 differ" in skew.stdout
+    assert f"{2 * len(sent) + 1} rows compared, 0 differ" in skew.stdout
 
     # An unknown card, policy default: answered with the training default in
     # place of its card views' features, and counted by view.

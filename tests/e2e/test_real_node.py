@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -32,8 +33,10 @@ from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_i
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform
 from kubeloop.serving.base import triton_name
+from kubeloop.serving.builders.kserve import GRPC_PORT as KSERVE_GRPC_PORT
+from kubeloop.serving.builders.workloads import GRPC_PORT
 from tests.e2e.conftest import _delete_inference_services
-from tests.support.conformance import assert_conforms
+from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_model, synthetic
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
@@ -492,7 +495,8 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     MLflow's artifact proxy from inside the Pod), runs Evidently and logs its
     report to MLflow: the operator reports the drift of the 2,000 rows.
     NVIDIA's tritonclient then gets from the router Pod what it gets from
-    the Triton Pod that answered, in every encoding (tests.support.conformance)."""
+    the Triton Pod that answered, in every encoding, over HTTP and over gRPC
+    (status.grpcAddress; tests.support.conformance)."""
     import json
 
     import boto3
@@ -594,9 +598,16 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
         reach = Endpoints(real.kube)
         routes = next(json.loads(c["data"]["router.json"]) for c in real.kube.list("v1", "ConfigMap", namespace)
                       if "router.json" in c.get("data", {}))
+        rows = synthetic(rows=4, seed=3)[0]
         conformed = assert_conforms(reach(status["url"]), model,
                                    lambda version: (reach(routes["version_urls"][version]), routes["triton_model"]),
-                                   synthetic(rows=4, seed=3)[0], routes["output"])
+                                   rows, routes["output"])
+        # And over gRPC, from the router Pod (status.grpcAddress) and from Triton's own gRPC port in its Pod.
+        triton_grpc = KSERVE_GRPC_PORT if backend == "kserve" else GRPC_PORT
+        conformed += assert_grpc_conforms(
+            reach.address(status["grpcAddress"], "grpc"), model,
+            lambda version: (f"{reach.address(urlsplit(routes['version_urls'][version]).hostname).split(':')[0]}:"
+                             f"{triton_grpc}", routes["triton_model"]), rows, routes["output"])
         assert set(conformed) <= {primary, canary}
 
         if identity:

@@ -162,6 +162,7 @@ def test_the_kserve_backend_reports_kserves_readiness_and_the_split_through_the_
     assert first.traffic == {"primary": 80, "canary": 20, "shadow": 10}
     assert not first.primary_ready and "primary: KServe has not reported Ready" in first.message
     assert first.url == "http://fraud.ml.svc.cluster.local"
+    assert first.grpc_address == "fraud.ml.svc.cluster.local:8001"  # the router's gRPC
     for role in ("primary", "canary", "shadow"):
         objects.set_status("InferenceService", "ml", f"fraud-{role}", conditions=[{"type": "Ready", "status": "True"}])
         objects.apply({"kind": "Deployment", "metadata": {"name": f"fraud-{role}-predictor", "namespace": "ml"},
@@ -173,6 +174,7 @@ def test_the_kserve_backend_reports_kserves_readiness_and_the_split_through_the_
     bare = KServeServing(FakeObjects(), ServingImages()).ensure(_front_request(replicas=1))
     assert bare.traffic == {"primary": 100, "canary": 0, "shadow": 0}
     assert bare.url == "http://fraud-primary-predictor.ml.svc.cluster.local"
+    assert bare.grpc_address is None  # KServe's predictor Service carries HTTP only
 
 
 def test_a_canary_whose_predictor_rollout_is_stuck_is_rolled_back_on_kserve():

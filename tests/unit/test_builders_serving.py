@@ -240,7 +240,7 @@ def test_with_the_front_the_service_selects_the_router_and_each_version_has_its_
     from tests.unit.fakes import FakeObjects
 
     objects = FakeObjects()
-    KubernetesServing(objects, FRONT).ensure(_front_request(replicas=5))
+    state = KubernetesServing(objects, FRONT).ensure(_front_request(replicas=5))
     services = {name: o["spec"]["selector"] for (kind, _ns, name), o in objects.objects.items() if kind == "Service"}
     assert services == {
         "fraud": {"kubeloop.dev/inferenceservice": "fraud", "kubeloop.dev/role": "router"},
@@ -260,6 +260,13 @@ def test_with_the_front_the_service_selects_the_router_and_each_version_has_its_
                                       "2": "http://fraud-canary.ml.svc.cluster.local",
                                       "3": "http://fraud-shadow.ml.svc.cluster.local"}
     assert routes["request_log"] == "s3://requests/ml-fraud" and routes["triton_model"] == "fraud"
+    # gRPC reaches the router on Triton's gRPC port of the service's Service, as without the router.
+    front = objects.objects[("Service", "ml", "fraud")]["spec"]["ports"]
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in front} == {"http": (80, "http"), "grpc": (8001, "grpc")}
+    router = objects.objects[("Deployment", "ml", "fraud-router")]["spec"]["template"]["spec"]["containers"][0]
+    assert router["ports"] == [{"name": "http", "containerPort": 8080}, {"name": "grpc", "containerPort": 8081}]
+    assert router["command"][router["command"].index("--grpc-port") + 1] == "8081"
+    assert state.grpc_address == "fraud.ml.svc.cluster.local:8001"
 
 
 def test_the_router_runs_restricted_with_its_routes_and_the_object_stores_secret_by_reference():

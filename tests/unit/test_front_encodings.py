@@ -248,7 +248,7 @@ async def post_all(config, bodies: list[tuple[bytes, int | None]], keys: list[st
     received: list[dict] = []
     async with TestServer(echo_triton(received)) as triton:
         path = config(str(triton.make_url("")).rstrip("/"))
-        async with module.running(path) as (url, _), client_of(url) as client:
+        async with module.running(path) as (url, _, _), client_of(url) as client:
             answers = []
             for i, body in enumerate(bodies):
                 data, headers = sent(body)
@@ -399,7 +399,7 @@ def test_compressed_requests_and_answers_work_as_tritonclient_asks_for_them(tmp_
         received: list[dict] = []
         async with TestServer(echo_triton(received)) as triton:
             path = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"))
-            async with module.running(path) as (url, _):
+            async with module.running(path) as (url, _, _):
                 return (await asyncio.to_thread(tritonclient_compressing, url, array),
                         await gzipped_binary_answer(url, array), received)
 

@@ -231,7 +231,7 @@ async def exchange(tmp_path, fields: dict, answers: dict[str, list[list[float]]]
     (tmp_path / "router.json").write_text(json.dumps(config))
     body = {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": ROWS}]}
     try:
-        async with running(tmp_path / "router.json") as (url, _), aiohttp.ClientSession() as session:
+        async with running(tmp_path / "router.json") as (url, _, _), aiohttp.ClientSession() as session:
             async with session.post(f"{url}/v2/models/m/infer", json=body) as response:
                 assert response.status == 200
             # The shadow is asked after the caller has its answer.
@@ -377,7 +377,7 @@ def test_a_body_that_is_not_a_json_object_gets_400_and_mirrors_are_capped(tmp_pa
         triton_app, release = _triton(answer_shadow=False)
         async with TestServer(triton_app) as triton:
             path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), shadow=True)
-            async with module.running(path) as (url, _), client_of(url) as client:
+            async with module.running(path) as (url, _, _), client_of(url) as client:
                 bad = await client.post("/v2/models/fraud/infer", data=b"[1, 2]")
                 answers = [await client.post("/v2/models/fraud/infer", json={
                     "id": f"r{i}", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]})
@@ -414,7 +414,7 @@ def test_a_feature_store_that_cannot_be_opened_answers_503_and_the_router_is_not
         triton_app, _ = _triton(answer_shadow=True)
         async with TestServer(triton_app) as triton:
             path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), features=spec)
-            async with module.running(path) as (url, _), client_of(url) as client:
+            async with module.running(path) as (url, _, _), client_of(url) as client:
                 first = await client.post("/v2/models/fraud/infer", json=entity)
                 again = await client.post("/v2/models/fraud/infer", json=entity)
                 malformed = await client.post("/v2/models/fraud/infer", json={"inputs": [
@@ -465,7 +465,7 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
         triton_app, _ = _triton(answer_shadow=True)
         async with TestServer(triton_app) as triton:
             path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"), features=spec)
-            async with module.running(path) as (url, _), client_of(url) as client:
+            async with module.running(path) as (url, _, _), client_of(url) as client:
                 pending = asyncio.ensure_future(client.post("/v2/models/fraud/infer", json=entity))
                 await asyncio.sleep(0)
                 plain = await asyncio.wait_for(client.post("/v2/models/fraud/infer", json=raw), timeout=10)
@@ -499,7 +499,7 @@ def test_the_fronts_routes_answer_as_kserve_v2_says_and_a_triton_that_is_gone_is
         triton = TestServer(triton_app)
         await triton.start_server()
         path = _router_config(tmp_path, str(triton.make_url("")).rstrip("/"))
-        async with module.running(path) as (url, _), aiohttp.ClientSession(base_url=url) as client:
+        async with module.running(path) as (url, _, _), aiohttp.ClientSession(base_url=url) as client:
             for method, route in (("GET", "/v2/health/live"), ("POST", "/v2/health/live"), ("GET", "/v2/health/ready"),
                                   ("GET", "/v2/models/fraud"), ("GET", "/v2/models/fraud/ready"),
                                   ("GET", "/v2/models/other"), ("GET", "/v2/models/fraud/infer"), ("GET", "/nowhere")):
@@ -588,7 +588,7 @@ def test_tritonclient_reaches_the_server_metadata_and_each_served_versions_route
                                           {"role": "canary", "version": "2", "percent": 0}],
                                   shadow={"role": "shadow", "version": "3", "percent": 0},
                                   version_urls={"2": str(b.make_url("")).rstrip("/")})
-            async with module.running(config) as (url, _), aiohttp.ClientSession(base_url=url) as client:
+            async with module.running(config) as (url, _, _), aiohttp.ClientSession(base_url=url) as client:
                 called = await asyncio.to_thread(tritonclient_calls, url)
                 seen = {}
                 for method, route in (("POST", "/v2/models/fraud/infer"),
@@ -714,7 +714,7 @@ async def send_keyed(tmp_path, fields: dict, score, requests: list[tuple[str | N
     triton_app, _ = fake_triton(score)
     async with TestServer(triton_app) as triton:
         config = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"), **fields)
-        async with module.running(config) as (url, router), client_of(url) as client:
+        async with module.running(config) as (url, router, _), client_of(url) as client:
             gate = asyncio.Semaphore(callers)
 
             async def one(key: str | None, body: dict | tuple) -> tuple[str | None, str, dict]:
@@ -848,7 +848,7 @@ def test_paired_requests_share_the_mirrors_bound_and_what_does_not_fit_is_counte
             path = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"), compare={"percent": 100},
                                 routes=[{"role": "primary", "version": "1", "percent": 0},
                                         {"role": "canary", "version": "2", "percent": 100}])
-            async with module.running(path) as (url, router), client_of(url) as client:
+            async with module.running(path) as (url, router, _), client_of(url) as client:
                 roles = []
                 for i in range(5):
                     async with client.post("/v2/models/fraud/infer", json=one_row(),
@@ -892,7 +892,7 @@ def test_a_paired_copy_never_takes_the_primarys_call_from_its_callers(tmp_path):
             path = keyed_config(tmp_path, str(triton.make_url("")).rstrip("/"), compare={"percent": 100},
                                 routes=[{"role": "primary", "version": "1", "percent": 0},
                                         {"role": "canary", "version": "2", "percent": 100}])
-            async with module.running(path) as (url, router), client_of(url) as client:
+            async with module.running(path) as (url, router, _), client_of(url) as client:
                 async with client.post("/v2/models/fraud/infer", json=one_row(), headers={"X-Request-Key": "k"}):
                     pass
                 while not router.mirrors:

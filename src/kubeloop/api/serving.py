@@ -358,6 +358,10 @@ class InferenceServiceStatus(BaseStatus):
     """Pending, Ready, Degraded or Failed."""
     url: str | None = None
     """The endpoint clients call (KServe v2 protocol)."""
+    grpc_address: str | None = None
+    """host:port where clients call the KServe v2 gRPC protocol, routed as
+    url's requests are; unset where the backend serves no gRPC (KServe's
+    without kubeloop's router)."""
     model_version: str | None = None
     """The registered version serving the main traffic."""
     canary_version: str | None = None

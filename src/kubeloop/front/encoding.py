@@ -120,14 +120,16 @@ def encode_answer(answer: bytes, binary: BinaryOutputs) -> tuple[bytes, int | No
 
 
 def _binary_output(tensor: dict) -> tuple[dict, bytes]:
-    raw = _tensor_bytes(tensor["datatype"], tensor["data"])
+    raw = tensor_bytes(tensor["datatype"], tensor["data"])
     parameters = {**tensor.get("parameters", {}), "binary_data_size": len(raw)}
     return {**{k: v for k, v in tensor.items() if k != "data"}, "parameters": parameters}, raw
 
 
-def _tensor_bytes(datatype: str, data: list) -> bytes:
+def tensor_bytes(datatype: str, data: list) -> bytes:
+    """A tensor's values (flat or nested by row; BYTES as text or bytes) in
+    the binary form: what binary_data_size counts, and gRPC's raw contents."""
     if datatype == "BYTES":
-        encoded = [text.encode() for text in np.asarray(data, dtype=object).ravel()]
+        encoded = [v if isinstance(v, bytes) else str(v).encode() for v in np.asarray(data, dtype=object).ravel()]
         return b"".join(_LENGTH.pack(len(value)) + value for value in encoded)
     dtype = _numpy_type(datatype)
     if dtype is None:

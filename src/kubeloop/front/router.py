@@ -82,13 +82,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, NamedTuple
 
 import orjson
 import uvloop
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kubeloop.api.constants import MAX_REQUEST_ROWS
+from kubeloop.front import grpcserver
 from kubeloop.front.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.front.coalescing import Coalescer
 from kubeloop.front.encoding import REQUEST_HEADER, BinaryOutputs, decode_request, encode_answer, not_json, plain_request
@@ -115,6 +116,8 @@ answered 4,780 requests/s against two's 4,372 in the same run."""
 NO_COMPRESSION = b"Accept-Encoding: identity\r\n"
 """Triton compresses an answer when asked; across loopback or a Pod
 network that costs both sides CPU and saves nothing."""
+GRPC_GRACE = 5.0
+"""Seconds gRPC calls under way get to finish when the front stops."""
 JSON_BODY = b"Content-Type: application/json\r\n" + NO_COMPRESSION
 
 
@@ -832,29 +835,46 @@ def _features(payload: dict) -> list[list[float]]:
     return [flat[i:i + width] for i in range(0, len(flat), width)]
 
 
+class Front(NamedTuple):
+    url: str
+    """Where HTTP callers reach it."""
+    router: "Router"
+    grpc: str | None
+    """host:port where gRPC callers reach it (kubeloop.front.grpcserver), when it serves gRPC."""
+
+
 @asynccontextmanager
-async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[tuple[str, Router]]:
-    """The front serving in this event loop: its URL and its router. On the
-    way out it finishes the requests under way, then writes what its request
-    log holds."""
+async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0,
+                  grpc_port: int | None = None) -> AsyncIterator[Front]:
+    """The front serving in this event loop, over HTTP and, given a port
+    (0: any free one), gRPC. On the way out it finishes the requests under
+    way, then writes what its request log holds."""
     router = Router(config_path)
     await router.start()
     server = Server(router.handle)
+    calls = None
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     try:
         bound = await server.start(host, port)
-        yield f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}", router
+        grpc_address = None
+        if grpc_port is not None:
+            calls, grpc_bound = await grpcserver.start(router.handle, host, grpc_port)
+            grpc_address = f"{shown}:{grpc_bound}"
+        yield Front(f"http://{shown}:{bound}", router, grpc_address)
     finally:
+        if calls is not None:
+            await calls.stop(GRPC_GRACE)
         await server.close()
         await router.stop()
 
 
-async def serve(config_path: Path, host: str, port: int) -> None:
+async def serve(config_path: Path, host: str, port: int, grpc_port: int | None = None) -> None:
     """Serve until SIGTERM or SIGINT."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    async with running(config_path, host, port):
+    async with running(config_path, host, port, grpc_port):
         # What the imports and the start built lives as long as the process:
         # frozen, a full collection walks only what requests leave behind
         # (with boto3 and Feast's imports it walked 100,000 objects for 35 ms,
@@ -868,11 +888,12 @@ def main() -> None:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a Pod (its own network namespace)")
+    parser.add_argument("--grpc-port", type=int, help="serve KServe v2 gRPC too, on this port")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("KUBELOOP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(SWITCH_SECONDS)
-    uvloop.run(serve(args.config, args.host, args.port))
+    uvloop.run(serve(args.config, args.host, args.port, args.grpc_port))
 
 
 if __name__ == "__main__":

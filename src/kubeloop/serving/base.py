@@ -54,6 +54,8 @@ class ServingState:
     url: str | None
     ready: dict[str, bool] = field(default_factory=dict)
     """Readiness per role."""
+    grpc_address: str | None = None
+    """host:port of the KServe v2 gRPC endpoint, where one is served."""
     ready_replicas: int = 0
     message: str = ""
     rolled_back: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ from kubeloop.serving.builders.kserve import (
 )
 from kubeloop.api.children import owner_selector
 from kubeloop.serving.builders.workloads import (
-    ServingImages, build_router, build_service, router_name, service_name,
+    ServingImages, build_router, build_service, grpc_address, router_name, service_name,
 )
 from kubeloop.kube import Kube, KubeError
 from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
@@ -63,7 +63,8 @@ class KServeServing(ServingBackend):
             raise
         if rolled_back:
             messages.insert(0, f"canary rolled back: {rolled_back}")
-        return ServingState(url=self._url(ref), ready=ready, ready_replicas=sum(available.values()),
+        grpc = grpc_address(ref) if self.images.router is not None else None
+        return ServingState(url=self._url(ref), grpc_address=grpc, ready=ready, ready_replicas=sum(available.values()),
                             message="; ".join(messages), rolled_back=("canary",) if rolled_back else (),
                             failing=failing, traffic=self._traffic(versions))
 

@@ -11,7 +11,7 @@ from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.children import owner_selector
 from kubeloop.serving.builders.workloads import (
-    LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, effective_split,
+    LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, effective_split, grpc_address,
     rollout_failed, service_name, version_urls,
 )
 from kubeloop.kube import FIELD_MANAGER, Kube, KubeError
@@ -66,7 +66,7 @@ class KubernetesServing(ServingBackend):
         if self.images.router is not None:  # the service answers once its router does
             ready["primary"] = ready.get("primary", False) and ready.pop("router", False)
         models = sum(n for role, n in available.items() if role != "router")
-        return ServingState(url=url, ready=ready, ready_replicas=models, message="; ".join(messages),
+        return ServingState(url=url, grpc_address=grpc_address(request.ref), ready=ready, ready_replicas=models, message="; ".join(messages),
                             rolled_back=("canary",) if rolled_back else (), failing=failing,
                             traffic=self._traffic(versions, available, wanted))
 

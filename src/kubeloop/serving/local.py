@@ -39,6 +39,8 @@ READY_TIMEOUT = 60.0
 """How long a started process may take to answer before it counts as failed."""
 LOAD_TIMEOUT = 600.0
 """How long a load may take before it is asked for again (it runs beside the reconcile)."""
+PORTS = ("http", "grpc", "metrics", "router", "router-grpc")
+"""An instance's ports: tritonserver's (HTTP, gRPC, metrics) and the router's (HTTP, gRPC)."""
 log = logging.getLogger(__name__)
 
 
@@ -99,7 +101,9 @@ class LocalServing(ServingBackend):
         folder.mkdir(parents=True, exist_ok=True)
         state_path = folder / "state.json"
         state = InstanceState.read(state_path) or InstanceState(
-            ports={k: processes.free_port() for k in ("http", "grpc", "metrics", "router")}, processes={})
+            ports={k: processes.free_port() for k in PORTS}, processes={})
+        for missing in set(PORTS) - set(state.ports):  # an instance from before the front served gRPC
+            state.ports[missing] = processes.free_port()
         repository = folder / "repository"
         model = request.versions[0].model.name
         name = triton_name(model)
@@ -111,13 +115,15 @@ class LocalServing(ServingBackend):
         triton = f"http://127.0.0.1:{state.ports['http']}"
         router_port = state.ports["router"]
         url = f"http://127.0.0.1:{router_port}"
+        grpc = f"127.0.0.1:{state.ports['router-grpc']}"
         starting, died = self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
             repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
             ready=f"{triton}/v2/health/live")
         if starting:
             state.loaded = state.answering = ""  # a new server has nothing loaded
             state.write(state_path)
-            return ServingState(url=url, ready={role: False for role in wanted}, message=starting, failing=died)
+            return ServingState(url=url, grpc_address=grpc, ready={role: False for role in wanted}, message=starting,
+                                failing=died)
         if state.loaded != fingerprint:
             loading = self._ensure_loaded(state, folder, name, primary, sorted(set(wanted.values())), triton,
                                           fingerprint)
@@ -125,7 +131,7 @@ class LocalServing(ServingBackend):
                 # Triton loads new versions before it unloads old ones: the router keeps answering.
                 router = state.record("router")
                 answering = state.answering if router and router.running() else None
-                return ServingState(url=url, ready={role: False for role in wanted}, answering=answering,
+                return ServingState(url=url, grpc_address=grpc, ready={role: False for role in wanted}, answering=answering,
                                     ready_replicas=1 if answering else 0,
                                     message=f"Triton is loading {model} version {primary}")
             state.loaded = fingerprint
@@ -140,10 +146,11 @@ class LocalServing(ServingBackend):
         self._write_routes(folder, request, name, triton, [r for r in wanted if r not in rolled_back])
         starting, died = self._ensure_process(state, state_path, "router", [
             sys.executable, "-m", "kubeloop.front.router", "--config", str(folder / "router.json"),
-            "--port", str(router_port)], folder, {}, ready=f"{url}/v2/health/live")
+            "--port", str(router_port), "--grpc-port", str(state.ports["router-grpc"])], folder, {},
+            ready=f"{url}/v2/health/live")
         self._register_targets(request.ref, state)
         if starting:
-            return ServingState(url=url, ready={role: False for role in ready}, message=starting, failing=died)
+            return ServingState(url=url, grpc_address=grpc, ready={role: False for role in ready}, message=starting, failing=died)
         message = "; ".join(f"{role} version {wanted[role]} failed to load and was rolled back: {failed[wanted[role]]}"
                             for role in rolled_back)
         if not ready.get("primary"):
@@ -155,7 +162,7 @@ class LocalServing(ServingBackend):
         elif state.answering != primary:
             state.answering = primary
             state.write(state_path)
-        return ServingState(url=url, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
+        return ServingState(url=url, grpc_address=grpc, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
                             rolled_back=rolled_back)
 
     def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec

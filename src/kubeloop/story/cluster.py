@@ -78,13 +78,19 @@ class Endpoints:
         self.kube = kube
 
     def __call__(self, url: str) -> str | None:
-        parts = urlsplit(url)
-        service, namespace = parts.hostname.split(".")[:2]
+        found = self.address(urlsplit(url).hostname)
+        return f"http://{found}" if found else None
+
+    def address(self, host: str, port: str = "http") -> str | None:
+        """ip:port of a ready endpoint of the Service named by host
+        (<service>.<namespace>..., a port after ":" ignored) for its port of
+        that name (http: also an unnamed one)."""
+        service, namespace = host.split(":")[0].split(".")[:2]
+        names = (port, "") if port == "http" else (port,)
         for endpoint_slice in self.kube.list("discovery.k8s.io/v1", "EndpointSlice", namespace,
                                              f"kubernetes.io/service-name={service}"):
-            port = next((p["port"] for p in endpoint_slice.get("ports") or [] if p.get("name") in ("http", "")),
-                        None)
+            number = next((p["port"] for p in endpoint_slice.get("ports") or [] if p.get("name") in names), None)
             for endpoint in endpoint_slice.get("endpoints") or []:
-                if port and (endpoint.get("conditions") or {}).get("ready"):
-                    return f"http://{endpoint['addresses'][0]}:{port}"
+                if number and (endpoint.get("conditions") or {}).get("ready"):
+                    return f"{endpoint['addresses'][0]}:{number}"
         return None

@@ -44,7 +44,7 @@ from kubeloop.registry.base import ModelVersion
 from kubeloop.serving.base import triton_name
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
-ROUTER_PORT = 8080
+ROUTER_PORT, ROUTER_GRPC_PORT = 8080, 8081
 ROUTER_CONFIG_DIR = "/etc/kubeloop/router"
 PROGRESS_DEADLINE_SECONDS = 300
 MODEL_REPOSITORY = "/models"
@@ -89,6 +89,12 @@ def deployment_name(ref: ObjectRef, role: str) -> str:
 
 def service_name(ref: ObjectRef, role: str = "primary") -> str:
     return dns_name(ref.name) if role == "primary" else dns_name(ref.name, role)
+
+
+def grpc_address(ref: ObjectRef) -> str:
+    """Where callers in the cluster reach the service's KServe v2 gRPC (its
+    router's, or the primary Service's split of Triton Pods)."""
+    return f"{service_name(ref)}.{ref.namespace}.svc.cluster.local:{GRPC_PORT}"
 
 
 def split_replicas(total: int, canary_percent: int) -> tuple[int, int]:
@@ -350,8 +356,8 @@ def build_router(ref: ObjectRef, spec: InferenceServiceSpec, config: dict, image
         "name": "router",
         "image": images.router,
         "command": ["python", "-m", "kubeloop.front.router", "--config", f"{ROUTER_CONFIG_DIR}/router.json",
-                    "--port", str(ROUTER_PORT), "--host", "0.0.0.0"],
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT}],
+                    "--port", str(ROUTER_PORT), "--grpc-port", str(ROUTER_GRPC_PORT), "--host", "0.0.0.0"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}, {"name": "grpc", "containerPort": ROUTER_GRPC_PORT}],
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 6},
@@ -395,7 +401,9 @@ def _router_service(ref: ObjectRef, selector: dict[str, str]) -> dict:
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": child_metadata(ref, service_name(ref), {LABEL_SERVING: ref.name}),
-        "spec": {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+        # gRPC on Triton's port, as a Service without the router offers it.
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                                                 {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}]},
     }
 
 
