@@ -20,6 +20,7 @@ import socket
 import tempfile
 import uuid
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -57,25 +58,33 @@ class Lineage:
     recorded: Build
 
 
-def read_lineage(tracking_uri: str, model: str, version: str) -> Lineage:
-    """The version's lineage; LookupError for an unknown model or version,
-    LineageError for a version that cannot be rebuilt."""
+def version_tags(tracking_uri: str, model: str, version: str) -> dict:
+    """A registered version's tags; LookupError for an unknown model or version."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri)
     try:
-        found = client.get_model_version(model, version)
+        return MlflowClient(tracking_uri).get_model_version(model, version).tags
     except MlflowException:
         raise LookupError(f"{model} has no version {version} in the registry at {tracking_uri}") from None
-    vtags = found.tags
-    if tags.SOURCE in vtags:
-        raise LineageError(_optimised(model, version, vtags))
-    missing = [k for k in (tags.TRAINING_SPEC, "dataset_hash", "run_id") if k not in vtags]
+
+
+def require_lineage(model: str, version: str, vtags: dict, keys: tuple[str, ...], remedy: str) -> None:
+    """LineageError naming the lineage tags the version lacks, and the remedy."""
+    missing = [k for k in keys if k not in vtags]
     if missing:
-        raise LineageError(f"{model} version {version} has no lineage ({', '.join(missing)} missing): it was "
-                           "registered by an older kubeloop or outside a TrainingJob; train it again with a "
-                           "TrainingJob and reproduce the version that registers")
+        raise LineageError(f"{model} version {version} has no lineage ({', '.join(missing)} missing): {remedy}")
+
+
+def read_lineage(tracking_uri: str, model: str, version: str, vtags: dict) -> Lineage:
+    """A trained version's lineage from its tags; LineageError for a version
+    that cannot be rebuilt."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    require_lineage(model, version, vtags, (tags.TRAINING_SPEC, "dataset_hash", "run_id"),
+                    "it was registered by an older kubeloop or outside a TrainingJob; train it again with a "
+                    "TrainingJob and reproduce the version that registers")
     try:
         spec = TrainingJobSpec.model_validate_json(vtags[tags.TRAINING_SPEC])
     except ValueError as exc:
@@ -86,15 +95,6 @@ def read_lineage(tracking_uri: str, model: str, version: str) -> Lineage:
     return Lineage(model, str(version), vtags["run_id"], spec, vtags.get(tags.FEATURE_STORE, ""),
                    run.tags.get("kubeloop.spec_hash", ""), json.loads(best) if best else None,
                    _recorded(vtags, run))
-
-
-def _optimised(model: str, version: str, vtags: dict) -> str:
-    source = vtags[tags.SOURCE]
-    name, _, number = source.rpartition("/")
-    return (f"{model} version {version} is optimised ({vtags.get('kubeloop.technique', 'a technique')} of {source}): "
-            "reproducing an optimised version is not supported yet, because its variant is built and chosen by the "
-            "optimiser's timing run, which a rebuild cannot repeat faithfully; reproduce its source with "
-            f"`kubeloop reproduce {name} {number}`")
 
 
 def _recorded(vtags: dict, run) -> Build:  # noqa: ANN001 - mlflow RunData
@@ -123,18 +123,28 @@ def rebuild_spec(lineage: Lineage) -> TrainingJobSpec:
 def reproduce(tracking_uri: str, model: str, version: str, feast_repo: str = "", work_dir: Path | None = None,
               tolerance: Tolerance | None = None) -> Report:
     """Rebuild the version as a new MLflow run and compare it with the
-    record; the metrics checked default to the task's primary one (e.g. auc)."""
-    lineage = read_lineage(tracking_uri, model, version)
-    if not lineage.store and not feast_repo:
+    record: a trained version by training it again, an optimised one by
+    building its variant again (components.reproduce_variant). The metrics
+    checked default to the task's primary one (e.g. auc), or an optimised
+    version's accuracy budget metric."""
+    vtags = version_tags(tracking_uri, model, version)
+    tolerance = tolerance or Tolerance(())
+    if tags.SOURCE in vtags:
+        from kubeloop.components.reproduce_variant import read_variant_lineage, reproduce_variant
+
+        rebuild = partial(reproduce_variant, tracking_uri, read_variant_lineage(model, version, vtags), feast_repo)
+    else:
+        lineage = read_lineage(tracking_uri, model, version, vtags)
+        if not tolerance.checked:
+            tolerance = replace(tolerance, checked=(PRIMARY[lineage.spec.task],))
+        rebuild = partial(_reproduce, tracking_uri, lineage, feast_repo)
+    if not vtags.get(tags.FEATURE_STORE) and not feast_repo:
         raise LineageError(f"{model} version {version} names no feature store: pass --feast-repo (or set "
                            "KUBELOOP_FEAST_REPO) to the repository it was trained from")
-    tolerance = tolerance or Tolerance(())
-    if not tolerance.checked:
-        tolerance = replace(tolerance, checked=(PRIMARY[lineage.spec.task],))
     if work_dir is None:
         with tempfile.TemporaryDirectory(prefix="kubeloop-reproduce-") as tmp:
-            return _reproduce(tracking_uri, lineage, feast_repo, Path(tmp), tolerance)
-    return _reproduce(tracking_uri, lineage, feast_repo, work_dir, tolerance)
+            return rebuild(Path(tmp), tolerance)
+    return rebuild(work_dir, tolerance)
 
 
 def _reproduce(tracking_uri: str, lineage: Lineage, feast_repo: str, work: Path, tolerance: Tolerance) -> Report:
@@ -159,7 +169,7 @@ def _reproduce(tracking_uri: str, lineage: Lineage, feast_repo: str, work: Path,
                      _rebuilt(info, client.get_run(run_id).data, evaluation["metrics"], lineage.spec), gap,
                      tolerance,
                      _notes(lineage))
-    _log_report(client, run_id, report)
+    log_report(client, run_id, report)
     return report
 
 
@@ -208,7 +218,7 @@ def _notes(lineage: Lineage) -> list[str]:
     return notes
 
 
-def _log_report(client, run_id: str, report: Report) -> None:  # noqa: ANN001 - MlflowClient
+def log_report(client, run_id: str, report: Report) -> None:  # noqa: ANN001 - MlflowClient
     """The verdict on the rebuild's run, and the whole report beside it."""
     client.set_tag(run_id, "kubeloop.reproduction.verdict", report.verdict[:5000])
     client.log_dict(run_id, report.to_dict(), REPORT)

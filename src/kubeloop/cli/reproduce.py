@@ -1,7 +1,8 @@
 """`kubeloop reproduce MODEL VERSION`: rebuild a registered version from its
 lineage as a new MLflow run (never registered nor promoted) and say whether
-it reproduces. Exit 0: reproduced; 1: it differs; 2: it cannot be rebuilt
-(unknown version, no lineage, an optimised version)."""
+it reproduces: a trained version trained again, an optimised one's variant
+built again from its source. Exit 0: reproduced; 1: it differs; 2: it cannot
+be rebuilt (unknown version, no lineage)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ def reproduce(
         "Mean |Δ| allowed between the two models' outputs on the evaluation rows (probability; regression: "
         "standard deviations of the registered outputs)."))] = 0.01,
     metric: Annotated[Optional[list[str]], typer.Option(help=(  # noqa: UP045 - typer needs Optional
-        "A metric the verdict checks (repeatable); default the task's primary metric (auc, macro_f1, rmse)."))] = None,
+        "A metric the verdict checks (repeatable); default the task's primary metric (auc, macro_f1, rmse), or an "
+        "optimised version's accuracy budget metric."))] = None,
     work_dir: Annotated[Optional[Path], typer.Option(help="Keep the rebuilt data and model here.")] = None,  # noqa: UP045
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     tracking_uri: TrackingUri = "",
 ) -> None:
-    """Rebuild a version from its lineage (code, store, views, window, seed, hyper-parameters) and compare
-    its dataset hash, metrics and outputs with the record."""
+    """Rebuild a version from its lineage (code, store, views, window, seed, hyper-parameters; for an optimised
+    version, its source and the technique the optimiser chose) and compare its dataset hash, metrics and outputs
+    with the record."""
     from kubeloop.components.comparison import Tolerance
     from kubeloop.components.reproduce import LineageError, reproduce as rebuild
     from kubeloop.registry.mlflow import fail_fast
