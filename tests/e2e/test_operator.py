@@ -57,8 +57,9 @@ def _normalised(status: dict, name: str) -> dict:
     out = {k: v for k, v in status.items() if k not in ("startedAt", "completedAt", "runId", "specHash")}
     out["conditions"] = sorted((c["type"], c["status"], c["reason"], c["message"].replace(name, "NAME"))
                                for c in status.get("conditions", []))
-    if "url" in out:
-        out["url"] = out["url"].replace(name, "NAME")
+    for key in ("url", "grpcAddress"):
+        if key in out:
+            out[key] = out[key].replace(name, "NAME")
     return out
 
 
