@@ -86,7 +86,7 @@ def budget_metric(job: OptimizedModelSpec, task: str) -> str:
     return metric
 
 
-def _scorer(info: DatasetInfo, training, metric: str):  # noqa: ANN001, ANN202 - TrainingJobSpec
+def scorer(info: DatasetInfo, training, metric: str):  # noqa: ANN001, ANN202 - TrainingJobSpec
     """The budget metric of a variant's outputs on the hold-out."""
     from kubeloop.components.evaluation import evaluate
 
@@ -191,11 +191,11 @@ def optimize_step(spec: str, info_json: str, dataset_path: str, source_dir: str,
                            "slo": json.dumps(job.latency_slo.to_wire()), "batch_sizes": json.dumps(job.batch_sizes)})
 
         def log_variant(row, variant) -> None:  # noqa: ANN001 - Measured, Variant
-            with mlflow.start_run(run_name=row.technique, nested=True, tags={"kubeloop.technique": row.technique}):
+            with mlflow.start_run(run_name=row.technique, nested=True, tags={tags.TECHNIQUE: row.technique}):
                 mlflow.log_metrics({metric: row.metric, "size_mb": row.size_mb, **_latency_metrics(row)})
                 mlflow.log_params({"runtime": row.runtime, "note": row.note or "-"})
 
-        score = _scorer(info, training, metric)
+        score = scorer(info, training, metric)
         rows, variants = measure_variants(ctx, job.techniques, job.batch_sizes, score, x_hold, y_hold,
                                           on_variant=log_variant)
         choice = choose(rows, job.accuracy_budget, job.latency_slo, metric)
@@ -311,7 +311,7 @@ def register_optimized_step(spec: str, source_version: str, results_json: str, w
         version_tags = {
             tags.PIPELINE_RUN: pipeline_run, tags.OWNER: owner, "run_id": run_id,
             tags.SOURCE: f"{job.source.name}/{source_version}",
-            "kubeloop.technique": results["chosen"]["technique"],
+            tags.TECHNIQUE: results["chosen"]["technique"],
             "kubeloop.speedup": str(results["chosen"]["speedup"]),
             tags.SPEEDUP_INTERVAL: "{low}..{high}".format(**results["chosen"]["speedupInterval"]),
             tags.SELECTION: results["selection"]["message"],

@@ -128,16 +128,17 @@ def reproduce(tracking_uri: str, model: str, version: str, feast_repo: str = "",
     checked default to the task's primary one (e.g. auc), or an optimised
     version's accuracy budget metric."""
     vtags = version_tags(tracking_uri, model, version)
-    tolerance = tolerance or Tolerance(())
     if tags.SOURCE in vtags:
         from kubeloop.components.reproduce_variant import read_variant_lineage, reproduce_variant
 
-        rebuild = partial(reproduce_variant, tracking_uri, read_variant_lineage(model, version, vtags), feast_repo)
+        variant = read_variant_lineage(model, version, vtags)
+        checked, rebuild = variant.metric, partial(reproduce_variant, tracking_uri, variant, feast_repo)
     else:
         lineage = read_lineage(tracking_uri, model, version, vtags)
-        if not tolerance.checked:
-            tolerance = replace(tolerance, checked=(PRIMARY[lineage.spec.task],))
-        rebuild = partial(_reproduce, tracking_uri, lineage, feast_repo)
+        checked, rebuild = PRIMARY[lineage.spec.task], partial(_reproduce, tracking_uri, lineage, feast_repo)
+    tolerance = tolerance or Tolerance(())
+    if not tolerance.checked:
+        tolerance = replace(tolerance, checked=(checked,))
     if not vtags.get(tags.FEATURE_STORE) and not feast_repo:
         raise LineageError(f"{model} version {version} names no feature store: pass --feast-repo (or set "
                            "KUBELOOP_FEAST_REPO) to the repository it was trained from")

@@ -16,6 +16,7 @@ outputs as it does for a trained version.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,6 @@ from kubeloop.components.comparison import Build, Report, Tolerance, compare, ou
 from kubeloop.components.data import DatasetInfo, load_split
 from kubeloop.components.reproduce import LineageError, log_report, require_lineage
 from kubeloop.registry import tags
-
-TECHNIQUE = "kubeloop.technique"
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def read_variant_lineage(model: str, version: str, vtags: dict) -> VariantLineag
     """An optimised version's lineage from its tags; LineageError when a part is missing."""
     from kubeloop.components.optimize import budget_metric
 
-    require_lineage(model, version, vtags, (tags.SOURCE, TECHNIQUE, tags.OPTIMIZATION_SPEC, tags.TRAINING_SPEC,
+    require_lineage(model, version, vtags, (tags.SOURCE, tags.TECHNIQUE, tags.OPTIMIZATION_SPEC, tags.TRAINING_SPEC,
                                             "run_id"),
                     "it is optimised, by an older kubeloop; run its OptimizedModel again and reproduce the version "
                     "that registers")
@@ -69,11 +68,11 @@ def read_variant_lineage(model: str, version: str, vtags: dict) -> VariantLineag
     metric = budget_metric(spec, training.task)
     recorded_metric = vtags.get(f"{tags.METRIC_PREFIX}{metric}")
     code = {"git sha": vtags.get("git_sha"), "factory": vtags.get(tags.FACTORY),
-            "factory code": vtags.get(tags.FACTORY_CODE), "technique": vtags[TECHNIQUE]}
-    recorded = Build(vtags.get("dataset_hash", ""), None, _json(vtags.get("feature_views")),
-                     _json(vtags.get(tags.VIEW_HASHES)), {k: v for k, v in code.items() if v},
+            "factory code": vtags.get(tags.FACTORY_CODE), "technique": vtags[tags.TECHNIQUE]}
+    recorded = Build(vtags.get("dataset_hash", ""), None, json.loads(vtags.get("feature_views", "{}")),
+                     json.loads(vtags.get(tags.VIEW_HASHES, "{}")), {k: v for k, v in code.items() if v},
                      {metric: float(recorded_metric)} if recorded_metric else {})
-    return VariantLineage(model, str(version), vtags["run_id"], (name, number), vtags[TECHNIQUE], spec, training,
+    return VariantLineage(model, str(version), vtags["run_id"], (name, number), vtags[tags.TECHNIQUE], spec, training,
                           metric, recorded)
 
 
@@ -85,8 +84,6 @@ def reproduce_variant(tracking_uri: str, lineage: VariantLineage, feast_repo: st
     from kubeloop.components.optimize import optimization_data_step
     from kubeloop.version import git_sha
 
-    if not tolerance.checked:
-        tolerance = Tolerance((lineage.metric,), tolerance.metric, tolerance.output)
     work.mkdir(parents=True, exist_ok=True)
     info = DatasetInfo.from_json(optimization_data_step(
         lineage.spec.to_json(), lineage.source[1], tracking_uri, feast_repo, str(work / "dataset.parquet"),
@@ -95,9 +92,8 @@ def reproduce_variant(tracking_uri: str, lineage: VariantLineage, feast_repo: st
     registered = _registered_outputs(tracking_uri, lineage, work, x_hold)
     client = MlflowClient(tracking_uri)
     run_id = _run(client, lineage)
-    code = {**{k: v for k, v in lineage.recorded.code.items() if k != "git sha"}, "git sha": git_sha()}
-    rebuilt = Build(info.dataset_hash, info.rows, info.feature_views, info.view_hashes, code,
-                    {lineage.metric: rebuilt_score})
+    rebuilt = Build(info.dataset_hash, info.rows, info.feature_views, info.view_hashes,
+                    _code(lineage, git_sha()), {lineage.metric: rebuilt_score})
     report = compare(lineage.model, lineage.version, run_id, lineage.recorded, rebuilt,
                      output_gap(registered, rebuilt_outputs, info.task), tolerance,
                      [f"the optimiser's timing run is not repeated: the technique it chose ({lineage.technique}) is "
@@ -112,7 +108,7 @@ def _rebuild(lineage: VariantLineage, info: DatasetInfo, work: Path) -> tuple[np
     import torch
 
     from kubeloop.components.model import load_model
-    from kubeloop.components.optimize import _scorer
+    from kubeloop.components.optimize import scorer
     from kubeloop.components.variants import BUILDERS, BuildContext, NotBuilt, ort_predict, ort_session, source
 
     torch.set_num_threads(1)  # as the optimiser built it
@@ -132,9 +128,20 @@ def _rebuild(lineage: VariantLineage, info: DatasetInfo, work: Path) -> tuple[np
         variant = builder(ctx)
     except NotBuilt as exc:
         raise LineageError(f"{lineage.technique} cannot be built here: {exc}") from None
-    score = _scorer(info, lineage.training, lineage.metric)(y_hold, variant.predict(x_hold))
+    score = scorer(info, lineage.training, lineage.metric)(y_hold, variant.predict(x_hold))
     served = ort_predict(ort_session(variant.onnx, ctx.device)) if variant.onnx else variant.predict
     return x_hold, served(x_hold), float(score)
+
+
+def _code(lineage: VariantLineage, sha: str) -> dict[str, str]:
+    """What rebuilt it: this checkout, the factory's code as it reads now, the technique built."""
+    from kubeloop.components.model import factory_code
+
+    factory = lineage.recorded.code.get("factory", "")
+    path = lineage.training.model.path if lineage.training.model else None
+    code = {"git sha": sha, "factory": factory, "factory code": factory_code(factory, path) if factory else "",
+            "technique": lineage.technique}
+    return {k: v for k, v in code.items() if v}
 
 
 def _registered_outputs(tracking_uri: str, lineage: VariantLineage, work: Path, x: np.ndarray) -> np.ndarray:
@@ -158,12 +165,7 @@ def _run(client, lineage: VariantLineage) -> str:  # noqa: ANN001 - MlflowClient
     experiment = found.experiment_id if found else client.create_experiment(name)
     run = client.create_run(experiment, run_name=f"reproduce-{lineage.model}-{lineage.version}-{uuid.uuid4().hex[:8]}",
                             tags={tags.REPRODUCES: f"{lineage.model}/{lineage.version}",
-                                  TECHNIQUE: lineage.technique})
+                                  tags.TECHNIQUE: lineage.technique})
     client.set_terminated(run.info.run_id)
     return run.info.run_id
 
-
-def _json(text: str | None) -> dict:
-    import json
-
-    return json.loads(text) if text else {}

@@ -20,7 +20,6 @@ UNIMPLEMENTED, naming the Triton to call instead.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from typing import Awaitable, Callable
 
@@ -33,7 +32,6 @@ from kubeloop.front.encoding import REQUEST_HEADER, tensor_bytes
 from kubeloop.front.features import RequestError
 from kubeloop.front.httpserver import MAX_BODY, Request, Response
 
-log = logging.getLogger("kubeloop.grpc")
 MAX_CALLS = 1024
 """Calls under way at once; gRPC refuses more with RESOURCE_EXHAUSTED."""
 STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,

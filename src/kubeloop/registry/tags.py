@@ -9,6 +9,8 @@ SOURCE = "kubeloop.source"
 """name/version of the version an optimised version was made from (its
 lineage): an OptimizedModel whose source alias points at a version it
 registered itself optimises that version's source, never the version."""
+TECHNIQUE = "kubeloop.technique"
+"""The optimiser's technique behind an optimised version (and each variant's run)."""
 TRAINING_SPEC = "kubeloop.training_spec"
 """The TrainingJob spec (JSON) whose data and features the model expects."""
 GPU_MEMORY_MIB = "kubeloop.gpu_memory_mib"

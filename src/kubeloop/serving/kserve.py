@@ -64,9 +64,10 @@ class KServeServing(ServingBackend):
         if rolled_back:
             messages.insert(0, f"canary rolled back: {rolled_back}")
         grpc = grpc_address(ref) if self.images.router is not None else None
-        return ServingState(url=self._url(ref), grpc_address=grpc, ready=ready, ready_replicas=sum(available.values()),
-                            message="; ".join(messages), rolled_back=("canary",) if rolled_back else (),
-                            failing=failing, traffic=self._traffic(versions))
+        return ServingState(url=self._url(ref), grpc_address=grpc, ready=ready,
+                            ready_replicas=sum(available.values()), message="; ".join(messages),
+                            rolled_back=("canary",) if rolled_back else (), failing=failing,
+                            traffic=self._traffic(versions))
 
     def _url(self, ref: ObjectRef) -> str:
         name = service_name(ref) if self.images.router is not None else predictor_name(ref, "primary")

@@ -66,8 +66,8 @@ class KubernetesServing(ServingBackend):
         if self.images.router is not None:  # the service answers once its router does
             ready["primary"] = ready.get("primary", False) and ready.pop("router", False)
         models = sum(n for role, n in available.items() if role != "router")
-        return ServingState(url=url, grpc_address=grpc_address(request.ref), ready=ready, ready_replicas=models, message="; ".join(messages),
-                            rolled_back=("canary",) if rolled_back else (), failing=failing,
+        return ServingState(url=url, grpc_address=grpc_address(request.ref), ready=ready, ready_replicas=models,
+                            message="; ".join(messages), rolled_back=("canary",) if rolled_back else (), failing=failing,
                             traffic=self._traffic(versions, available, wanted))
 
     def _traffic(self, versions: dict, available: dict[str, int], wanted: dict[str, int]) -> dict[str, int]:

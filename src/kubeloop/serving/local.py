@@ -22,6 +22,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import requests
@@ -100,9 +101,9 @@ class LocalServing(ServingBackend):
         folder = self.folder(request.ref)
         folder.mkdir(parents=True, exist_ok=True)
         state_path = folder / "state.json"
-        state = InstanceState.read(state_path) or InstanceState(
-            ports={k: processes.free_port() for k in PORTS}, processes={})
-        for missing in set(PORTS) - set(state.ports):  # an instance from before the front served gRPC
+        state = InstanceState.read(state_path) or InstanceState(ports={}, processes={})
+        # Every port of a new instance; the router's gRPC port of one from before the front served gRPC.
+        for missing in set(PORTS) - set(state.ports):
             state.ports[missing] = processes.free_port()
         repository = folder / "repository"
         model = request.versions[0].model.name
@@ -115,15 +116,14 @@ class LocalServing(ServingBackend):
         triton = f"http://127.0.0.1:{state.ports['http']}"
         router_port = state.ports["router"]
         url = f"http://127.0.0.1:{router_port}"
-        grpc = f"127.0.0.1:{state.ports['router-grpc']}"
+        served = partial(ServingState, url=url, grpc_address=f"127.0.0.1:{state.ports['router-grpc']}")
         starting, died = self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
             repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
             ready=f"{triton}/v2/health/live")
         if starting:
             state.loaded = state.answering = ""  # a new server has nothing loaded
             state.write(state_path)
-            return ServingState(url=url, grpc_address=grpc, ready={role: False for role in wanted}, message=starting,
-                                failing=died)
+            return served(ready={role: False for role in wanted}, message=starting, failing=died)
         if state.loaded != fingerprint:
             loading = self._ensure_loaded(state, folder, name, primary, sorted(set(wanted.values())), triton,
                                           fingerprint)
@@ -131,9 +131,8 @@ class LocalServing(ServingBackend):
                 # Triton loads new versions before it unloads old ones: the router keeps answering.
                 router = state.record("router")
                 answering = state.answering if router and router.running() else None
-                return ServingState(url=url, grpc_address=grpc, ready={role: False for role in wanted}, answering=answering,
-                                    ready_replicas=1 if answering else 0,
-                                    message=f"Triton is loading {model} version {primary}")
+                return served(ready={role: False for role in wanted}, answering=answering,
+                              ready_replicas=1 if answering else 0, message=f"Triton is loading {model} version {primary}")
             state.loaded = fingerprint
             state.write(state_path)
         index = self._index(triton)
@@ -150,7 +149,7 @@ class LocalServing(ServingBackend):
             ready=f"{url}/v2/health/live")
         self._register_targets(request.ref, state)
         if starting:
-            return ServingState(url=url, grpc_address=grpc, ready={role: False for role in ready}, message=starting, failing=died)
+            return served(ready={role: False for role in ready}, message=starting, failing=died)
         message = "; ".join(f"{role} version {wanted[role]} failed to load and was rolled back: {failed[wanted[role]]}"
                             for role in rolled_back)
         if not ready.get("primary"):
@@ -162,8 +161,8 @@ class LocalServing(ServingBackend):
         elif state.answering != primary:
             state.answering = primary
             state.write(state_path)
-        return ServingState(url=url, grpc_address=grpc, ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
-                            rolled_back=rolled_back)
+        return served(ready=ready, ready_replicas=1 if ready.get("primary") else 0, message=message,
+                      rolled_back=rolled_back)
 
     def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
         if not spec.request_logging.enabled:
