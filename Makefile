@@ -39,12 +39,12 @@ ifneq ($(KUBELOOP_REAL_NODE),0)
 DEBS += $(NODE_DEBS)
 NODE_IMAGES := node-images
 # The real node's tests come late in the run: CoreDNS, KServe's manager,
-# prometheus-adapter and their images build beside the first tests (at low
+# prometheus-adapter, Trainer's and JobSet's managers and their images build beside the first tests (at low
 # priority; a test that needs one waits for its build). Outside tests
 # `kubeloop dev up --nodes real` builds CoreDNS when missing, and
 # `kubeloop dev metrics-adapter` the adapter.
 PREBUILD_IMAGES := mkdir -p $(KUBELOOP_CACHE)/images && \
-  (nice -n 10 sh -c 'tools/build-binaries.sh coredns kserve prometheus-adapter; $(VENV)/bin/kubeloop dev images operator runtime triton' \
+  (nice -n 10 sh -c 'tools/build-binaries.sh coredns kserve prometheus-adapter trainer; $(VENV)/bin/kubeloop dev images operator runtime triton training' \
    > $(KUBELOOP_CACHE)/images/prebuild.log 2>&1 &)
 endif
 

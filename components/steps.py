@@ -235,10 +235,9 @@ def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir
     """Multi-node training on a real cluster: run a Kubeflow Trainer TrainJob
     and wait for it; returns the MLflow run id like train_step (and logs the
     validation report like it)."""
-    import fsspec
-
     from kubeloop.components import registration
     from kubeloop.api.children import dns_name
+    from kubeloop.components.objects import download
     from kubeloop.components.trainjob import build_trainjob, trainjob_finished
     from kubeloop.kube import Kube
     from kubeloop.polling import wait_for
@@ -260,9 +259,7 @@ def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir
         return done
 
     wait_for(finished, timeout, f"TrainJob {namespace}/{name} finishing", interval=15)
-    Path(model_dir).mkdir(parents=True, exist_ok=True)
-    fs, root = fsspec.core.url_to_fs(output)
-    fs.get_file(f"{root}/state.pt", str(Path(model_dir) / "state.pt"))
+    download(f"{output}/state.pt", Path(model_dir) / "state.pt")
     registration.log_training(tracking_uri, run_id, DatasetInfo.from_json(info_json), [],
                               {"train.trainjob": f"{namespace}/{name}",
                                "train.processes": job.distributed.nodes * job.distributed.processes_per_node})

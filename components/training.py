@@ -170,6 +170,10 @@ def make_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, settings: Loa
     return loader, sampler
 
 
+SHARED_CHECKPOINT = "rank0.pt"
+"""The checkpoint every rank resumes from when train publishes one."""
+
+
 def _atomic_save(obj: dict, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
@@ -261,14 +265,19 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
           profile_dir: Path | None = None,
           loader: LoaderSettings | None = None, progress: Callable[[dict], None] | None = None,
           rank: int = 0, world: int = 1, precision: str | None = None, model: TaskModel | None = None,
-          distillation: Distillation | None = None, architecture: Architecture | None = None) -> TrainResult:
+          distillation: Distillation | None = None, architecture: Architecture | None = None,
+          publish_checkpoint: Callable[[Path], None] | None = None) -> TrainResult:
     """Train a network; resumes from checkpoint_dir when it holds a checkpoint
     of the same settings, architecture and data size. architecture is the
     network to build (default: the built-in perceptron of a binary task);
     precision forces fp32, fp16 or bf16 instead of the device's best; model
     fine-tunes an existing network instead of a fresh one; distillation adds
     a teacher's soft targets. The result carries the loop's bottleneck
-    report, and a profiler trace of a few steps written to profile_dir."""
+    report, and a profiler trace of a few steps written to profile_dir.
+    publish_checkpoint: one checkpoint for every rank (DDP keeps their
+    weights, optimiser and random state equal), written by rank 0 and handed
+    to it after each epoch; every rank resumes from it, so Pods restarted on
+    other machines agree on the epoch."""
     seed_everything(settings.seed)
     device = pick_device(gpus)
     precision = precision or pick_precision(device)
@@ -294,7 +303,7 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
 
     identity = f"{settings.key()}|{json.dumps(asdict(model.architecture), sort_keys=True)}|{len(y)}|{world}"
     start_epoch, history = 0, []
-    ckpt = checkpoint_dir / f"rank{rank}.pt" if checkpoint_dir else None
+    ckpt = checkpoint_dir / (SHARED_CHECKPOINT if publish_checkpoint else f"rank{rank}.pt") if checkpoint_dir else None
     if ckpt and ckpt.exists():
         saved = torch.load(ckpt, map_location=device, weights_only=True)
         if saved.get("identity") == identity:
@@ -332,11 +341,13 @@ def train(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray | None, y_
         if x_val is not None and rank == 0:
             record[f"val_{PRIMARY[task]}"] = validation_score(model, x_val, y_val)
         history.append(record)
-        if ckpt:
+        if ckpt and (rank == 0 or not publish_checkpoint):
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             _atomic_save({"identity": identity, "epoch": epoch + 1, "history": history,
                           "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "scaler": scaler.state_dict(), "rng": torch.get_rng_state()}, ckpt)
+            if publish_checkpoint:
+                publish_checkpoint(ckpt)
         if progress and rank == 0:
             progress(record)
     model.cpu().eval()
@@ -391,7 +402,8 @@ def train_distributed(x_train: np.ndarray, y_train: np.ndarray, settings: TrainS
 
 def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
                checkpoint_dir: Path | None, architecture: Architecture | None = None,
-               profile_dir: Path | None = None) -> TrainResult | None:
+               profile_dir: Path | None = None,
+               publish_checkpoint: Callable[[Path], None] | None = None) -> TrainResult | None:
     """One rank of a DDP run started by torchrun (RANK, WORLD_SIZE and
     LOCAL_RANK in the environment); rank 0 returns the result. Its
     bottleneck report and trace are rank 0's own (every rank runs the same
@@ -403,7 +415,8 @@ def train_rank(x: np.ndarray, y: np.ndarray, settings: TrainSettings, gpus: int,
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
         result = train(x, y, None, None, settings, gpus=gpus, checkpoint_dir=checkpoint_dir, rank=rank, world=world,
-                       architecture=architecture, profile_dir=profile_dir if rank == 0 else None)
+                       architecture=architecture, profile_dir=profile_dir if rank == 0 else None,
+                       publish_checkpoint=publish_checkpoint)
         result.samples_per_second *= world
         return result if rank == 0 else None
     finally:

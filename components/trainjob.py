@@ -1,22 +1,42 @@
 """Multi-node training on a real cluster: a Kubeflow Trainer TrainJob (pure).
 
-The Trainer's torch runtime starts torchrun on every node with numProcPerNode
-processes; each runs kubeloop's training entry point
-(kubeloop.components.distributed) on the pipeline's dataset. GPU placement
-reaches the node Pods through a runtime patch owned by kubeloop.
+Each node Pod runs torchrun, which reads the sizes Trainer's torch runtime
+sets (PET_NNODES, PET_NPROC_PER_NODE) and meets the other nodes at the
+first node's address (PET_MASTER_ADDR, PET_MASTER_PORT); it starts numProcPerNode processes of
+kubeloop's training entry point (kubeloop.components.distributed) on the
+pipeline's dataset. GPU placement reaches the node Pods through a runtime
+patch owned by kubeloop; object storage through the environment, its
+credentials by reference to a Secret.
 """
 
 from __future__ import annotations
 
+from kubeloop.api.jobs import object_store_env
 from kubeloop.api.training import TrainingJobSpec
 
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TORCH_RUNTIME = "torch-distributed"
 PATCH_MANAGER = "kubeloop.dev/operator"
+MAX_RESTARTS = 3
+# Elastic rendezvous at the address Trainer gives the first node (expanded by
+# the kubelet): when a node Pod dies its peers' ranks block in a collective
+# with no one on the other end; its replacement joins the rendezvous, the
+# other nodes' torchrun agents see a node waiting and restart their ranks,
+# and every rank resumes from the last published checkpoint.
+ENTRY_POINT = ["torchrun", "--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+               f"--max-restarts={MAX_RESTARTS}", "--module", "kubeloop.components.distributed"]
+# A node is known to the rendezvous by its address, pid and a counter: a
+# replacement Pod has the same hostname, and torchrun is its pid 1 again, so
+# without its own Pod IP it would pass for the node it replaces.
+LOCAL_ADDR = {"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
 def build_trainjob(name: str, namespace: str, spec: TrainingJobSpec, image: str, dataset_uri: str,
-                   dataset_info: str, output_uri: str, labels: dict[str, str] | None = None) -> dict:
+                   dataset_info: str, output_uri: str, labels: dict[str, str] | None = None,
+                   store_secret: str | None = None, store_endpoint: str | None = None,
+                   checkpoints: str | None = None) -> dict:
+    """checkpoints: the folder rank 0 publishes a checkpoint to every epoch,
+    so node Pods started again resume from it."""
     resources = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
     gpu = spec.resources.gpu
     limits = dict(resources)
@@ -30,9 +50,10 @@ def build_trainjob(name: str, namespace: str, spec: TrainingJobSpec, image: str,
             "runtimeRef": {"name": TORCH_RUNTIME},
             "trainer": {
                 "image": image,
-                "command": ["python", "-m", "kubeloop.components.distributed"],
+                "command": list(ENTRY_POINT),
                 "args": ["--dataset", dataset_uri, "--dataset-info", dataset_info, "--output", output_uri,
-                         "--spec", spec.to_json()],
+                         "--spec", spec.to_json(), *(["--checkpoints", checkpoints] if checkpoints else [])],
+                "env": [LOCAL_ADDR, *object_store_env(store_secret, store_endpoint)],
                 "numNodes": spec.distributed.nodes,
                 "numProcPerNode": spec.distributed.processes_per_node,
                 "resourcesPerNode": {"requests": resources, "limits": limits},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Go binaries of the local platform (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kwok, helm; kubelet, kube-proxy and
-# CoreDNS for the real node; KServe's controller manager; prometheus-adapter) from the tools modules
+# CoreDNS for the real node; KServe's controller manager; Kubeflow Trainer's and JobSet's;
+# prometheus-adapter) from the tools modules
 # beside this script into $KUBELOOP_CACHE/bin/<group>-<version>/. Each group is
 # built once per machine and version: a finished group carries a .complete
 # stamp and is skipped afterwards; two builds of one group wait for each other
@@ -67,6 +68,11 @@ for group in "${groups[@]}"; do
       ;;
     coredns) build coredns "$COREDNS_VERSION" coredns "-s -w" kubeloop.dev/tools/coredns ;;
     kserve) build kserve "$KSERVE_VERSION" kserve "-s -w" github.com/kserve/kserve/cmd/manager ;;
+    # One group: the two controllers share Trainer's module graph.
+    trainer)
+      build trainer "$TRAINER_VERSION" trainer "-s -w" \
+        github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager sigs.k8s.io/jobset
+      ;;
     prometheus-adapter)
       build prometheus-adapter "$PROMETHEUS_ADAPTER_VERSION" prometheus-adapter "-s -w" \
         sigs.k8s.io/prometheus-adapter/cmd/adapter

@@ -108,20 +108,32 @@ def test_metrics_on_the_hold_out(dataset):
 
 def test_the_trainjob_entry_point_trains_under_torchrun(dataset, job_spec, tmp_path):
     """What a Kubeflow Trainer torch runtime runs on each node, here on one
-    machine with two processes."""
+    machine with two processes. Run again with the same checkpoint folder
+    (as a restarted JobSet's Pods are), both ranks resume from rank 0's
+    published checkpoint: no epoch is trained twice."""
+    import json
+
+    from kubeloop.components.model import load_model
+
+    output, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
+    args = ["--dataset", str(dataset["path"]), "--dataset-info", dataset["info"].to_json(), "--output", str(output),
+            "--spec", job_spec.model_dump_json(by_alias=True), "--checkpoints", str(checkpoints)]
+    first = _torchrun(args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    model = load_model(output)
+    assert auc(model, dataset["x_holdout"], dataset["y_holdout"]) > 0.75
+    assert json.loads((output / "result.json").read_text())["resumed_from_epoch"] == 0
+    assert (checkpoints / "rank0.pt").exists() and not (checkpoints / "rank1.pt").exists()
+    again = _torchrun(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((output / "result.json").read_text())["resumed_from_epoch"] == job_spec.hyperparameters.epochs
+
+
+def _torchrun(args: list[str]):  # noqa: ANN202 - a CompletedProcess
     import os
     import subprocess
     import sys
 
-    from kubeloop.components.model import load_model
-
-    output = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "kubeloop.components.distributed", "--dataset", str(dataset["path"]),
-         "--dataset-info", dataset["info"].to_json(), "--output", str(output),
-         "--spec", job_spec.model_dump_json(by_alias=True)],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    model = load_model(output)
-    assert auc(model, dataset["x_holdout"], dataset["y_holdout"]) > 0.75
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "kubeloop.components.distributed", *args],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)

@@ -10,6 +10,7 @@ where a developer keeps a real node of their own running)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -1408,6 +1409,48 @@ def operator_process(pod_uid: str) -> psutil.Process:
                         return proc
         return None
     return wait_for(probe, timeout=30, what="the operator's process")
+
+
+@pytest.mark.timeout(1500)  # a cold training image (torch) takes most of it
+def test_a_two_node_trainjob_trains_through_the_real_trainer_controller(real, tmp_path):
+    """Cluster path, on the real node: `kubeloop dev trainer`'s install (the
+    JobSet and Trainer managers built from their Go modules, their webhooks,
+    the torch runtime on kubeloop's training image). A TrainJob from
+    kubeloop's builder with two nodes becomes a JobSet of two Pods; torchrun
+    in each joins the other at the first node's address (gloo: rank 0 would
+    wait for ever without rank 1); the dataset comes from and the model goes
+    to the object store with credentials by Secret reference; rank 0
+    publishes a checkpoint every epoch; the model learnt the data."""
+    import numpy as np
+    import pandas
+
+    from kubeloop.components.model import load_model
+    from kubeloop.components.training import predict
+    from kubeloop.dev import trainer
+    from sklearn.metrics import roc_auc_score
+    from tests.support.trainjobs import COMPLETION_INDEX, TrainJobs
+
+    started = time.monotonic()
+    image = python_image(PYTHON_IMAGES["training"], [sys.executable, "-m", "pip"])
+    real.platform.import_image(image)
+    imported = time.monotonic()
+    trainer.install(real.platform, image.ref)
+    print(f"training image imported in {imported - started:.0f} s, Trainer installed in "
+          f"{time.monotonic() - imported:.0f} s")
+    env = real.platform.env()
+    jobs = TrainJobs(real.kube, env, real.namespace(), image.ref, tmp_path)
+    epochs = 4
+    run = jobs.run("ddp", nodes=2, epochs=epochs)
+    assert sorted(p["metadata"]["labels"][COMPLETION_INDEX] for p in run.pods) == ["0", "1"]
+    assert run.pods[0]["spec"]["containers"][0]["command"][0] == "torchrun"
+    assert env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(run.pods[0]["spec"])  # by reference only
+    assert run.result["resumed_from_epoch"] == 0 and len(run.result["history"]) == epochs
+    assert run.first_checkpoint_epoch >= 1  # rank 0 published a checkpoint while it ran
+    print(f"apply -> first checkpoint {run.first_checkpoint_s:.0f} s; total {run.total_s:.0f} s")
+    model = load_model(tmp_path / "ddp")
+    frame = pandas.read_parquet(tmp_path / "data.parquet")
+    holdout = frame[frame["split"] == "holdout"]
+    assert roc_auc_score(holdout["y"], predict(model, holdout[jobs.info.feature_columns].to_numpy(np.float32))) > 0.75
 
 
 def test_the_chart_runs_the_operator_on_the_real_node(real):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.components.data import DatasetInfo
+from kubeloop.components.data import SPLIT, DatasetInfo
 from kubeloop.components.registration import log_reference, register, start_run
 from kubeloop.components.training import TrainSettings, train
 
@@ -22,6 +22,19 @@ def synthetic(rows: int = 4000, seed: int = 0, shift: float = 0.0) -> tuple[np.n
     logit = 1.5 * x[:, 0] - 1.0 * x[:, 1] + 0.5 * x[:, 2] - 2.0
     y = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
     return x, y
+
+
+def synthetic_dataset(path: Path, rows: int = 4000, holdout: int = 1000) -> DatasetInfo:
+    """synthetic()'s rows as the training-data step writes them (a parquet
+    with the split column) at path; returns its DatasetInfo."""
+    x, y = synthetic(rows)
+    columns = [f"f{i}" for i in range(N_FEATURES)]
+    frame = pd.DataFrame(x, columns=columns).assign(y=y.astype(int))
+    frame[SPLIT] = ["train"] * (rows - holdout) + ["holdout"] * holdout
+    frame.to_parquet(path)
+    return DatasetInfo(entity_rows=rows, dropped_by_ttl=0, rows=rows, train_rows=rows - holdout, holdout_rows=holdout,
+                       positives=int(y.sum()), dataset_hash="synthetic-0", feature_columns=columns, label="y",
+                       feature_views={}, slice_column=None, holdout_start="")
 
 
 def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: str | None = None,

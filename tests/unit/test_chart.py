@@ -416,6 +416,6 @@ def test_the_images_use_pinned_bases_and_run_as_a_numeric_non_root_user():
             continue
         # An exact version, never a floating tag.
         assert re.match(r"^[\w./-]+:\d+\.\d+\.\d+[\w.-]*(@sha256:[0-9a-f]{64})?$", base), (name, base)
-    for target in ("operator", "runtime", "components", "triton"):
+    for target in ("operator", "runtime", "components", "training", "triton"):
         user = stages[target]["user"]
         assert user and re.match(r"^\d+(:\d+)?$", user) and int(user.split(":")[0]) != 0, (target, user)

@@ -129,13 +129,14 @@ def test_image_tags_change_with_any_input_and_only_then():
 @pytest.mark.parametrize("name", sorted(PYTHON_IMAGES))
 def test_local_images_install_the_dockerfiles_package_list_as_a_numeric_non_root_user(name):
     """One package list per image, read by both builds: the Dockerfile's
-    target of the same name installs the requirements file the local build does."""
+    target of the same name installs the requirements file the local build
+    does. Only the training image has torch."""
     spec = PYTHON_IMAGES[name]
     dockerfile = (repo_root() / "images" / "Dockerfile").read_text()
     assert f"AS build-{name}\n" in dockerfile and f"-r {spec.requirements}" in dockerfile
     lines = (repo_root() / spec.requirements).read_text().splitlines()
     packages = [line.split("==")[0].split("[")[0].strip() for line in lines if line.strip() and line[0] != "#"]
-    assert packages and "torch" not in packages
+    assert packages and ("torch" in packages) == (name == "training")
     user = spec.config.user.split(":")[0]
     assert user.isdigit() and int(user) != 0
 

@@ -27,6 +27,19 @@ def object_store_access(container: dict, secret: str | None, endpoint: str | Non
     return container
 
 
+CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def object_store_env(secret: str | None, endpoint: str | None) -> list[dict]:
+    """The same access as environment variables alone, for a container that
+    takes no envFrom (a TrainJob's trainer): each credential by reference to
+    its key in the Secret."""
+    env = [{"name": "AWS_ENDPOINT_URL_S3", "value": endpoint}] if endpoint else []
+    if secret:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for key in CREDENTIALS]
+    return env
+
+
 def task_job(metadata: dict, pod_labels: dict[str, str], container: dict, *, deadline: int, ttl: int,
              backoff_limit: int, volumes: list[dict]) -> dict:
     """A Job of one restricted Pod that runs the container once (restarted

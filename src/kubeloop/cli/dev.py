@@ -90,7 +90,7 @@ def status(state_dir: StateDir = None) -> None:
 
 @app.command()
 def images(names: Annotated[Optional[list[str]], typer.Argument(
-               help="Images to build: pause, base, operator, runtime (default: all).")] = None,
+               help="Images to build: pause, base, operator, runtime, training, triton (default: all).")] = None,
            state_dir: StateDir = None,
            load: Annotated[bool, typer.Option("--import", help="Also import them into the real node's containerd "
                                               "(the platform must be up with --nodes real).")] = False) -> None:
@@ -124,6 +124,32 @@ def kserve(state_dir: StateDir = None) -> None:
 
     _install_on_the_real_node(state_dir, "KServe", install, KServeError)
     console.print("[green]KServe installed[/green]: set KUBELOOP_SERVING_BACKENDS=kserve,... for the operator")
+
+
+@app.command()
+def trainer(state_dir: StateDir = None) -> None:
+    """Install Kubeflow Trainer v2.3 and the JobSet controller it runs on
+    (both built from their Go modules, run as Pods in kubeflow-system; their
+    CRDs and webhooks) onto a platform up with --nodes real, with the torch
+    ClusterTrainingRuntime `torch-distributed` on kubeloop's training image
+    (built and imported first). Idempotent."""
+    import sys
+
+    from kubeloop.dev.images import PYTHON_IMAGES, ImageError, python_image
+    from kubeloop.dev.trainer import TrainerError, install
+
+    def with_image(platform: Platform, progress: Callable[[str], None]) -> None:
+        progress("kubeloop's training image (torch; the first build takes minutes)")
+        try:
+            image = python_image(PYTHON_IMAGES["training"], [sys.executable, "-m", "pip"])
+        except ImageError as exc:
+            raise TrainerError(f"the training image: {exc}") from None
+        platform.import_image(image)
+        install(platform, image.ref, progress)
+
+    _install_on_the_real_node(state_dir, "Kubeflow Trainer", with_image, TrainerError)
+    console.print("[green]Kubeflow Trainer installed[/green]: TrainJobs on the torch-distributed runtime run "
+                  "on the real node")
 
 
 @app.command("metrics-adapter")

@@ -20,6 +20,9 @@ GROUPS = {
     "kwok": ("kwok", "KWOK_VERSION"),
     "helm": ("helm", "HELM_VERSION"),
     "manager": ("kserve", "KSERVE_VERSION"),  # KServe's controller manager
+    # Kubeflow Trainer's controller manager and JobSet's, one build
+    "trainer-controller-manager": ("trainer", "TRAINER_VERSION"),
+    "jobset": ("trainer", "TRAINER_VERSION"),
     "adapter": ("prometheus-adapter", "PROMETHEUS_ADAPTER_VERSION"),  # the custom metrics API
 }
 

@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Callable, Iterator
@@ -169,6 +169,10 @@ class PythonImage:
     """Debian packages beyond BASE_PACKAGES."""
     finish: Callable[[Path], None] | None = None
     """Last touches to the root, after the venv is installed."""
+    layered: bool = False
+    """kubeloop in a layer of its own over an image of the requirements
+    (`<name>-deps`), so a change to the code rebuilds only that layer: for
+    images whose requirements take minutes to install."""
 
 
 VENV = "/opt/kubeloop"
@@ -189,6 +193,10 @@ PYTHON_IMAGES = {
         entrypoint=["/usr/bin/tini", "--", "kubeloop"], cmd=["operator"], env=_PYTHON_ENV, workdir="/tmp")),
     "runtime": PythonImage("runtime", "images/runtime.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--"], cmd=["kubeloop"], env=_PYTHON_ENV, workdir="/tmp")),
+    # Training node Pods (Kubeflow Trainer's torch runtime): torch, so kubeloop
+    # sits in a layer of its own over the 4 GB of its requirements.
+    "training": PythonImage("training", "images/training.txt", ImageConfig(
+        entrypoint=["/usr/bin/tini", "--"], cmd=["python"], env=_PYTHON_ENV, workdir="/tmp"), layered=True),
     # Triton's own environment (numpy<2, see requirements/serving.txt).
     "triton": PythonImage("triton", "requirements/serving.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--"], cmd=["tritonserver"], env=_PYTHON_ENV, workdir="/tmp"),
@@ -210,13 +218,16 @@ def project_files(root: Path) -> list[Path]:
 def python_image(spec: PythonImage, pip: list[str]) -> Image:
     """Build (or find in the cache) spec's image; pip is the host's pip
     command, which collects the wheels the image installs offline."""
+    if spec.layered:
+        return _project_layer(spec, python_image(replace(spec, name=f"{spec.name}-deps", project=False,
+                                                         layered=False), pip), pip)
     root = repo_root()
     inputs = [base_rootfs(spec.debs).name.encode(), (root / spec.requirements).read_bytes(),
               Path(__file__).read_bytes(), (root / TRITON_SETUP).read_bytes()]
     if spec.constraints:
         inputs.append((root / spec.constraints).read_bytes())
     if spec.project:
-        inputs += [str(p.relative_to(root)).encode() + p.read_bytes() for p in project_files(root)]
+        inputs += _project_inputs(root)
     tag = image_tag(inputs)
     image = Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
     with _one_build(spec.name):
@@ -225,6 +236,30 @@ def python_image(spec: PythonImage, pip: list[str]) -> Image:
         with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
             _collect_wheels(spec, pip, root, Path(wheels))
             build_image(image, lambda rootfs: _install_venv(rootfs, spec, Path(wheels)), spec.config)
+    return image
+
+
+def _project_inputs(root: Path) -> list[bytes]:
+    return [str(p.relative_to(root)).encode() + p.read_bytes() for p in project_files(root)]
+
+
+def _project_layer(spec: PythonImage, deps: Image, pip: list[str]) -> Image:
+    """deps with kubeloop installed into its venv, as one more layer."""
+    root = repo_root()
+    tag = image_tag([deps.tag.encode(), *_project_inputs(root)])
+    image = Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
+    with _one_build(spec.name):
+        if image.archive.exists():
+            return image
+        with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
+            _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", wheels, str(root)])
+
+            def install(rootfs: Path) -> None:
+                shutil.copytree(wheels, rootfs / "tmp" / "wheels")
+                _run(["chroot", str(rootfs), f"{VENV}/bin/pip", "install", "--quiet", "--no-index", "--no-cache-dir",
+                      "--no-deps", "--find-links", "/tmp/wheels", "kubeloop"])
+                shutil.rmtree(rootfs / "tmp" / "wheels")
+            build_image(image, install, spec.config, base=deps)
     return image
 
 
@@ -290,21 +325,23 @@ def build_all(pip: list[str], names: list[str] | None = None) -> list[tuple[Imag
     return built
 
 
-def build_image(image: Image, populate: Callable[[Path], None], config: ImageConfig) -> None:
-    """Assemble image.archive: an empty OCI image, unpacked, filled by
-    populate(rootfs), repacked as one layer, configured and tarred."""
+def build_image(image: Image, populate: Callable[[Path], None], config: ImageConfig, base: Image | None = None
+                ) -> None:
+    """Assemble image.archive: an empty OCI image (or base's), unpacked,
+    filled by populate(rootfs), repacked as one more layer, configured and
+    tarred."""
     if shutil.which("umoci") is None:
         raise ImageError("umoci is not installed; run `make setup` (it installs Debian's umoci)")
     images_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{image.name}-") as tmp:
         layout, bundle = Path(tmp) / "layout", Path(tmp) / "bundle"
         ref = f"{layout}:{image.tag}"
-        _run(["umoci", "init", "--layout", str(layout)])
-        _run(["umoci", "new", "--image", ref])
-        _run(["umoci", "unpack", "--image", ref, str(bundle)])
+        _unpack(layout, bundle, ref, base)
         populate(bundle / "rootfs")
         _run(["umoci", "repack", "--image", ref, str(bundle)])
         _run(["umoci", "config", "--image", ref, *umoci_args(config)])
+        if base:  # the archive names one image, this one (its layers still include base's)
+            _run(["umoci", "rm", "--image", f"{layout}:{base.tag}"])
         _run(["umoci", "gc", "--layout", str(layout)])
         partial = image.archive.with_suffix(".partial")
         with tarfile.open(partial, "w") as archive:
@@ -313,8 +350,21 @@ def build_image(image: Image, populate: Callable[[Path], None], config: ImageCon
         partial.rename(image.archive)
     # Only the newest build of each image is kept: older ones are never used again.
     for older in images_dir().glob(f"{image.name}-*.tar"):
-        if older != image.archive:
+        # (not another image whose name begins with this one's: training-deps)
+        if older != image.archive and older.stem.rsplit("-", 2)[0] == image.name:
             older.unlink()
+
+
+def _unpack(layout: Path, bundle: Path, ref: str, base: Image | None) -> None:
+    """A layout holding an empty image at ref, or base's image, unpacked into bundle."""
+    if base:
+        layout.mkdir()
+        _run(["tar", "-xf", str(base.archive), "-C", str(layout)])
+        _run(["umoci", "unpack", "--image", f"{layout}:{base.tag}", str(bundle)])
+        return
+    _run(["umoci", "init", "--layout", str(layout)])
+    _run(["umoci", "new", "--image", ref])
+    _run(["umoci", "unpack", "--image", ref, str(bundle)])
 
 
 def _run(argv: list[str], cwd: Path | None = None, env_extra: dict[str, str] | None = None) -> None:

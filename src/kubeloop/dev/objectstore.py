@@ -21,7 +21,9 @@ ARTIFACT_BUCKET = "mlflow"
 REQUEST_LOG_BUCKET = "requests"
 FEAST_BUCKET = "feast"
 """Feast registries that Pods read (a published feature_store.yaml's registry)."""
-BUCKETS = (ARTIFACT_BUCKET, REQUEST_LOG_BUCKET, FEAST_BUCKET)
+TRAINING_BUCKET = "training"
+"""What training node Pods read and write: datasets, checkpoints, models."""
+BUCKETS = (ARTIFACT_BUCKET, REQUEST_LOG_BUCKET, FEAST_BUCKET, TRAINING_BUCKET)
 # SeaweedFS signs nothing with the region, but SigV4 needs one.
 REGION = "us-east-1"
 # The servers in `weed server` and their ports' names (PORTS[server], PORTS[server-grpc]).

@@ -1,0 +1,70 @@
+"""Training in real Pods through Kubeflow Trainer on the real node (a
+platform of its own, since the shared one is fake-only): one node against
+two (samples/s as rank 0 reports it, the world's total), apply to the first
+published checkpoint, and apply to complete. Rounds interleave the two
+runs; ROUNDS of them, not repeat.RUNS, since one round holds the real node
+for about two minutes. The node is this machine: two cores shared by both
+node Pods, so two nodes cannot be faster than one here; the figure shows
+what the rendezvous and gloo's all-reduce cost, not a cluster's scaling."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kubeloop.dev import trainer
+from kubeloop.dev.images import PYTHON_IMAGES, python_image
+from kubeloop.dev.platform import Platform
+from tests.bench.repeat import figures, figures_table, repeat
+from tests.support.trainjobs import TrainJobs
+
+EPOCHS = 4
+ROUNDS = 3
+
+
+def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001 - the bench's Context
+    with tempfile.TemporaryDirectory(prefix="kubeloop-bench-trainjob-") as tmp:
+        platform = Platform(Path(tmp) / "platform", real_node=True)
+        with console.status("trainjob: the platform with its real node, the training image, Trainer"):
+            platform.up()
+        try:
+            return _measure(platform, Path(tmp), console, 1 if quick else ROUNDS)
+        finally:
+            platform.down()
+
+
+def _measure(platform: Platform, tmp: Path, console: Console, runs: int) -> dict:
+    image = python_image(PYTHON_IMAGES["training"], [sys.executable, "-m", "pip"])
+    platform.import_image(image)
+    trainer.install(platform, image.ref)
+    kube = platform.kube()
+    try:
+        namespace = f"bench-{uuid.uuid4().hex[:6]}"
+        kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        jobs = TrainJobs(kube, platform.env(), namespace, image.ref, tmp)
+
+        def round_(i: int) -> dict:
+            with console.status(f"trainjob: round {i + 1} of {runs}"):
+                one, two = jobs.run(f"one-{i}", 1, EPOCHS), jobs.run(f"two-{i}", 2, EPOCHS)
+            return {"one_node": one.result["samples_per_second"], "two_nodes": two.result["samples_per_second"],
+                    "two_over_one": two.result["samples_per_second"] / one.result["samples_per_second"],
+                    "first_checkpoint_one": one.first_checkpoint_s, "first_checkpoint_two": two.first_checkpoint_s,
+                    "complete_one": one.total_s, "complete_two": two.total_s}
+        rows = figures(repeat(round_, runs), {
+            "one_node": "samples/s", "two_nodes": "samples/s", "two_over_one": "x", "first_checkpoint_one": "s",
+            "first_checkpoint_two": "s", "complete_one": "s", "complete_two": "s"})
+    finally:
+        kube.close()
+    table = Table(title=f"TrainJobs on the real node ({EPOCHS} epochs, 32,000 rows, batch 32, 500m CPU a node)")
+    for column in ("measure", "median"):
+        table.add_column(column)
+    for f in rows:
+        table.add_row(f.name, f"{f.median:,.3g} {f.unit}")
+    console.print(table)
+    console.print(figures_table("trainjob: the rounds' figures", rows))
+    return {f.name: f.to_json() for f in rows}
