@@ -3,9 +3,10 @@ platform of its own, since the shared one is fake-only): one node against
 two (samples/s as rank 0 reports it, the world's total), apply to the first
 published checkpoint, and apply to complete. Rounds interleave the two
 runs; ROUNDS of them, not repeat.RUNS, since one round holds the real node
-for about two minutes. The node is this machine: two cores shared by both
-node Pods, so two nodes cannot be faster than one here; the figure shows
-what the rendezvous and gloo's all-reduce cost, not a cluster's scaling."""
+for about two minutes. Each node Pod is limited to 500m of this machine's
+two cores, so two nodes have twice one node's CPU: against that linear 2x,
+the ratio shows what the rendezvous and gloo's all-reduce cost, not a
+cluster's scaling. samples/s is rank 0's rate times the world size."""
 
 from __future__ import annotations
 
