@@ -19,10 +19,10 @@ TORCH_RUNTIME = "torch-distributed"
 PATCH_MANAGER = "kubeloop.dev/operator"
 MAX_RESTARTS = 3
 # Elastic rendezvous at the address Trainer gives the first node (expanded by
-# the kubelet): when a node Pod dies its peers' ranks block in a collective
-# with no one on the other end; its replacement joins the rendezvous, the
-# other nodes' torchrun agents see a node waiting and restart their ranks,
-# and every rank resumes from the last published checkpoint.
+# the kubelet) rather than a static one: a replacement node Pod can only join a
+# run through a rendezvous whose agents restart their ranks for a waiting node
+# (resuming from the last published checkpoint). That a deleted node Pod's
+# replacement is taken in reliably is not yet shown on the real node.
 ENTRY_POINT = ["torchrun", "--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
                f"--max-restarts={MAX_RESTARTS}", "--module", "kubeloop.components.distributed"]
 # A node is known to the rendezvous by its address, pid and a counter: a

@@ -65,8 +65,8 @@ def inferenceservice_config(module: Path) -> dict:
 def webhook_configurations(module: Path, ca: bytes) -> list[dict]:
     """The module's webhook configurations for the webhooks this manager
     serves, pointed at its Service and trusting the install's CA."""
+    # webhooks_to fills in the Service the manifests leave as kustomize variables.
     text = (module / "config" / "webhook" / "manifests.yaml").read_text()
-    text = text.replace("$(webhookServiceName)", WEBHOOK_SERVICE).replace("$(kserveNamespace)", NAMESPACE)
     found = [controllers.webhooks_to(doc, WEBHOOK_SERVICE, NAMESPACE, ca,
                                      lambda hook: hook["clientConfig"]["service"]["path"] in SERVED_PATHS)
              for doc in yaml.safe_load_all(text) if doc]
