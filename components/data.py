@@ -104,10 +104,13 @@ def label_classes(task: str, label: pd.Series, column: str) -> list[str]:
 
 def build_dataset(spec: TrainingJobSpec, store: str, output: Path) -> DatasetInfo:
     """The job's labelled rows joined with its features, split by time; store
-    is the StoreLocation (JSON) of the feature store to read."""
+    is the StoreLocation (JSON) of the feature store to read. Sources in
+    object storage are read without s3fs, which no kubeloop image has."""
     # Feast takes seconds to import; only this step needs it.
+    from kubeloop.featurestore.job import serve_s3_through_pyarrow
     from kubeloop.featurestore.store import LabelRows, StoreLocation, training_data
 
+    serve_s3_through_pyarrow()
     data = training_data(
         StoreLocation.from_json(store), spec.features.feature_views,
         LabelRows.of(spec.features.labels),

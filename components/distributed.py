@@ -2,12 +2,19 @@
 runs it under torchrun on every node; rank 0 writes the model and what the
 run did. With --checkpoints, rank 0 publishes a checkpoint every epoch and a
 node Pod started again (killed, evicted, its JobSet restarted) resumes from
-the last one instead of the first epoch."""
+the last one instead of the first epoch.
+
+With --trainer-run (the trainer pipeline backend) the run comes from the
+environment (kubeloop.components.trainer_run): the data from its dataset
+initializer, checkpoints below its prefix, and rank 0 evaluates the model on
+the hold-out and registers it, once per pipeline run: a rank 0 started again
+after it registered finds the version and registers nothing more."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -20,32 +27,91 @@ from kubeloop.components.data import SPLIT, DatasetInfo, model_inputs, target
 from kubeloop.components.model import save_model
 from kubeloop.components.objects import download, upload
 from kubeloop.components.steps import architecture_for
+from kubeloop.components.trainer_run import DATASET, INFO, VALIDATION, TrainerRun
 from kubeloop.components.training import SHARED_CHECKPOINT, TrainResult, TrainSettings, train_rank
+
+log = logging.getLogger("kubeloop.components.distributed")
+REQUIRED = ("dataset", "dataset_info", "output", "spec")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--dataset", required=True, help="parquet written by the training-data step (path or s3://)")
-    parser.add_argument("--dataset-info", required=True)
-    parser.add_argument("--output", required=True, help="folder (path or s3://) for the model")
-    parser.add_argument("--spec", required=True, help="the TrainingJob spec as JSON")
+    parser.add_argument("--trainer-run", action="store_true",
+                        help="a trainer backend run, read from the environment; rank 0 evaluates and registers")
+    parser.add_argument("--dataset", help="parquet written by the training-data step (path or s3://)")
+    parser.add_argument("--dataset-info")
+    parser.add_argument("--output", help="folder (path or s3://) for the model")
+    parser.add_argument("--spec", help="the TrainingJob spec as JSON")
     parser.add_argument("--checkpoints", help="folder (path or s3://) for the checkpoint a restarted node resumes from")
     args = parser.parse_args(argv)
-    spec = TrainingJobSpec.from_json(args.spec)
-    info = DatasetInfo.from_json(args.dataset_info)
-    x, y = _training_rows(args.dataset, info)
-    settings = TrainSettings.from_spec(spec.hyperparameters, spec.seed)
-    gpus = spec.resources.gpu.count if spec.resources.gpu else 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.trainer_run:
+        _pipeline_node(TrainerRun.from_environment())
+        return
+    missing = [f"--{name.replace('_', '-')}" for name in REQUIRED if getattr(args, name) is None]
+    if missing:
+        parser.error(f"{', '.join(missing)} required without --trainer-run")
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoints, publish = Path(tmp) / "checkpoints", None
-        if args.checkpoints:
-            shared = f"{args.checkpoints.rstrip('/')}/{SHARED_CHECKPOINT}"
-            download(shared, checkpoints / SHARED_CHECKPOINT, missing_ok=True)
-            publish = partial(upload, uri=shared)
-        result = train_rank(x, y, settings, gpus, checkpoints, architecture_for(spec, info),
-                            publish_checkpoint=publish)
+        spec = TrainingJobSpec.from_json(args.spec)
+        result = _train(spec, DatasetInfo.from_json(args.dataset_info), args.dataset, args.checkpoints, Path(tmp))
         if result is not None:
             _write_result(result, Path(tmp) / "model", args.output.rstrip("/"))
+
+
+def _train(spec: TrainingJobSpec, info: DatasetInfo, dataset: str, checkpoints: str | None,
+           tmp: Path) -> TrainResult | None:
+    """This rank's share of the training; the result on rank 0 only."""
+    x, y = _training_rows(dataset, info)
+    settings = TrainSettings.from_spec(spec.hyperparameters, spec.seed)
+    gpus = spec.resources.gpu.count if spec.resources.gpu else 0
+    local, publish = tmp / "checkpoints", None
+    if checkpoints:
+        shared = f"{checkpoints.rstrip('/')}/{SHARED_CHECKPOINT}"
+        download(shared, local / SHARED_CHECKPOINT, missing_ok=True)
+        publish = partial(upload, uri=shared)
+    return train_rank(x, y, settings, gpus, local, architecture_for(spec, info), publish_checkpoint=publish)
+
+
+def _pipeline_node(run: TrainerRun) -> None:
+    spec = TrainingJobSpec.from_json(run.spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name in (DATASET, INFO, VALIDATION):
+            download(f"{run.data}/{name}", folder / name)
+        info = DatasetInfo.from_json((folder / INFO).read_text())
+        result = _train(spec, info, str(folder / DATASET), run.checkpoints, folder)
+        if result is not None:
+            _evaluate_and_register(run, spec, info, result, folder)
+
+
+def _evaluate_and_register(run: TrainerRun, spec: TrainingJobSpec, info: DatasetInfo, result: TrainResult,
+                           folder: Path) -> None:
+    """Rank 0's end of the run: what the local backend's train, evaluate and
+    register steps record, on the model the nodes trained."""
+    from kubeloop.components import registration
+    from kubeloop.components.data import load_split
+    from kubeloop.components.steps import evaluate_step, register_step
+    from kubeloop.registry import tags
+
+    existing = registration.find_registered(run.tracking_uri, spec.model_name, run.pipeline_run)
+    if existing is not None:
+        log.info("version %s was registered by this run before this rank 0 started: nothing more to do",
+                 existing.version)
+        return
+    run_id = registration.start_run(run.tracking_uri, spec, run.pipeline_run, run.owner, run.spec_hash, run.git_sha)
+    registration.log_validation(run.tracking_uri, run_id, (folder / VALIDATION).read_text())
+    frame, _ = load_split(folder / DATASET, info, "train")
+    registration.log_reference(run.tracking_uri, run_id, frame[info.feature_columns], seed=spec.seed)
+    registration.log_training(run.tracking_uri, run_id, info, result.history, {
+        "train.trainjob": run.trainjob, "train.device": result.device, "train.precision": result.precision,
+        "train.processes": spec.distributed.nodes * spec.distributed.processes_per_node,
+        "train.resumed_from_epoch": result.resumed_from_epoch})
+    model, info_json = folder / "model", info.to_json()
+    save_model(result.model, model)
+    evaluation = evaluate_step(run.spec, str(folder / DATASET), info_json, str(model), run.tracking_uri, run_id)
+    registered = register_step(run.spec, info_json, str(model), evaluation, run.tracking_uri, run_id,
+                               run.pipeline_run, run.owner, run.git_sha, lineage={tags.TRAINJOB: run.trainjob})
+    log.info("registered %s", registered["model"]["uri"])
 
 
 def _training_rows(dataset: str, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:

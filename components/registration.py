@@ -242,10 +242,10 @@ def signature_of(spec: TrainingJobSpec, dataset: DatasetInfo) -> ModelSignature:
 
 def register(tracking_uri: str, run_id: str, model: TaskModel, spec: TrainingJobSpec,
              dataset: DatasetInfo, metrics: dict[str, float], pipeline_run: str, owner: str,
-             git_sha: str, champion: dict | None = None) -> dict:
+             git_sha: str, champion: dict | None = None, lineage: dict | None = None) -> dict:
     """Log the model (native, TorchScript, ONNX) and register a version with
-    its signature and lineage; a version already registered by this pipeline
-    run is returned instead."""
+    its signature and lineage (and the tags in lineage); a version already
+    registered by this pipeline run is returned instead."""
     client = MlflowClient(tracking_uri)
     existing = find_registered(tracking_uri, spec.model_name, pipeline_run)
     signature = signature_of(spec, dataset)
@@ -284,6 +284,7 @@ def register(tracking_uri: str, run_id: str, model: TaskModel, spec: TrainingJob
             **(_champion_tags(champion) if champion else {}),
             **_reference_tag(client, run_id),
             **_validation_tags(client, run_id),
+            **(lineage or {}),
         }
         existing = mlflow.register_model(info.model_uri, spec.model_name, tags=version_tags)
     if spec.promotion and spec.promotion.register_as:

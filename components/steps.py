@@ -212,8 +212,9 @@ def _evaluate_champion(job: TrainingJobSpec, info: DatasetInfo, tracking_uri: st
 
 
 def register_step(spec: str, info_json: str, model_dir: str, evaluation_json: str, tracking_uri: str,
-                  run_id: str, pipeline_run: str, owner: str, git_sha: str) -> dict:
-    """Register the model; returns what the operator reports in status."""
+                  run_id: str, pipeline_run: str, owner: str, git_sha: str, lineage: dict | None = None) -> dict:
+    """Register the model; returns what the operator reports in status.
+    lineage: more tags of where the version came from."""
     from kubeloop.components import registration
     from kubeloop.components.model import load_model
 
@@ -222,7 +223,7 @@ def register_step(spec: str, info_json: str, model_dir: str, evaluation_json: st
     evaluation = json.loads(evaluation_json)
     metrics = evaluation["metrics"]
     model = registration.register(tracking_uri, run_id, load_model(Path(model_dir)), job, info, metrics,
-                                  pipeline_run, owner, git_sha, champion=evaluation.get("champion"))
+                                  pipeline_run, owner, git_sha, champion=evaluation.get("champion"), lineage=lineage)
     shown = {k: round(v, 6) for k, v in metrics.items() if v == v and k not in ("rows", "positives")}
     return {"model": model, "metrics": shown, "dataset_hash": info.dataset_hash,
             "dropped_by_ttl": info.dropped_by_ttl, "rows": info.rows,

@@ -37,39 +37,47 @@ def build_trainjob(name: str, namespace: str, spec: TrainingJobSpec, image: str,
                    checkpoints: str | None = None) -> dict:
     """checkpoints: the folder rank 0 publishes a checkpoint to every epoch,
     so node Pods started again resume from it."""
-    resources = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
-    gpu = spec.resources.gpu
-    limits = dict(resources)
-    if gpu and gpu.count:
-        limits["nvidia.com/gpu"] = str(gpu.count)
+    args = ["--dataset", dataset_uri, "--dataset-info", dataset_info, "--output", output_uri,
+            "--spec", spec.to_json(), *(["--checkpoints", checkpoints] if checkpoints else [])]
     trainjob = {
         "apiVersion": TRAINER_API_VERSION,
         "kind": "TrainJob",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
         "spec": {
             "runtimeRef": {"name": TORCH_RUNTIME},
-            "trainer": {
-                "image": image,
-                "command": list(ENTRY_POINT),
-                "args": ["--dataset", dataset_uri, "--dataset-info", dataset_info, "--output", output_uri,
-                         "--spec", spec.to_json(), *(["--checkpoints", checkpoints] if checkpoints else [])],
-                "env": [LOCAL_ADDR, *object_store_env(store_secret, store_endpoint)],
-                "numNodes": spec.distributed.nodes,
-                "numProcPerNode": spec.distributed.processes_per_node,
-                "resourcesPerNode": {"requests": resources, "limits": limits},
-            },
+            "trainer": trainer_nodes(spec, image, args, [LOCAL_ADDR, *object_store_env(store_secret, store_endpoint)]),
         },
     }
-    if gpu and gpu.count:
-        pod_patch: dict = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
-        if gpu.product:
-            pod_patch["nodeSelector"] = {"nvidia.com/gpu.product": gpu.product}
-        trainjob["spec"]["runtimePatches"] = [{
-            "manager": PATCH_MANAGER,
-            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}}]}}},
-        }]
+    patches = gpu_patches(spec)
+    if patches:
+        trainjob["spec"]["runtimePatches"] = patches
     return trainjob
+
+
+def trainer_nodes(spec: TrainingJobSpec, image: str, args: list[str], env: list[dict]) -> dict:
+    """A TrainJob's trainer: spec's nodes and processes, each node with
+    spec's resources, running kubeloop's entry point under torchrun."""
+    resources = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
+    gpu = spec.resources.gpu
+    limits = dict(resources)
+    if gpu and gpu.count:
+        limits["nvidia.com/gpu"] = str(gpu.count)
+    return {"image": image, "command": list(ENTRY_POINT), "args": args, "env": env,
+            "numNodes": spec.distributed.nodes, "numProcPerNode": spec.distributed.processes_per_node,
+            "resourcesPerNode": {"requests": resources, "limits": limits}}
+
+
+def gpu_patches(spec: TrainingJobSpec) -> list[dict]:
+    """The node Pods' GPU placement, as a runtime patch kubeloop owns: the
+    GPU toleration and the product's node selector (none without GPUs)."""
+    gpu = spec.resources.gpu
+    if not gpu or not gpu.count:
+        return []
+    pod_patch: dict = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    if gpu.product:
+        pod_patch["nodeSelector"] = {"nvidia.com/gpu.product": gpu.product}
+    return [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"spec": pod_patch}}}}]}}}}]
 
 
 def trainjob_finished(trainjob: dict) -> tuple[bool, str | None]:

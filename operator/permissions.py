@@ -56,13 +56,16 @@ class Permissions:
     materialize: tuple[Rule, ...]
     """Rules in the operator's own namespace, needed only when online stores
     are materialised by Jobs (KUBELOOP_MATERIALIZER=kubernetes)."""
+    trainer: tuple[Rule, ...]
+    """Namespaced rules of the trainer pipeline backend (a TrainJob per training run)."""
 
     def to_wire(self) -> dict:
         return {scope: [r.policy() for r in rules]
                 for scope, rules in (("namespaced", self.namespaced), ("cluster", self.cluster),
                                      ("gateway", self.gateway), ("kserve", self.kserve),
                                      ("kserveCluster", self.kserve_cluster), ("dra", self.dra),
-                                     ("draCluster", self.dra_cluster), ("materialize", self.materialize))}
+                                     ("draCluster", self.dra_cluster), ("materialize", self.materialize),
+                                     ("trainer", self.trainer))}
 
 
 def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
@@ -118,5 +121,11 @@ def operator_permissions() -> Permissions:
     materialize = (Rule("batch", ("jobs",), ("get", "list", "create", "delete"),
                         "online stores: each materialisation is a Job in the operator's namespace, polled until "
                         "it finishes; older ones deleted"),)
+    trainer = (Rule("trainer.kubeflow.org", ("trainjobs",), ("get", "create", "delete"),
+                    "trainer pipeline backend: a TrainJob per training run, read until it finishes; deleted when "
+                    "its spec changed or its TrainingJob was deleted"),
+               Rule("", ("events",), ("list",), "trainer pipeline backend: why a TrainJob has no Jobs yet "
+                                                "(Trainer says so only in Events)"))
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
-                       kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster, materialize=materialize)
+                       kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster, materialize=materialize,
+                       trainer=trainer)

@@ -60,7 +60,7 @@ class OperatorConfig(BaseSettings):
     namespaces: Names = _env("KUBELOOP_NAMESPACES", [])
     """Namespaces to watch; empty means the whole cluster."""
     pipeline_backends: Names = _env("KUBELOOP_PIPELINE_BACKENDS", ["local", "noop"])
-    """Pipeline backends to enable (local, kfp, noop)."""
+    """Pipeline backends to enable (local, kfp, trainer, noop)."""
     default_pipeline_backend: str = _env("KUBELOOP_PIPELINE_BACKEND", "local")
     serving_backends: Names = _env("KUBELOOP_SERVING_BACKENDS", ["kubernetes"])
     """Serving backends to enable (kubernetes, kserve, local)."""
@@ -87,6 +87,12 @@ class OperatorConfig(BaseSettings):
     the one `kubeloop dev images` builds from the nvidia-pytriton wheel)."""
     components_image: str = _env("KUBELOOP_COMPONENTS_IMAGE", COMPONENTS_IMAGE)
     """The image of the pipeline steps (kfp backend) and the model pullers."""
+    training_image: str | None = _env("KUBELOOP_TRAINING_IMAGE")
+    """The image of the trainer backend's Pods (dataset initializer and
+    nodes): torch, Feast, MLflow and kubeloop (images/training.txt)."""
+    training_bucket: str = _env("KUBELOOP_TRAINING_BUCKET", "training")
+    """The bucket of the object store where trainer backend runs keep their
+    data and checkpoints, one prefix per namespace and run."""
     mlflow_secret: str | None = _env("KUBELOOP_MLFLOW_SECRET")
     """Name of a Secret with MLflow's credentials (MLFLOW_TRACKING_USERNAME and
     _PASSWORD, or _TOKEN), handed to the pipeline steps by reference."""

@@ -40,16 +40,35 @@ def build_registry(config: OperatorConfig) -> ModelRegistry:
     return MlflowRegistry(config.tracking_uri)
 
 
-def build_pipeline_backends(config: OperatorConfig) -> dict[str, PipelineBackend]:
+def build_pipeline_backends(config: OperatorConfig, kube: Kube | None = None) -> dict[str, PipelineBackend]:
     backends: dict[str, PipelineBackend] = {}
     for name in config.pipeline_backends:
         if name == "noop":
             backends[name] = NoopBackend()
         elif name in ("local", "kfp"):
             backends.update(_pipeline_backend(name, config))
+        elif name == "trainer":
+            backends[name] = _trainer_backend(config, kube)
         else:
-            raise ConfigurationError(f"unknown pipeline backend {name}; use local, kfp or noop")
+            raise ConfigurationError(f"unknown pipeline backend {name}; use local, kfp, trainer or noop")
     return backends
+
+
+def _trainer_backend(config: OperatorConfig, kube: Kube | None) -> PipelineBackend:
+    from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
+    from kubeloop.pipelines.backends.trainer import TrainerBackend
+    from kubeloop.pipelines.trainjobs import TrainerSettings
+    from kubeloop.version import git_sha
+
+    if not config.training_image or not config.tracking_uri or kube is None:
+        raise ConfigurationError("the trainer pipeline backend needs KUBELOOP_TRAINING_IMAGE (the training image "
+                                 "its Pods run), MLFLOW_TRACKING_URI and a cluster")
+    settings = TrainerSettings(image=config.training_image,
+                               tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
+                               bucket=config.training_bucket, object_store_secret=config.object_store_secret,
+                               object_store_endpoint=config.object_store_endpoint,
+                               mlflow_secret=config.mlflow_secret, git_sha=git_sha())
+    return TrainerBackend(kube, settings, mlflow_outcomes(config.tracking_uri))
 
 
 def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBackend]:
@@ -164,7 +183,7 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
     serving = build_serving_backends(config, kube)
     return Ports(
         registry=build_registry(config),
-        pipelines=build_pipeline_backends(config),
+        pipelines=build_pipeline_backends(config, kube),
         serving=serving,
         fleet=FleetView(kube, dra=config.gpu_allocation == "dra").start(),
         default_pipeline_backend=config.default_pipeline_backend,

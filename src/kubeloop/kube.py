@@ -179,14 +179,15 @@ class Kube:
             raise
 
     def list(self, api_version: str, kind: str, namespace: str | None = None,
-             label_selector: str | None = None) -> list[dict]:
-        return self.snapshot(api_version, kind, namespace, label_selector)[0]
+             label_selector: str | None = None, field_selector: str | None = None) -> list[dict]:
+        return self.snapshot(api_version, kind, namespace, label_selector, field_selector)[0]
 
     def snapshot(self, api_version: str, kind: str, namespace: str | None = None,
-                 label_selector: str | None = None) -> tuple[list[dict], str]:
+                 label_selector: str | None = None, field_selector: str | None = None) -> tuple[list[dict], str]:
         """Every object, with the list's resourceVersion (where a watch picks up)."""
         rtype = resource_type(api_version, kind)
-        query = [("labelSelector", label_selector)] if label_selector else []
+        query = [(name, value) for name, value in (("labelSelector", label_selector),
+                                                   ("fieldSelector", field_selector)) if value]
         items: list[dict] = []
         token = None
         while True:

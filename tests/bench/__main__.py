@@ -7,6 +7,7 @@
     python -m tests.bench repeatability   # the optimiser's choice, five times
     python -m tests.bench gpu             # AMP, GPU variants, GPU memory (standalone: tests.bench.gpu_suite)
     python -m tests.bench trainjob        # TrainJobs through Kubeflow Trainer on the real node
+    python -m tests.bench trainer         # the trainer backend against the local one, and a lost node
 
 Each suite measures against a baseline in the same process and reports the
 ratio; every figure is repeated (at least five runs, or interleaved rounds)
@@ -43,13 +44,15 @@ from tests.bench import (  # noqa: E402
     repeatability_suite,
     serving_suite,
     training_suite,
+    trainer_suite,
     trainjob_suite,
 )
 
 SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optimization": optimization_suite.run,
           "repeatability": repeatability_suite.run, "serving": serving_suite.run, "drift": drift_suite.run,
           "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run,
-          "outcomes": outcomes_suite.run, "gpu": gpu_suite.run, "trainjob": trainjob_suite.run}
+          "outcomes": outcomes_suite.run, "gpu": gpu_suite.run, "trainjob": trainjob_suite.run,
+          "trainer": trainer_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 

@@ -11,7 +11,6 @@ cluster's scaling. samples/s is rank 0's rate times the world size."""
 from __future__ import annotations
 
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from rich.table import Table
 from kubeloop.dev import trainer
 from kubeloop.dev.images import PYTHON_IMAGES, python_image
 from kubeloop.dev.platform import Platform
+from tests.bench.realnode import on_a_real_node
 from tests.bench.repeat import figures, figures_table, repeat
 from tests.support.trainjobs import TrainJobs
 
@@ -29,14 +29,8 @@ ROUNDS = 3
 
 
 def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001 - the bench's Context
-    with tempfile.TemporaryDirectory(prefix="kubeloop-bench-trainjob-") as tmp:
-        platform = Platform(Path(tmp) / "platform", real_node=True)
-        with console.status("trainjob: the platform with its real node, the training image, Trainer"):
-            platform.up()
-        try:
-            return _measure(platform, Path(tmp), console, 1 if quick else ROUNDS)
-        finally:
-            platform.down()
+    return on_a_real_node("trainjob", console, lambda platform, tmp: _measure(platform, tmp, console,
+                                                                               1 if quick else ROUNDS))
 
 
 def _measure(platform: Platform, tmp: Path, console: Console, runs: int) -> dict:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kubeloop.components.evaluation import evaluate
+from tests.components.test_objectstore import seaweed  # noqa: F401 - the fixture
 from kubeloop.components.training import (
     NAIVE_LOADER, TrainSettings, make_loader, pick_precision, predict, train, train_distributed,
     tuned_loader_settings,
@@ -137,3 +138,61 @@ def _torchrun(args: list[str]):  # noqa: ANN202 - a CompletedProcess
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "-m", "kubeloop.components.distributed", *args],
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+
+
+def test_the_trainer_backends_pods_prepare_train_evaluate_and_register_once(
+        seaweed, job_spec, tracking, tmp_path, monkeypatch):  # noqa: F811 - the fixture
+    """What the trainer backend's TrainJob runs, here as processes of one
+    machine (the real TrainJob is the real-node e2e test's), against a real
+    S3 (SeaweedFS): the dataset initializer joins the job's store, published
+    as Pods open it (its feature_store.yaml as text, as the ConfigMap gives
+    it; registry and Parquet sources in object storage), validates, and
+    writes below the run's prefix; two torchrun processes train, and rank 0
+    evaluates and registers with the TrainJob in the lineage. Rank 0 started
+    again after it registered (its Pod replaced) registers nothing more."""
+    import os
+    import subprocess
+    import sys
+
+    import boto3
+    from mlflow import MlflowClient
+
+    from kubeloop.components.data import DatasetInfo
+    from kubeloop.components.objects import download
+    from kubeloop.components.trainer_run import INFO, RUN_ENV, STORE_ENV, TrainerRun
+    from kubeloop.dev import objectstore
+    from kubeloop.featurestore.generate import Scenario, default_start
+    from kubeloop.featurestore.store import create_repository
+    from kubeloop.registry import tags
+    from tests.support.published import publish_sources
+
+    for name, value in objectstore.env(seaweed.endpoint, seaweed.credentials).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # this test's keys, not an earlier test's
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(30), days=30, cards=1200),
+                             registry="s3://feast/trainer-run/registry.db")
+    publish_sources(repo, "s3://feast/trainer-run/data", seaweed.endpoint)
+    run = TrainerRun(spec=job_spec.to_json(), pipeline_run="team-fraud-g1-abc", owner="team/fraud", spec_hash="h",
+                     git_sha="sha", tracking_uri=tracking, prefix="s3://training/team/team-fraud-g1-abc",
+                     trainjob="team/train-fraud")
+    env = {**os.environ, RUN_ENV: run.to_json(), "OMP_NUM_THREADS": "1"}
+    initializer = subprocess.run([sys.executable, "-m", "kubeloop.components.initializer"], capture_output=True,
+                                 text=True, timeout=300, env={**env, "STORAGE_URI": run.data,
+                                                              STORE_ENV: (repo / "feature_store.yaml").read_text()})
+    assert initializer.returncode == 0, initializer.stderr[-3000:]
+    info = DatasetInfo.from_json(download(f"{run.data}/{INFO}", tmp_path / INFO).read_text())
+    again = subprocess.run([sys.executable, "-m", "kubeloop.components.initializer"], capture_output=True,
+                           text=True, timeout=300, env={**env, STORE_ENV: "project: unreachable"})
+    assert again.returncode == 0 and "already at" in again.stderr, again.stderr[-3000:]  # kept, not joined again
+    for _ in range(2):  # the second: rank 0 again after it registered
+        nodes = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                "-m", "kubeloop.components.distributed", "--trainer-run"],
+                               capture_output=True, text=True, env=env, timeout=600)
+        assert nodes.returncode == 0, nodes.stderr[-3000:]
+    versions = MlflowClient(tracking).search_model_versions(f"name = '{job_spec.model_name}'")
+    assert len(versions) == 1, [v.version for v in versions]
+    version = versions[0]
+    assert version.tags[tags.TRAINJOB] == "team/train-fraud" and version.tags[tags.PIPELINE_RUN] == run.pipeline_run
+    assert version.tags["dataset_hash"] == info.dataset_hash  # trained on what the initializer prepared
+    assert float(version.tags["metric.auc"]) > 0.75
+    assert "was registered by this run" in nodes.stderr

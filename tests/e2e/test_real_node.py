@@ -1453,6 +1453,126 @@ def test_a_two_node_trainjob_trains_through_the_real_trainer_controller(real, tm
     assert roc_auc_score(holdout["y"], predict(model, holdout[jobs.info.feature_columns].to_numpy(np.float32))) > 0.75
 
 
+def trainer_cluster(real: RealPlatform, tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201 - a TrainerCluster
+    """The trainer backend on this module's real node
+    (tests.support.trainjobs.TrainerCluster), this process reaching the
+    object store as the platform's client."""
+    from tests.support.trainjobs import TrainerCluster
+
+    for name, value in real.platform.env().items():  # this process writes the store's registry and sources
+        if name.startswith(("AWS_", "FEAST_")):
+            monkeypatch.setenv(name, value)
+    fresh_boto3_session(monkeypatch)
+    return TrainerCluster(real.platform, real.kube, real.namespace(), tmp_path)
+
+
+@pytest.mark.timeout(1800)  # a training image whose code layer changed takes minutes to build and import
+def test_a_two_node_trainingjob_trains_through_the_trainer_backend_and_registers_once(real, tmp_path, monkeypatch):
+    """Cluster path (the trainer pipeline backend; the operator on the host
+    with KUBELOOP_PIPELINE_BACKENDS=trainer, its TrainJob through the real
+    Trainer and JobSet controllers on the real node; see TrainerCluster). A
+    TrainingJob with `distributed.nodes: 2` becomes one TrainJob, owned by
+    it; its spec changed while that runs, the TrainJob is replaced by the new
+    spec's. The dataset initializer's Pod joins the features; two node Pods
+    train; rank 0 registers one version, its lineage naming the TrainJob; the
+    credentials and the store's text reach the Pods by reference only.
+    Deleting the TrainingJob removes the TrainJob."""
+    from kubeloop.registry import tags
+
+    cluster = trainer_cluster(real, tmp_path, monkeypatch)
+    namespace, env = cluster.namespace, cluster.env
+    try:
+        applied = time.monotonic()
+        real.kube.create(cluster.trainingjob("fraud", epochs=6))
+        first = wait_for(lambda: cluster.status("fraud").get("runId"), timeout=120, interval=1,
+                         what="the first run submitted")
+        real.kube.merge_patch(API_VERSION, "TrainingJob", "fraud", {"spec": {"hyperparameters": {"epochs": 3}}},
+                              namespace)
+        done = cluster.finished("fraud")
+        total = time.monotonic() - applied
+        assert done["phase"] == "Succeeded", done
+        assert done["backend"] == "trainer" and done["runId"] != first
+        (left,) = cluster.trainjobs()  # the first spec's TrainJob was deleted when the spec changed
+        assert f"{namespace}/{left['metadata']['name']}" == done["runId"]
+        owner = real.kube.get(API_VERSION, "TrainingJob", "fraud", namespace)["metadata"]
+        assert left["metadata"]["ownerReferences"][0]["uid"] == owner["uid"]
+        pods = cluster.pods(left["metadata"]["name"])
+        steps = sorted(p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for p in pods
+                       if p["status"]["phase"] == "Succeeded")
+        assert steps == ["dataset-initializer", "node", "node"], [(p["metadata"]["name"], p["status"]["phase"])
+                                                                  for p in pods]
+        specs = json.dumps([p["spec"] for p in pods])
+        assert env["AWS_SECRET_ACCESS_KEY"] not in specs and "online_store" not in specs  # by reference only
+        versions = cluster.versions("fraud")
+        assert [v.version for v in versions] == [done["model"]["version"]]
+        lineage = versions[0].tags
+        assert lineage[tags.TRAINJOB] == done["runId"]
+        assert lineage[tags.PIPELINE_RUN] == left["metadata"]["annotations"]["kubeloop.dev/pipeline-run"]
+        assert float(lineage["metric.auc"]) > 0.75
+        print(f"trainer backend: apply -> Succeeded {total:.0f} s (the first spec's run replaced on the way)")
+        real.kube.delete(API_VERSION, "TrainingJob", "fraud", namespace)
+        wait_for(lambda: not cluster.trainjobs(), timeout=120, interval=1,
+                 what="the TrainJob removed with its TrainingJob")
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(1800)
+def test_a_trainer_backend_run_survives_a_lost_node_the_operator_killed_and_the_kubelet_restarted(
+        real, tmp_path, monkeypatch):
+    """Cluster path (trainer backend, real Trainer and JobSet, the operator on
+    the host): while a two-node TrainJob trains, once rank 0 has published a
+    checkpoint, a node Pod is deleted, the operator is killed (SIGKILL) and
+    the kubelet is restarted, then the operator starts again. The lost node
+    fails its Job at once, JobSet starts every Job again, the initializer
+    keeps the prepared data, and both nodes resume from the last checkpoint:
+    at most the epoch in progress is trained again. The restarted operator
+    finds the TrainJob it created (no second run) and one version is
+    registered; the run records the epoch it resumed from."""
+    import torch
+    from mlflow import MlflowClient
+
+    from kubeloop.components.objects import download
+    from kubeloop.components.training import SHARED_CHECKPOINT
+
+    cluster = trainer_cluster(real, tmp_path, monkeypatch)
+    namespace, epochs = cluster.namespace, 8
+    try:
+        real.kube.create(cluster.trainingjob("resume", epochs=epochs, batch=64))
+        trainjob = wait_for(lambda: (jobs := cluster.trainjobs()) and jobs[0], timeout=120, interval=1,
+                            what="the TrainJob")
+        name, run = trainjob["metadata"]["name"], trainjob["metadata"]["annotations"]["kubeloop.dev/pipeline-run"]
+        checkpoint = f"s3://training/{namespace}/{run}/checkpoints/{SHARED_CHECKPOINT}"
+
+        def published() -> int:
+            local = download(checkpoint, tmp_path / "checkpoint.pt", missing_ok=True)
+            return torch.load(local, map_location="cpu", weights_only=True)["epoch"] if local else 0
+
+        at_loss = wait_for(lambda: published(), timeout=900, interval=0.5, what="rank 0's first checkpoint",
+                           seen=lambda: str([(p["metadata"]["name"], p["status"]["phase"]) for p in cluster.pods(name)]))
+        assert at_loss < epochs, "the run ended before a node could be lost: give it more epochs"
+        (victim,) = [p for p in cluster.pods(name) if p["status"]["phase"] == "Running"
+                     and p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "1"
+                     and p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"]
+        real.kube.delete("v1", "Pod", victim["metadata"]["name"], namespace)
+        cluster.operator.kill()
+        real.platform.restart_process("kubelet")
+        cluster.operator.start().wait_for_log("Initial authentication has finished", timeout=60)
+        done = cluster.finished("resume")
+        assert done["phase"] == "Succeeded", done
+        assert [t["metadata"]["name"] for t in cluster.trainjobs()] == [name]  # the restarted operator's too
+        jobset = real.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", name, namespace)
+        assert jobset["status"].get("restarts", 0) >= 1, jobset["status"]
+        (version,) = cluster.versions("resume")
+        resumed = int(MlflowClient(cluster.env["MLFLOW_TRACKING_URI"]).get_run(version.run_id)
+                      .data.tags["train.resumed_from_epoch"])
+        assert resumed >= at_loss, (resumed, at_loss)  # nothing published before the loss was trained again
+        print(f"node lost after checkpoint {at_loss} of {epochs}, operator killed, kubelet restarted: resumed "
+              f"from epoch {resumed} (JobSet restarts {jobset['status']['restarts']})")
+    finally:
+        cluster.close()
+
+
 def test_the_chart_runs_the_operator_on_the_real_node(real):
     """Cluster path: `helm install` of charts/kubeloop with the locally built
     operator image. The Pod is admitted under the restricted Pod Security

@@ -25,6 +25,7 @@ def upload_sources(repo: Path, url: str) -> list[str]:
 
 def publish_sources(repo: Path, url: str, endpoint: str) -> None:
     """Upload the sources below url and register the example's feature views
+    and its labelled rows (the transactions source training joins onto)
     reading them there (FileSource on s3:// with the object store's
     endpoint); the repository's registry is where its feature_store.yaml
     says (an s3:// registry, for a published store)."""
@@ -33,12 +34,15 @@ def publish_sources(repo: Path, url: str, endpoint: str) -> None:
     from kubeloop.featurestore import definitions
     from kubeloop.featurestore.store import open_store
 
+    def moved_source(source: FileSource) -> FileSource:
+        return FileSource(name=source.name, path=f"{url}/{source.name}.parquet",
+                          timestamp_field=source.timestamp_field, s3_endpoint_override=endpoint)
+
     upload_sources(repo, url)
     views = []
     for view in definitions.FEATURE_VIEWS:
-        source = view.batch_source
         moved = copy.copy(view)
-        moved.batch_source = FileSource(name=source.name, path=f"{url}/{source.name}.parquet",
-                                        timestamp_field=source.timestamp_field, s3_endpoint_override=endpoint)
+        moved.batch_source = moved_source(view.batch_source)
         views.append(moved)
-    open_store(repo).apply([*definitions.ENTITIES, *views, *definitions.ON_DEMAND_FEATURE_VIEWS])
+    open_store(repo).apply([*definitions.ENTITIES, *map(moved_source, definitions.DATA_SOURCES), *views,
+                            *definitions.ON_DEMAND_FEATURE_VIEWS])

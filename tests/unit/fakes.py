@@ -85,10 +85,18 @@ class FakeObjects:
     def get(self, api_version, kind, name, namespace=None):  # noqa: ANN001
         return self.objects.get((kind, namespace, name))
 
-    def list(self, api_version, kind, namespace=None, label_selector=None):  # noqa: ANN001
+    def list(self, api_version, kind, namespace=None, label_selector=None, field_selector=None):  # noqa: ANN001
         wanted = dict(term.partition("=")[::2] for term in (label_selector or "").split(",") if term)
+        fields = dict(term.partition("=")[::2] for term in (field_selector or "").split(",") if term)
+
+        def field(obj: dict, path: str):  # noqa: ANN202 - whatever the object holds there
+            for part in path.split("."):
+                obj = obj.get(part, {}) if isinstance(obj, dict) else {}
+            return obj
+
         return [o for (k, ns, _), o in self.objects.items() if k == kind and ns == namespace
-                and all(o["metadata"].get("labels", {}).get(key) == value for key, value in wanted.items())]
+                and all(o["metadata"].get("labels", {}).get(key) == value for key, value in wanted.items())
+                and all(field(o, path) == value for path, value in fields.items())]
 
     def delete(self, api_version, kind, name, namespace=None):  # noqa: ANN001
         self.objects.pop((kind, namespace, name), None)

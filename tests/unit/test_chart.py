@@ -263,10 +263,30 @@ def test_materialisation_jobs_are_switched_on_with_a_router_image_and_granted_on
         assert "kubeloop-system/kubeloop-materialize" not in _rules(off, "Role")
 
 
+def test_the_trainer_backend_needs_the_training_image_and_is_granted_trainjobs_only_then():
+    """Cluster path (chart): pipelines.backend=trainer gives the operator the
+    training image and bucket, and adds the TrainJobs' rule to the Roles;
+    without an image it fails naming the value; other backends grant nothing
+    of Trainer's."""
+    wanted = operator_permissions()
+    docs = render(*RENDERINGS["namespaced"], "--set", "pipelines.backend=trainer",
+                  "--set", "pipelines.trainer.image=reg/kubeloop/training:1")
+    env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
+    assert (env["KUBELOOP_PIPELINE_BACKEND"], env["KUBELOOP_TRAINING_IMAGE"], env["KUBELOOP_TRAINING_BUCKET"]) == (
+        "trainer", "reg/kubeloop/training:1", "training")
+    namespaced = [r.policy() for r in wanted.namespaced + wanted.trainer]
+    assert _rules(docs, "Role") == {"ml-team-a/kubeloop": namespaced, "ml-team-b/kubeloop": namespaced,
+                                    **_materialize_role(wanted)}
+    assert "trainjobs" not in json.dumps(render(*RENDERINGS["namespaced"]))
+    refused = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                   "--set", "pipelines.backend=trainer", check=False)
+    assert refused.returncode != 0 and "pipelines.trainer.image is required" in refused.stderr
+
+
 def test_the_permissions_are_least_privilege():
     wanted = operator_permissions()
     every = (wanted.namespaced + wanted.cluster + wanted.gateway + wanted.kserve + wanted.kserve_cluster + wanted.dra
-             + wanted.dra_cluster + wanted.materialize)
+             + wanted.dra_cluster + wanted.materialize + wanted.trainer)
     for rule in every:
         assert "*" not in rule.verbs and "*" not in rule.resources and rule.api_group != "*"
         assert not {"secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",

@@ -37,5 +37,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if eq .Values.serving.gpuAllocation "dra" -}}
 {{- $namespaced = concat $namespaced $rules.dra -}}
 {{- end -}}
+{{- if eq .Values.pipelines.backend "trainer" -}}
+{{- $namespaced = concat $namespaced $rules.trainer -}}
+{{- end -}}
 {{- toYaml $namespaced -}}
 {{- end -}}

@@ -14,7 +14,7 @@ from kubeloop.api.schema import cel, cel_list
 from kubeloop.api.tasks import PRIMARY, Task, cel_metric_rule
 
 TrainingPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
-PipelineBackendName = Literal["local", "kfp", "noop"]
+PipelineBackendName = Literal["local", "kfp", "trainer", "noop"]
 
 
 class LabelSource(KubeModel):
@@ -344,8 +344,9 @@ class TrainingJobSpec(KubeModel):
     (hyperparameters.hiddenUnits, dropout)."""
     backend: PipelineBackendName | None = None
     """Where the pipeline runs: local (kfp's local runner on the operator's
-    machine), kfp (a Kubeflow Pipelines API server) or noop (no training; for
-    tests and benchmarks). Omitted means the operator's default."""
+    machine), kfp (a Kubeflow Pipelines API server), trainer (one Kubeflow
+    Trainer TrainJob on the cluster; needs spec.features.store) or noop (no
+    training; for tests and benchmarks). Omitted means the operator's default."""
     features: FeatureSelection
     """The training data."""
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)

@@ -5,7 +5,9 @@ manifests install it: the JobSet controller and Trainer's controller manager
 zips. Both managers' own certificate rotation is turned off: their webhooks
 get a self-signed serving certificate, as KServe's do. A torch
 `ClusterTrainingRuntime` (`torch-distributed`, the name Trainer's own
-manifests give it) runs kubeloop's training image."""
+manifests give it) runs kubeloop's training image, and so does kubeloop's
+own (`kubeloop-training`: the trainer pipeline backend's dataset
+initializer and nodes)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from kubeloop.dev import controllers
 from kubeloop.dev.binaries import versions
 from kubeloop.dev.controllers import CERT_DIR, FIELD_MANAGER, PROBE_PORT, WEBHOOK_PORT
 from kubeloop.dev.pki import webhook_certificates
+from kubeloop.pipelines.trainjobs import build_training_runtime, restricted_pod
 
 NAMESPACE = "kubeflow-system"
 TRAINER = "kubeflow-trainer-controller-manager"
@@ -116,13 +119,8 @@ def torch_runtime(module: Path, image: str) -> dict:
     training image and under the restricted profile."""
     runtime = next(doc for doc in _documents(module / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
                    if doc["kind"] == "ClusterTrainingRuntime" and doc["metadata"]["name"] == TORCH_RUNTIME)
-    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    pod["securityContext"] = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                              "seccompProfile": {"type": "RuntimeDefault"}}
-    pod["automountServiceAccountToken"] = False
-    for container in pod["containers"]:
-        container.update(image=image, imagePullPolicy="Never", securityContext={
-            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}})
+    restricted_pod(runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
+                   image)
     return runtime
 
 
@@ -152,6 +150,7 @@ def install(platform, training_image: str, progress=lambda _: None) -> None:  # 
             controllers.wait_ready(kube, name, NAMESPACE, TrainerError)
         for obj in [*jobset_webhooks(jobset, pki[JOBSET][0]), *trainer_webhooks(trainer, pki[TRAINER][0])]:
             kube.apply(obj, field_manager=FIELD_MANAGER)
-        kube.apply(torch_runtime(trainer, training_image), field_manager=FIELD_MANAGER)
+        for runtime in (torch_runtime(trainer, training_image), build_training_runtime(training_image)):
+            kube.apply(runtime, field_manager=FIELD_MANAGER)
     finally:
         kube.close()

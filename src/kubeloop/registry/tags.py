@@ -3,6 +3,8 @@ between the pipelines that register models and the operator that reads them."""
 
 PIPELINE_RUN = "kubeloop.pipeline_run"
 """The pipeline run that registered the version (makes registration idempotent)."""
+TRAINJOB = "kubeloop.trainjob"
+"""namespace/name of the Kubeflow Trainer TrainJob that trained the version (the trainer backend)."""
 OWNER = "kubeloop.owner"
 """namespace/name of the TrainingJob or OptimizedModel behind the version."""
 SOURCE = "kubeloop.source"

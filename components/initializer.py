@@ -1,0 +1,57 @@
+"""The dataset initializer of a trainer backend run (Kubeflow Trainer runs it
+before any node starts): the training pipeline's data steps in one Pod.
+
+    python -m kubeloop.components.initializer
+
+Feast's point-in-time join on the job's published store (its
+feature_store.yaml from the ConfigMap the job names, in STORE_ENV; its
+registry and sources in object storage), then data validation; the dataset,
+its description and the validation report go to $STORAGE_URI, where Trainer
+puts the TrainJob's initializer.dataset.storageUri and the nodes read them.
+A finding in fail mode fails the Pod, and so the TrainJob, naming the column.
+An initializer started again (its JobSet restarted for a lost node) finds
+the run's data prepared and keeps it: the nodes resume from checkpoints of
+a model trained on exactly that data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from kubeloop.components.objects import download, upload
+from kubeloop.components.steps import training_data_step, validate_step
+from kubeloop.components.trainer_run import DATASET, INFO, NO_STORE, STORE_ENV, VALIDATION, TrainerRun
+
+log = logging.getLogger("kubeloop.components.initializer")
+
+
+def main() -> None:
+    from kubeloop.featurestore.store import StoreLocation
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run = TrainerRun.from_environment()
+    store = os.environ.get(STORE_ENV, "")
+    if not store:
+        raise SystemExit(NO_STORE)
+    target = os.environ.get("STORAGE_URI", run.data).rstrip("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        if download(f"{target}/{INFO}", folder / INFO, missing_ok=True):
+            log.info("the run's data is already at %s (prepared before this JobSet restarted): kept", target)
+            return
+        dataset = folder / DATASET
+        info = training_data_step(run.spec, StoreLocation(config=store).to_json(), "", str(dataset))
+        report = validate_step(run.spec, str(dataset), info, run.tracking_uri, run.pipeline_run, run.owner)
+        (folder / INFO).write_text(info)
+        (folder / VALIDATION).write_text(report)
+        # The description last: a node that finds it finds the dataset it describes.
+        for name in (DATASET, VALIDATION, INFO):
+            upload(folder / name, f"{target}/{name}")
+    log.info("dataset written to %s", target)
+
+
+if __name__ == "__main__":
+    main()
