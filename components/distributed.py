@@ -115,8 +115,11 @@ def _evaluate_and_register(run: TrainerRun, spec: TrainingJobSpec, info: Dataset
 
 
 def _training_rows(dataset: str, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
-    with tempfile.TemporaryDirectory() as tmp:
-        frame = pd.read_parquet(download(dataset, Path(tmp) / "dataset.parquet"))
+    if "://" in dataset:
+        with tempfile.TemporaryDirectory() as tmp:
+            frame = pd.read_parquet(download(dataset, Path(tmp) / "dataset.parquet"))
+    else:  # already here (the trainer backend's nodes downloaded it once for training and evaluation)
+        frame = pd.read_parquet(dataset)
     rows = model_inputs(frame[frame[SPLIT] == "train"], info)
     return rows[info.feature_columns].to_numpy(np.float32), target(info, rows[info.label])
 
