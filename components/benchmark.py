@@ -183,10 +183,12 @@ def peak_memory_mib(predict: Predict, x: np.ndarray, device: torch.device) -> fl
     return torch.cuda.max_memory_allocated() / 2**20
 
 
-CONTEXT_MIB = 512
-"""CUDA context, cuDNN/cuBLAS workspaces and a Triton instance's own state:
-what a GPU process costs before the model's first byte (assumed here; the GPU
-benchmark, tests/bench/gpu_suite.py, measures it)."""
+CONTEXT_MIB = 704
+"""CUDA context, cuBLAS workspaces and loaded kernels: what a GPU process
+costs before the model's first byte. The GPU benchmark (tests/bench/gpu_suite.py)
+measured 682 MiB on an H200 (driver 580, torch 2.11 with CUDA 13), where the
+512 assumed before under-counted a served MLP's whole process by 28%; this
+keeps a little headroom over that figure."""
 
 
 def estimated_footprint_mib(model: nn.Module, n_features: int, batch: int) -> int:

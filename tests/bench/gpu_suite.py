@@ -245,11 +245,13 @@ def inference(model, x: np.ndarray, device: torch.device, size: Sizes, workdir: 
             results[name] = {"status": NO_GPU}
             continue
         try:
-            built[name] = build(ctx)
+            built[name] = _answering(build(ctx), pool_of(x, size))
         except NotBuilt as exc:
             results[name] = {"status": f"not built: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - one variant that breaks on this GPU must not cost the others' figures
+            results[name] = {"status": f"failed: {type(exc).__name__}: {str(exc)[:160]}"}
     predicts = {name: v.predict for name, v in built.items()}
-    pool = x[: max(4096, 8 * max(size.batches))]
+    pool = pool_of(x, size)
 
     def once(_: int) -> dict:
         out = {}
@@ -268,6 +270,17 @@ def inference(model, x: np.ndarray, device: torch.device, size: Sizes, workdir: 
         results[name] = {"status": "measured", "backend": _backend(device), "runtime": variant.runtime,
                          "note": variant.note, "batches": {str(b): _batch(figs, name, b) for b in size.batches}}
     return {name: results[name] for name in ["source", *wanted]}
+
+
+def pool_of(x: np.ndarray, size: Sizes) -> np.ndarray:
+    return x[: max(4096, 8 * max(size.batches))]
+
+
+def _answering(variant: Variant, pool: np.ndarray) -> Variant:
+    """The variant, once it has answered a batch: a capture or compile that
+    fails on first use fails here, before the interleaved timing."""
+    variant.predict(pool[:1])
+    return variant
 
 
 def _batch(figs: dict[str, Figure], name: str, b: int) -> dict:

@@ -98,3 +98,25 @@ def test_the_team_case_is_the_maintenance_examples_module():
     assert (team.task, team.architecture.factory, team.architecture.parameters) == (
         spec["task"], spec["model"]["factory"], spec["model"]["parameters"])
     assert Path(team.architecture.path) == REPO / "examples" / "maintenance" / "model"
+
+
+def test_a_variant_that_breaks_on_first_use_is_reported_and_the_others_are_still_measured(monkeypatch, tmp_path):
+    """A capture or compile that fails on one GPU (torch.compile without a
+    compiler, a CUDA graph the driver refuses) costs that row only: it says
+    why, and the source and every other variant keep their figures."""
+    case = gpu_suite.CASES[0]
+    x, y = gpu_suite.synthetic(case, 1024)
+    size = gpu_suite.sizes(quick=True, gpu=False)
+    settings = gpu_suite.TrainSettings(epochs=1, batch_size=256, seed=1)
+    model = gpu_suite.train(x, y, None, None, settings, architecture=case.architecture).model
+    torch.use_deterministic_algorithms(False)
+
+    def broken(ctx):
+        def predict(rows):
+            raise RuntimeError("graph capture refused")
+        return gpu_suite.Variant("broken", "torch", predict, tmp_path / "broken.pt")
+
+    monkeypatch.setattr(gpu_suite, "CPU_VARIANTS", {**gpu_suite.CPU_VARIANTS, "broken": broken})
+    rows = gpu_suite.inference(model, x, torch.device("cpu"), size, tmp_path)
+    assert rows["broken"] == {"status": "failed: RuntimeError: graph capture refused"}
+    assert rows["source"]["status"] == rows["onnx-cpu"]["status"] == "measured"
