@@ -1,14 +1,15 @@
-"""Training entry point of a Kubeflow Trainer TrainJob: the torch runtime
-runs it under torchrun on every node; rank 0 writes the model and what the
-run did. With --checkpoints, rank 0 publishes a checkpoint every epoch and a
-node Pod started again (killed, evicted, its JobSet restarted) resumes from
-the last one instead of the first epoch.
+"""Training entry point of a Kubeflow Trainer TrainJob's nodes
+(kubeloop.components.trainjob's runtime runs it under torchrun on every node).
 
-With --trainer-run (the trainer pipeline backend) the run comes from the
-environment (kubeloop.components.trainer_run): the data from its dataset
-initializer, checkpoints below its prefix, and rank 0 evaluates the model on
-the hold-out and registers it, once per pipeline run: a rank 0 started again
-after it registered finds the version and registers nothing more."""
+The run comes from the environment (kubeloop.components.trainer_run): the
+data its dataset initializer prepared, checkpoints below its prefix. Rank 0
+publishes a checkpoint every epoch, and a node Pod started again (killed,
+evicted, its JobSet restarted) resumes from the last one instead of the
+first epoch. Then rank 0 either leaves the model and what the run did where
+the run's output says (the kfp backend's steps evaluate and register it), or
+evaluates the model on the hold-out and registers it, once per pipeline run:
+a rank 0 started again after it registered finds the version and registers
+nothing more."""
 
 from __future__ import annotations
 
@@ -31,45 +32,27 @@ from kubeloop.components.trainer_run import DATASET, INFO, VALIDATION, TrainerRu
 from kubeloop.components.training import SHARED_CHECKPOINT, TrainResult, TrainSettings, train_rank
 
 log = logging.getLogger("kubeloop.components.distributed")
-REQUIRED = ("dataset", "dataset_info", "output", "spec")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trainer-run", action="store_true",
-                        help="a trainer backend run, read from the environment; rank 0 evaluates and registers")
-    parser.add_argument("--dataset", help="parquet written by the training-data step (path or s3://)")
-    parser.add_argument("--dataset-info")
-    parser.add_argument("--output", help="folder (path or s3://) for the model")
-    parser.add_argument("--spec", help="the TrainingJob spec as JSON")
-    parser.add_argument("--checkpoints", help="folder (path or s3://) for the checkpoint a restarted node resumes from")
-    args = parser.parse_args(argv)
+    parser.add_argument("--trainer-run", action="store_true", required=True,
+                        help="the run, read from the environment (a TrainJob's node)")
+    parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.trainer_run:
-        _pipeline_node(TrainerRun.from_environment())
-        return
-    missing = [f"--{name.replace('_', '-')}" for name in REQUIRED if getattr(args, name) is None]
-    if missing:
-        parser.error(f"{', '.join(missing)} required without --trainer-run")
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = TrainingJobSpec.from_json(args.spec)
-        result = _train(spec, DatasetInfo.from_json(args.dataset_info), args.dataset, args.checkpoints, Path(tmp))
-        if result is not None:
-            _write_result(result, Path(tmp) / "model", args.output.rstrip("/"))
+    _pipeline_node(TrainerRun.from_environment())
 
 
-def _train(spec: TrainingJobSpec, info: DatasetInfo, dataset: str, checkpoints: str | None,
+def _train(spec: TrainingJobSpec, info: DatasetInfo, dataset: Path, checkpoints: str,
            tmp: Path) -> TrainResult | None:
     """This rank's share of the training; the result on rank 0 only."""
     x, y = _training_rows(dataset, info)
     settings = TrainSettings.from_spec(spec.hyperparameters, spec.seed)
     gpus = spec.resources.gpu.count if spec.resources.gpu else 0
-    local, publish = tmp / "checkpoints", None
-    if checkpoints:
-        shared = f"{checkpoints.rstrip('/')}/{SHARED_CHECKPOINT}"
-        download(shared, local / SHARED_CHECKPOINT, missing_ok=True)
-        publish = partial(upload, uri=shared)
-    return train_rank(x, y, settings, gpus, local, architecture_for(spec, info), publish_checkpoint=publish)
+    local, shared = tmp / "checkpoints", f"{checkpoints.rstrip('/')}/{SHARED_CHECKPOINT}"
+    download(shared, local / SHARED_CHECKPOINT, missing_ok=True)
+    return train_rank(x, y, settings, gpus, local, architecture_for(spec, info),
+                      publish_checkpoint=partial(upload, uri=shared))
 
 
 def _pipeline_node(run: TrainerRun) -> None:
@@ -79,8 +62,10 @@ def _pipeline_node(run: TrainerRun) -> None:
         for name in (DATASET, INFO, VALIDATION):
             download(f"{run.data}/{name}", folder / name)
         info = DatasetInfo.from_json((folder / INFO).read_text())
-        result = _train(spec, info, str(folder / DATASET), run.checkpoints, folder)
-        if result is not None:
+        result = _train(spec, info, folder / DATASET, run.checkpoints, folder)
+        if result is not None and run.output:
+            _write_result(result, folder / "model", run.output.rstrip("/"))
+        elif result is not None:
             _evaluate_and_register(run, spec, info, result, folder)
 
 
@@ -114,12 +99,8 @@ def _evaluate_and_register(run: TrainerRun, spec: TrainingJobSpec, info: Dataset
     log.info("registered %s", registered["model"]["uri"])
 
 
-def _training_rows(dataset: str, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
-    if "://" in dataset:
-        with tempfile.TemporaryDirectory() as tmp:
-            frame = pd.read_parquet(download(dataset, Path(tmp) / "dataset.parquet"))
-    else:  # already here (the trainer backend's nodes downloaded it once for training and evaluation)
-        frame = pd.read_parquet(dataset)
+def _training_rows(dataset: Path, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
+    frame = pd.read_parquet(dataset)
     rows = model_inputs(frame[frame[SPLIT] == "train"], info)
     return rows[info.feature_columns].to_numpy(np.float32), target(info, rows[info.label])
 

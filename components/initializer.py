@@ -11,7 +11,8 @@ puts the TrainJob's initializer.dataset.storageUri and the nodes read them.
 A finding in fail mode fails the Pod, and so the TrainJob, naming the column.
 An initializer started again (its JobSet restarted for a lost node) finds
 the run's data prepared and keeps it: the nodes resume from checkpoints of
-a model trained on exactly that data.
+a model trained on exactly that data. So does one whose pipeline prepared
+the data before creating the TrainJob (the kfp backend's multi-node step).
 """
 
 from __future__ import annotations
@@ -33,24 +34,31 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run = TrainerRun.from_environment()
-    store = os.environ.get(STORE_ENV, "")
-    if not store:
-        raise SystemExit(NO_STORE)
     target = os.environ.get("STORAGE_URI", run.data).rstrip("/")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         if download(f"{target}/{INFO}", folder / INFO, missing_ok=True):
-            log.info("the run's data is already at %s (prepared before this JobSet restarted): kept", target)
+            log.info("the run's data is already at %s (prepared by its pipeline, or before this JobSet "
+                     "restarted): kept", target)
             return
+        store = os.environ.get(STORE_ENV, "")
+        if not store:
+            raise SystemExit(NO_STORE)
         dataset = folder / DATASET
         info = training_data_step(run.spec, StoreLocation(config=store).to_json(), "", str(dataset))
         report = validate_step(run.spec, str(dataset), info, run.tracking_uri, run.pipeline_run, run.owner)
-        (folder / INFO).write_text(info)
-        (folder / VALIDATION).write_text(report)
-        # The description last: a node that finds it finds the dataset it describes.
-        for name in (DATASET, VALIDATION, INFO):
-            upload(folder / name, f"{target}/{name}")
+        publish_data(folder, dataset, info, report, target)
     log.info("dataset written to %s", target)
+
+
+def publish_data(folder: Path, dataset: Path, info: str, report: str, target: str) -> None:
+    """The dataset, its validation report and its description below target;
+    the description last: a node that finds it finds the dataset it describes."""
+    (folder / INFO).write_text(info)
+    (folder / VALIDATION).write_text(report)
+    upload(dataset, f"{target}/{DATASET}")
+    for name in (VALIDATION, INFO):
+        upload(folder / name, f"{target}/{name}")
 
 
 if __name__ == "__main__":

@@ -53,14 +53,14 @@ def train(spec: str, dataset: Input[Dataset], dataset_info: str, validation: str
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def train_on_trainer(spec: str, dataset: Input[Dataset], dataset_info: str, validation: str, tracking_uri: str,
-                     pipeline_run: str, owner: str, spec_hash: str, git_sha: str, namespace: str, image: str,
+                     pipeline_run: str, owner: str, spec_hash: str, git_sha: str, namespace: str, trainer: str,
                      model: Output[Model]) -> str:
-    """Multi-node training as a Kubeflow Trainer TrainJob (its nodes run image);
-    returns the MLflow run id."""
+    """Multi-node training as kubeloop's Kubeflow Trainer TrainJob on this
+    step's data (trainer: its image, bucket and Secrets); returns the MLflow run id."""
     from kubeloop.components.steps import train_on_trainer_step
 
-    return train_on_trainer_step(spec, dataset.uri, dataset_info, model.path, model.uri, tracking_uri,
-                                 pipeline_run, owner, spec_hash, git_sha, namespace, image, validation)
+    return train_on_trainer_step(spec, dataset.path, dataset_info, validation, model.path, tracking_uri,
+                                 pipeline_run, owner, spec_hash, git_sha, namespace, trainer)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

@@ -230,38 +230,50 @@ def register_step(spec: str, info_json: str, model_dir: str, evaluation_json: st
             "bottleneck": registration.bottleneck_of(tracking_uri, run_id)}
 
 
-def train_on_trainer_step(spec: str, dataset_uri: str, info_json: str, model_dir: str, model_uri: str,
+def train_on_trainer_step(spec: str, dataset_path: str, info_json: str, validation: str, model_dir: str,
                           tracking_uri: str, pipeline_run: str, owner: str, spec_hash: str, git_sha: str,
-                          namespace: str, image: str, validation: str = "", timeout: float = 24 * 3600) -> str:
-    """Multi-node training on a real cluster: run a Kubeflow Trainer TrainJob
-    and wait for it; returns the MLflow run id like train_step (and logs the
-    validation report like it)."""
+                          namespace: str, trainer: str, timeout: float = 24 * 3600) -> str:
+    """Multi-node training on a real cluster: the pipeline's data below the
+    run's prefix, then the trainer backend's TrainJob on it (its initializer
+    keeps that data, rank 0 leaves the model instead of registering); waits
+    for it and returns the MLflow run id like train_step. trainer: the
+    TrainerSettings fields (image, bucket, Secrets) as JSON."""
+    import tempfile
+
     from kubeloop.components import registration
-    from kubeloop.api.children import dns_name
+    from kubeloop.components.initializer import publish_data
     from kubeloop.components.objects import download
-    from kubeloop.components.trainjob import build_trainjob, trainjob_finished
-    from kubeloop.kube import Kube
+    from kubeloop.components.trainjob import (TRAINER_API_VERSION, TrainerSettings, build_run_trainjob, plan_run,
+                                              trainjob_finished)
+    from kubeloop.kube import Kube, KubeError
     from kubeloop.polling import wait_for
 
     job = TrainingJobSpec.from_json(spec)
+    settings = TrainerSettings(**json.loads(trainer), tracking_uri=tracking_uri, git_sha=git_sha)
+    run = plan_run(settings, namespace, pipeline_run, spec, owner, spec_hash, leave_model=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        publish_data(Path(tmp), Path(dataset_path), info_json, validation, run.data)
+    name = run.trainjob.split("/", 1)[1]
+    kube = Kube.from_environment()
+    try:
+        kube.create(build_run_trainjob(run, job, settings, None, {"kubeloop.dev/pipeline-run": pipeline_run}, []))
+    except KubeError as exc:
+        if exc.status != 409:  # 409: this step started again, its TrainJob already there
+            raise
+
+    def finished() -> bool:
+        done, error = trainjob_finished(kube.get(TRAINER_API_VERSION, "TrainJob", name, namespace) or {})
+        if done and error:
+            raise RuntimeError(f"TrainJob {run.trainjob}: {error}")
+        return done
+
+    wait_for(finished, timeout, f"TrainJob {run.trainjob} finishing", interval=15)
+    download(f"{run.output}/state.pt", Path(model_dir) / "state.pt")
+    result = json.loads(download(f"{run.output}/result.json", Path(model_dir) / "result.json").read_text())
     run_id = registration.start_run(tracking_uri, job, pipeline_run, owner, spec_hash, git_sha)
     if validation:
         registration.log_validation(tracking_uri, run_id, validation)
-    output = f"{model_uri.rstrip('/')}-trainjob"
-    name = dns_name(pipeline_run, "train")
-    kube = Kube.in_cluster()
-    kube.apply(build_trainjob(name, namespace, job, image, dataset_uri, info_json, output,
-                              {"kubeloop.dev/pipeline-run": pipeline_run}))
-
-    def finished() -> bool:
-        done, error = trainjob_finished(kube.get("trainer.kubeflow.org/v1alpha1", "TrainJob", name, namespace) or {})
-        if done and error:
-            raise RuntimeError(f"TrainJob {namespace}/{name}: {error}")
-        return done
-
-    wait_for(finished, timeout, f"TrainJob {namespace}/{name} finishing", interval=15)
-    download(f"{output}/state.pt", Path(model_dir) / "state.pt")
-    registration.log_training(tracking_uri, run_id, DatasetInfo.from_json(info_json), [],
-                              {"train.trainjob": f"{namespace}/{name}",
-                               "train.processes": job.distributed.nodes * job.distributed.processes_per_node})
+    registration.log_training(tracking_uri, run_id, DatasetInfo.from_json(info_json), result["history"], {
+        "train.trainjob": run.trainjob, "train.resumed_from_epoch": result["resumed_from_epoch"],
+        "train.processes": job.distributed.nodes * job.distributed.processes_per_node})
     return run_id

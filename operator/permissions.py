@@ -124,8 +124,11 @@ def operator_permissions() -> Permissions:
     trainer = (Rule("trainer.kubeflow.org", ("trainjobs",), ("get", "create", "delete"),
                     "trainer pipeline backend: a TrainJob per training run, read until it finishes; deleted when "
                     "its spec changed or its TrainingJob was deleted"),
-               Rule("", ("events",), ("list",), "trainer pipeline backend: why a TrainJob has no Jobs yet "
-                                                "(Trainer says so only in Events)"))
+               Rule("batch", ("jobs",), ("get", "create", "delete"),
+                    "trainer pipeline backend: a Job per optimisation run, read until it finishes; deleted when "
+                    "its spec changed or its OptimizedModel was deleted"),
+               Rule("", ("events",), ("list",), "trainer pipeline backend: why a TrainJob or Job runs nothing yet "
+                                                "(Trainer and the Job controller say so only in Events)"))
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
                        kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster, materialize=materialize,
                        trainer=trainer)

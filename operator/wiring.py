@@ -57,7 +57,7 @@ def build_pipeline_backends(config: OperatorConfig, kube: Kube | None = None) ->
 def _trainer_backend(config: OperatorConfig, kube: Kube | None) -> PipelineBackend:
     from kubeloop.pipelines.backends.outcomes import mlflow_outcomes
     from kubeloop.pipelines.backends.trainer import TrainerBackend
-    from kubeloop.pipelines.trainjobs import TrainerSettings
+    from kubeloop.components.trainjob import TrainerSettings
     from kubeloop.version import git_sha
 
     if not config.training_image or not config.tracking_uri or kube is None:
@@ -92,7 +92,8 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
         raise ConfigurationError("the kfp pipeline backend needs KUBELOOP_KFP_ENDPOINT and MLFLOW_TRACKING_URI")
     steps = StepEnvironment(image=config.components_image, mlflow_secret=config.mlflow_secret,
                             object_store_secret=config.object_store_secret,
-                            object_store_endpoint=config.object_store_endpoint, tensorrt=config.tensorrt)
+                            object_store_endpoint=config.object_store_endpoint, tensorrt=config.tensorrt,
+                            training_bucket=config.training_bucket)
     return {name: KfpBackend(config.kfp_endpoint, mlflow_outcomes(config.tracking_uri), ui=config.kfp_ui,
                              feast_repo=str(config.feast_repo or ""),
                              tracking_uri=config.cluster_tracking_uri or config.tracking_uri,

@@ -11,10 +11,12 @@ Kubernetes settings; there the default environment adds nothing to them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from kfp import dsl, kubernetes
 
+from kubeloop.api.jobs import MLFLOW_KEYS
 from kubeloop.api.training import ConfigMapKey
 from kubeloop.version import COMPONENTS_IMAGE
 
@@ -23,7 +25,6 @@ from kubeloop.version import COMPONENTS_IMAGE
 FEATURE_STORE_MOUNT = "/etc/kubeloop/feature-store"
 # The keys (and the variables) of each Secret. MLflow takes a username and
 # password or a token, so its keys are optional one by one.
-MLFLOW_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 OBJECT_STORE_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
@@ -41,6 +42,16 @@ class StepEnvironment:
     """The S3 endpoint of MLflow's artifact store (MinIO, Ceph), when it is not AWS."""
     tensorrt: bool = False
     """Whether the image has TensorRT for the optimiser."""
+    training_bucket: str = "training"
+    """Where a multi-node step's TrainJob keeps its run's data, checkpoints and model."""
+
+    def trainer_settings(self) -> str:
+        """What a multi-node step's TrainJob runs with (TrainerSettings' fields
+        but MLflow's address and the git sha, which are run parameters), as JSON."""
+        return json.dumps({"image": self.image, "bucket": self.training_bucket,
+                           "object_store_secret": self.object_store_secret,
+                           "object_store_endpoint": self.object_store_endpoint,
+                           "mlflow_secret": self.mlflow_secret}, sort_keys=True)
 
     def apply(self, task: dsl.PipelineTask, credentials: bool) -> dsl.PipelineTask:
         """Run the task in the image; give it the credentials when it talks to

@@ -50,7 +50,7 @@ def build_training_pipeline(resources: TrainingResources | None = None,
                       spec_hash=spec_hash, git_sha=git_sha)
         if multi_node:
             trained = ops.train_on_trainer(**common, namespace=namespace,
-                                           image=steps.image).set_display_name("train (TrainJob)")
+                                           trainer=steps.trainer_settings()).set_display_name("train (TrainJob)")
         else:
             trained = ops.train(**common).set_display_name("train")
             if resources is not None:

@@ -1,28 +1,32 @@
 """The trainer backend: each training pipeline run is one Kubeflow Trainer
-TrainJob on the cluster (kubeloop.pipelines.trainjobs), so a team's training
-runs in Pods on the cluster's nodes, never on the operator's.
+TrainJob on the cluster (kubeloop.components.trainjob) and each optimisation
+run one batch Job (kubeloop.pipelines.optimization_jobs), so a team's
+training and optimisation run in Pods on the cluster's nodes, never on the
+operator's.
 
-The TrainJob's name comes from the run's, so submitting a run again (a
-retried reconcile, a restarted operator) finds the TrainJob instead of
-creating a second. Its phase comes from Trainer's conditions (Complete,
-Failed) and its progress from its JobSet's Jobs; what it registered is read
-from the model registry, where rank 0 tagged the version with the run.
-Cancelling deletes the TrainJob, and with it its Pods.
+The object's name comes from the run's, so submitting a run again (a
+retried reconcile, a restarted operator) finds it instead of creating a
+second. A TrainJob's phase comes from Trainer's conditions (Complete,
+Failed) and its progress from its JobSet's Jobs; a Job's from its own
+conditions and Pods. What a run registered is read from the model registry,
+where the run tagged the version. Cancelling deletes the object, and with it
+its Pods.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from kubeloop.api import jobs
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.trainer_run import NO_STORE
-from kubeloop.components.trainjob import TRAINER_API_VERSION, trainjob_finished
+from kubeloop.components.trainjob import RUN_ANNOTATION, TRAINER_API_VERSION, TrainerSettings, trainjob_finished
 from kubeloop.kube import Kube, KubeError
 from kubeloop.pipelines.backends.base import BackendUnavailable, PipelineBackend, RunRequest, RunStatus
-from kubeloop.pipelines.trainjobs import RUN_ANNOTATION, TrainerSettings, build_pipeline_trainjob
+from kubeloop.pipelines.optimization_jobs import build_optimization_job, is_optimization_job
+from kubeloop.pipelines.trainjobs import build_pipeline_trainjob
 
 OutcomeReader = Callable[[str], dict]
-ONLY_TRAINING = "the trainer backend runs TrainingJobs only; give this OptimizedModel spec.backend: local (or kfp)"
 
 
 class TrainerBackend(PipelineBackend):
@@ -34,63 +38,98 @@ class TrainerBackend(PipelineBackend):
         self.outcomes = outcomes
 
     def submit(self, request: RunRequest) -> RunStatus:
-        if request.pipeline != "training":
-            return RunStatus(run_id=request.name, phase="Failed", error=ONLY_TRAINING)
+        if request.pipeline == "optimization":
+            return self._create(build_optimization_job(request, self.settings))
         spec = TrainingJobSpec.from_json(request.arguments["spec"])
         if spec.features.store is None:
             return RunStatus(run_id=request.name, phase="Failed", error=NO_STORE)
-        trainjob = build_pipeline_trainjob(request, spec, self.settings)
-        meta = trainjob["metadata"]
+        return self._create(build_pipeline_trainjob(request, spec, self.settings))
+
+    def _create(self, obj: dict) -> RunStatus:
+        meta, kind = obj["metadata"], obj["kind"]
         run_id = f"{meta['namespace']}/{meta['name']}"
         try:
-            self.kube.create(trainjob)
+            self.kube.create(obj)
         except KubeError as exc:
             if exc.status == 409:  # created before: this run submitted again
                 pass
             elif exc.transient:
                 raise _unavailable(exc, run_id) from None
-            else:  # refused (Trainer's admission, a quota): no retry makes it pass
-                return RunStatus(run_id=run_id, phase="Failed", error=f"TrainJob {run_id} was refused: {exc.message}")
-        return self.status(run_id) or RunStatus(run_id=run_id, phase="Pending", progress="TrainJob created")
+            else:  # refused (admission, a quota): no retry makes it pass
+                return RunStatus(run_id=run_id, phase="Failed", error=f"{kind} {run_id} was refused: {exc.message}")
+        return self.status(run_id) or RunStatus(run_id=run_id, phase="Pending", progress=f"{kind} created")
 
     def status(self, run_id: str) -> RunStatus | None:
         namespace, _, name = run_id.partition("/")
-        if not name:  # a run refused before any TrainJob was made: submitting again says why again
+        if not name:  # a run refused before anything was made: submitting again says why again
             return None
+        api_version, kind = _kind_of(name)
         try:
-            trainjob = self.kube.get(TRAINER_API_VERSION, "TrainJob", name, namespace)
+            obj = self.kube.get(api_version, kind, name, namespace)
+            if obj is None:
+                return None
+            if kind == "Job":
+                finished, error = jobs.finished(obj), jobs.failure(obj)
+                progress = _pod_progress(obj) or self._waiting(namespace, kind, name, "no Pod started yet")
+                if error:
+                    error = f"{error}{self._last_words(namespace, name)}"
+            else:
+                finished, error = trainjob_finished(obj)
+                progress = _progress(obj) or self._waiting(namespace, kind, name, "no Job started yet")
         except KubeError as exc:
             raise _unavailable(exc, run_id) from exc
-        if trainjob is None:
-            return None
-        finished, error = trainjob_finished(trainjob)
-        progress = _progress(trainjob) or self._waiting(namespace, name)
         if finished and error:
-            return RunStatus(run_id=run_id, phase="Failed", error=f"TrainJob {run_id}: {error}", progress=progress)
+            return RunStatus(run_id=run_id, phase="Failed", error=f"{kind} {run_id}: {error}", progress=progress)
         if finished:
-            outputs = self.outcomes(trainjob["metadata"]["annotations"][RUN_ANNOTATION])
+            outputs = self.outcomes(obj["metadata"]["annotations"][RUN_ANNOTATION])
             if not outputs:
                 return RunStatus(run_id=run_id, phase="Failed", progress=progress,
-                                 error=f"TrainJob {run_id} completed but registered no version")
+                                 error=f"{kind} {run_id} completed but registered no version")
             return RunStatus(run_id=run_id, phase="Succeeded", outputs=outputs, progress=progress)
-        return RunStatus(run_id=run_id, phase="Running" if trainjob.get("status") else "Pending", progress=progress)
+        return RunStatus(run_id=run_id, phase="Running" if obj.get("status") else "Pending", progress=progress)
 
-    def _waiting(self, namespace: str, name: str) -> str:
-        """Why a TrainJob has no Jobs yet: Trainer says so only in an Event
-        (its JobSet refused, a runtime missing), which status then repeats."""
+    def _waiting(self, namespace: str, kind: str, name: str, nothing_yet: str) -> str:
+        """Why nothing runs yet: Trainer and the Job controller say so only in
+        an Event (a JobSet refused, a runtime missing, a Pod the namespace's
+        policy forbids), which status then repeats."""
         events = self.kube.list("v1", "Event", namespace, field_selector=(
-            f"involvedObject.kind=TrainJob,involvedObject.name={name},type=Warning"))
+            f"involvedObject.kind={kind},involvedObject.name={name},type=Warning"))
         if not events:
-            return "TrainJob created, no Job started yet"
+            return f"{kind} created, {nothing_yet}"
         latest = max(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        return f"no Job started yet: {latest.get('reason')}: {latest.get('message')}"
+        return f"{nothing_yet}: {latest.get('reason')}: {latest.get('message')}"
+
+    def _last_words(self, namespace: str, name: str) -> str:
+        """The last line a failed Pod of the Job logged (its termination message)."""
+        pods = sorted(self.kube.list("v1", "Pod", namespace, label_selector=f"job-name={name}"),
+                      key=lambda pod: pod["metadata"].get("creationTimestamp") or "")
+        said = [line for pod in pods for status in pod.get("status", {}).get("containerStatuses", [])
+                if (line := _last_line(status.get("state", {}).get("terminated", {}).get("message", "")))]
+        return f"; the Pod said: {said[-1]}" if said else ""
 
     def cancel(self, run_id: str) -> None:
         namespace, _, name = run_id.partition("/")
+        api_version, kind = _kind_of(name)
         try:
-            self.kube.delete(TRAINER_API_VERSION, "TrainJob", name, namespace)
+            self.kube.delete(api_version, kind, name, namespace)
         except KubeError as exc:
             raise (_unavailable(exc, run_id) if exc.transient else exc) from None
+
+
+def _kind_of(name: str) -> tuple[str, str]:
+    return ("batch/v1", "Job") if is_optimization_job(name) else (TRAINER_API_VERSION, "TrainJob")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:400] if lines else ""
+
+
+def _pod_progress(job: dict) -> str:
+    """The Job's Pods as its controller counts them, for example "optimizer: 1 active, 1 failed"."""
+    status = job.get("status", {})
+    counts = [f"{status[key]} {key}" for key in ("active", "ready", "succeeded", "failed") if status.get(key)]
+    return f"optimizer: {', '.join(counts)}" if counts else ""
 
 
 def _unavailable(exc: KubeError, run_id: str) -> BackendUnavailable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,8 +123,9 @@ class Kube:
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> "Kube":
+        """path, else $KUBECONFIG as it is now (the kubernetes client reads it once, at import)."""
         config = Configuration()
-        kubernetes.config.load_kube_config(config_file=path, context=context,
+        kubernetes.config.load_kube_config(config_file=path or os.environ.get("KUBECONFIG"), context=context,
                                            client_configuration=config)
         return cls(ApiClient(config))
 

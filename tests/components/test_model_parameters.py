@@ -28,7 +28,8 @@ from kubeloop.api.optimization import OptimizedModelSpec
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components import ops, steps
-from kubeloop.components.trainjob import build_trainjob
+from kubeloop.components.trainer_run import RUN_ENV, TrainerRun
+from kubeloop.components.trainjob import TrainerSettings, build_run_trainjob, plan_run
 from kubeloop.operator.builders.pipelines import build_optimization_run, build_training_run
 from kubeloop.pipelines import optimization, training
 from kubeloop.pipelines.backends.kfp import KfpBackend
@@ -136,8 +137,10 @@ def test_the_cluster_runs_spec_decodes_to_the_manifests_types():
 
 def test_the_trainjobs_nodes_get_the_manifests_types():
     """Multi-node training: the step hands the spec on to the TrainJob's
-    nodes in the same encoding, and the entry point decodes it the same way."""
-    trainjob = build_trainjob("run", "ml", JOB, "img:1", "gs://b/data", "{}", "gs://b/model")
-    args = trainjob["spec"]["trainer"]["args"]
-    sent = args[args.index("--spec") + 1]
-    assert typed(TrainingJobSpec.from_json(sent).model.parameters) == typed(WRITTEN["model"]["parameters"])
+    Pods in the same encoding, and they decode it the same way."""
+    settings = TrainerSettings(image="img:1", tracking_uri="http://mlflow:5000")
+    run = plan_run(settings, "ml", "run", JOB.to_json(), "ml/fraud", "h", leave_model=True)
+    trainjob = build_run_trainjob(run, JOB, settings, None, {}, [])
+    sent = next(e["value"] for e in trainjob["spec"]["trainer"]["env"] if e["name"] == RUN_ENV)
+    assert typed(TrainingJobSpec.from_json(TrainerRun.from_json(sent).spec).model.parameters) == typed(
+        WRITTEN["model"]["parameters"])

@@ -108,39 +108,45 @@ def test_metrics_on_the_hold_out(dataset):
 
 
 def test_the_trainjob_entry_point_trains_under_torchrun(dataset, job_spec, tmp_path):
-    """What a Kubeflow Trainer torch runtime runs on each node, here on one
-    machine with two processes. Run again with the same checkpoint folder
-    (as a restarted JobSet's Pods are), both ranks resume from rank 0's
-    published checkpoint: no epoch is trained twice."""
+    """What kubeloop's Trainer runtime runs on each node, here on one machine
+    with two processes, on data its pipeline prepared (the kfp backend's
+    multi-node step): rank 0 leaves the model where the run's output says.
+    Run again (as a restarted JobSet's Pods are), both ranks resume from rank
+    0's published checkpoint: no epoch is trained twice."""
     import json
+    import os
 
+    from kubeloop.components.initializer import publish_data
     from kubeloop.components.model import load_model
+    from kubeloop.components.trainer_run import RUN_ENV, TrainerRun
 
-    output, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
-    args = ["--dataset", str(dataset["path"]), "--dataset-info", dataset["info"].to_json(), "--output", str(output),
-            "--spec", job_spec.model_dump_json(by_alias=True), "--checkpoints", str(checkpoints)]
-    first = _torchrun(args)
+    prefix = tmp_path / "run"
+    run = TrainerRun(spec=job_spec.to_json(), pipeline_run="p", owner="team/fraud", spec_hash="h", git_sha="sha",
+                     tracking_uri="", prefix=str(prefix), trainjob="team/train-p", output=str(prefix / "model"))
+    (tmp_path / "scratch").mkdir()
+    publish_data(tmp_path / "scratch", dataset["path"], dataset["info"].to_json(), "{}", run.data)
+    env = {**os.environ, RUN_ENV: run.to_json()}
+    first = _torchrun(["--trainer-run"], env)
     assert first.returncode == 0, first.stderr[-3000:]
-    model = load_model(output)
-    assert auc(model, dataset["x_holdout"], dataset["y_holdout"]) > 0.75
+    output = prefix / "model"
+    assert auc(load_model(output), dataset["x_holdout"], dataset["y_holdout"]) > 0.75
     assert json.loads((output / "result.json").read_text())["resumed_from_epoch"] == 0
-    assert (checkpoints / "rank0.pt").exists() and not (checkpoints / "rank1.pt").exists()
-    again = _torchrun(args)
+    assert (prefix / "checkpoints" / "rank0.pt").exists() and not (prefix / "checkpoints" / "rank1.pt").exists()
+    again = _torchrun(["--trainer-run"], env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((output / "result.json").read_text())["resumed_from_epoch"] == job_spec.hyperparameters.epochs
 
 
-def _torchrun(args: list[str]):  # noqa: ANN202 - a CompletedProcess
-    import os
+def _torchrun(args: list[str], env: dict):  # noqa: ANN202 - a CompletedProcess
     import subprocess
     import sys
 
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "-m", "kubeloop.components.distributed", *args],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+                          capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
 
 
-def test_the_trainer_backends_pods_prepare_train_evaluate_and_register_once(
+def test_the_trainer_backends_pods_prepare_train_register_once_and_optimise(
         seaweed, job_spec, tracking, tmp_path, monkeypatch):  # noqa: F811 - the fixture
     """What the trainer backend's TrainJob runs, here as processes of one
     machine (the real TrainJob is the real-node e2e test's), against a real
@@ -185,9 +191,7 @@ def test_the_trainer_backends_pods_prepare_train_evaluate_and_register_once(
                            text=True, timeout=300, env={**env, STORE_ENV: "project: unreachable"})
     assert again.returncode == 0 and "already at" in again.stderr, again.stderr[-3000:]  # kept, not joined again
     for _ in range(2):  # the second: rank 0 again after it registered
-        nodes = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                                "-m", "kubeloop.components.distributed", "--trainer-run"],
-                               capture_output=True, text=True, env=env, timeout=600)
+        nodes = _torchrun(["--trainer-run"], env)
         assert nodes.returncode == 0, nodes.stderr[-3000:]
     versions = MlflowClient(tracking).search_model_versions(f"name = '{job_spec.model_name}'")
     assert len(versions) == 1, [v.version for v in versions]
@@ -196,3 +200,33 @@ def test_the_trainer_backends_pods_prepare_train_evaluate_and_register_once(
     assert version.tags["dataset_hash"] == info.dataset_hash  # trained on what the initializer prepared
     assert float(version.tags["metric.auc"]) > 0.75
     assert "was registered by this run" in nodes.stderr
+    _optimise_in_a_pod(version, tracking, env)
+
+
+def _optimise_in_a_pod(version, tracking: str, env: dict) -> None:  # noqa: ANN001 - an MLflow ModelVersion
+    """The trainer backend's optimisation Job's Pod on that version: it
+    rebuilds the data from the published store the version recorded (no
+    store of its own), measures and registers the winner; started again, it
+    registers nothing more."""
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from kubeloop.api.optimization import OptimizedModelSpec
+    from kubeloop.components.trainer_run import OPTIMIZATION_ENV, OptimizationRun
+    from kubeloop.registry import tags
+
+    number = str(version.version)
+    spec = OptimizedModelSpec.model_validate({"source": {"name": version.name, "version": number},
+                                             "techniques": ["onnx", "dynamic-int8"], "batchSizes": [1, 32]})
+    run = OptimizationRun(spec=spec.to_json(), source_version=number, pipeline_run="team-fast-g1-abc",
+                          owner="team/fast", git_sha="sha", tracking_uri=tracking)
+    for _ in range(2):
+        pod = subprocess.run([sys.executable, "-m", "kubeloop.components.optimizer_pod"], capture_output=True,
+                             text=True, timeout=600, env={**env, OPTIMIZATION_ENV: run.to_json()})
+        assert pod.returncode == 0, pod.stderr[-3000:]
+    (winner,) = [v for v in MlflowClient(tracking).search_model_versions(f"name = '{version.name}'")
+                 if v.tags.get(tags.PIPELINE_RUN) == run.pipeline_run]
+    assert winner.tags[tags.SOURCE] == f"{version.name}/{number}"
+    assert winner.tags[tags.TECHNIQUE] in ("source", "onnx", "dynamic-int8")

@@ -222,22 +222,3 @@ def test_broken_factories_and_labels_fail_with_their_names(platform, kube, kubec
     kubectl("apply", "-f", "-", input=yaml.safe_dump(healthy))
     assert phase_of(kube, "TrainingJob", namespace, "after", timeout=60)["status"]["phase"] == "Succeeded"
     assert operator.running()
-
-
-def test_an_optimisation_budget_on_a_metric_the_task_lacks_is_invalid(platform, kube, kubectl, namespace,
-                                                                      operator):
-    """OptimizedModel's task is its source's: a regression-only metric on a
-    binary source is an InvalidSpec condition, with nothing run."""
-    from tests.support.models import register_model
-
-    model = f"{namespace}-binary"
-    version = register_model(platform.env()["MLFLOW_TRACKING_URI"], model, seed=3)
-    obj = {"apiVersion": API_VERSION, "kind": "OptimizedModel", "metadata": {"name": "rmse", "namespace": namespace},
-           "spec": {"source": {"name": model, "version": version}, "techniques": ["onnx"],
-                    "accuracyBudget": {"metric": "rmse", "maxDrop": 0.1}}}
-    kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
-    done = phase_of(kube, "OptimizedModel", namespace, "rmse", timeout=60)
-    assert done["status"]["phase"] == "Failed"
-    cond = condition(done, "TechniquesSupported")
-    assert cond["reason"] == "InvalidSpec" and "spec.accuracyBudget.metric 'rmse'" in cond["message"]
-    assert "runId" not in done["status"]

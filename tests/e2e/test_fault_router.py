@@ -3,7 +3,7 @@ comes back (local backend: a real tritonserver started by the operator, and
 a real router process in front of it).
 
 Scale: the issue asks for ten minutes of traffic; `make test` (CI's 90
-minutes on two cores) runs 60 seconds from 4 callers (some thousands of
+minutes on two cores) runs 30 seconds from 4 callers (some thousands of
 requests), with the log folder unwritable through the middle third, and a
 request-log queue of 500 rows so the outage overflows it.
 KUBELOOP_ROUTER_SOAK_SECONDS=600 runs the full ten minutes."""
@@ -27,7 +27,7 @@ from tests.support.faults import infer, inference_service, registered_model, sta
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-SECONDS = float(os.environ.get("KUBELOOP_ROUTER_SOAK_SECONDS", "60"))
+SECONDS = float(os.environ.get("KUBELOOP_ROUTER_SOAK_SECONDS", "30"))
 CALLERS, QUEUE = 4, 500
 
 

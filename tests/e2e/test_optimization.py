@@ -170,3 +170,15 @@ def test_a_technique_the_target_cannot_run_is_named(kube, trained):
     assert "bf16 needs compute capability 8.0" in cond["message"] and "sparsity-2to4" in cond["message"]
     assert "runId" not in status
     assert trained["client"].search_model_versions(f"name = '{obj['spec']['registeredName']}'") == []
+
+
+def test_an_optimisation_budget_on_a_metric_the_task_lacks_is_invalid(kube, trained):
+    """Local path. An OptimizedModel's task is its source's: a regression-only
+    metric on the binary source is an InvalidSpec condition, with nothing run."""
+    obj = optimized_model(trained, "rmse", techniques=["onnx"], accuracyBudget={"metric": "rmse", "maxDrop": 0.1})
+    kube.create(obj)
+    status = finished(kube, trained["namespace"], "rmse", timeout=60)["status"]
+    assert status["phase"] == "Failed"
+    cond = condition(status, "TechniquesSupported")
+    assert cond["reason"] == "InvalidSpec" and "spec.accuracyBudget.metric 'rmse'" in cond["message"]
+    assert "runId" not in status

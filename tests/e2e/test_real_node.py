@@ -40,6 +40,7 @@ from tests.e2e.conftest import _delete_inference_services
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_model, synthetic
 from tests.support.operator import OperatorProcess
+from tests.support.stories import quick_optimisation
 from tests.support.waiting import wait_for
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kubeloop"
@@ -490,8 +491,9 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     says so. Before: one Service over every Triton Pod, so one canary replica
     beside one primary took 50%, and the shadow got nothing.
     The router's Pod logs every answer to the platform's object store
-    (SeaweedFS, through the Secret by reference), and the drift check runs as
-    a Job on the runtime image that reads that log and the served version's
+    (SeaweedFS, through the Secret by reference). With kserve (the run under
+    the chart's identity; drift Jobs do not depend on the serving backend)
+    the drift check runs as a Job on the runtime image that reads that log and the served version's
     reference (the training sample its run logged to MLflow, fetched through
     MLflow's artifact proxy from inside the Pod), runs Evidently and logs its
     report to MLflow: the operator reports the drift of the 2,000 rows.
@@ -527,10 +529,11 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
                                 KUBELOOP_OBJECT_STORE_SECRET="request-log",
                                 KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"])
     try:
+        drift_job = backend == "kserve"
+        monitoring = {"monitoring": {"schedule": "10s", "window": "1h", "minRows": 1000}} if drift_job else {}
         real.kube.create(inference_service(namespace, "front", model, resources={"cpu": "200m", "memory": "512Mi"},
                                            canary={"alias": "challenger", "percent": 20},
-                                           shadow={"version": shadow, "percent": 10},
-                                           monitoring={"schedule": "10s", "window": "1h", "minRows": 1000}))
+                                           shadow={"version": shadow, "percent": 10}, **monitoring))
         status = wait_for(lambda: (s := isvc_status(real.kube, namespace, "front")).get("phase") == "Ready"
                           and any(c["type"] == "CanaryReady" and c["status"] == "True" for c in s["conditions"])
                           and s, timeout=420, interval=1, what="the front and its three versions Ready")
@@ -582,18 +585,19 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
                          what="2,000 answered requests in the object store")
         assert answered(found) == 2000
         assert all(re.fullmatch(rf"{prefix}dt=\d{{4}}-\d\d-\d\d/hour=\d\d/[^/]+\.jsonl", key) for key in found), found
-        drift = wait_for(lambda: (d := isvc_status(real.kube, namespace, "front").get("drift") or {})
-                         .get("rows") == 2000 and "share" in d and d, timeout=180, interval=2,
-                         what="a drift Job evaluating the 2,000 logged rows")
-        # One constant row sent 2,000 times is nothing like the training data:
-        # Evidently in the Job, against the reference the version's training
-        # run logged to MLflow, flags every feature.
-        assert drift["drifted"] is True and drift["share"] == 1.0 and "message" not in drift, drift
-        assert drift["report"].startswith("runs:/"), drift
-        jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift")
-        assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
-                            for j in jobs)
-        print(f"drift Jobs: {[j['metadata']['name'] for j in jobs]}; latest: {drift}")
+        if drift_job:
+            drift = wait_for(lambda: (d := isvc_status(real.kube, namespace, "front").get("drift") or {})
+                             .get("rows") == 2000 and "share" in d and d, timeout=180, interval=2,
+                             what="a drift Job evaluating the 2,000 logged rows")
+            # One constant row sent 2,000 times is nothing like the training data:
+            # Evidently in the Job, against the reference the version's training
+            # run logged to MLflow, flags every feature.
+            assert drift["drifted"] is True and drift["share"] == 1.0 and "message" not in drift, drift
+            assert drift["report"].startswith("runs:/"), drift
+            jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift")
+            assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"]
+                                .startswith("localhost/kubeloop/runtime") for j in jobs)
+            print(f"drift Jobs: {[j['metadata']['name'] for j in jobs]}; latest: {drift}")
         # NVIDIA's client, every encoding, gets from the router Pod what it gets from the Triton behind it
         # (last: its requests are logged too).
         reach = Endpoints(real.kube)
@@ -1033,8 +1037,8 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path):
     repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45 + 14), days=45))
     settings = {**operator_env(env, repo, tmp_path / "work"), **prepare_cluster(real.platform, namespace)}
     operator = OperatorProcess(real.platform.kubeconfig, tmp_path, settings, [namespace]).start()
-    docs = on_the_real_node(prepare(load_examples(repo_root() / "examples"), namespace, f"{namespace}-fraud",
-                                    Timings()))
+    docs = on_the_real_node(quick_optimisation(prepare(load_examples(repo_root() / "examples"), namespace,
+                                                       f"{namespace}-fraud", Timings()), retrain=False))
     story = Loop(real.kube, MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=2.0,
                  reach=Endpoints(real.kube))
     try:
@@ -1412,23 +1416,32 @@ def operator_process(pod_uid: str) -> psutil.Process:
 
 
 @pytest.mark.timeout(1500)  # a cold training image (torch) takes most of it
-def test_a_two_node_trainjob_trains_through_the_real_trainer_controller(real, tmp_path):
-    """Cluster path, on the real node: `kubeloop dev trainer`'s install (the
-    JobSet and Trainer managers built from their Go modules, their webhooks,
-    the torch runtime on kubeloop's training image). A TrainJob from
-    kubeloop's builder with two nodes becomes a JobSet of two Pods; torchrun
-    in each joins the other at the first node's address (gloo: rank 0 would
-    wait for ever without rank 1); the dataset comes from and the model goes
-    to the object store with credentials by Secret reference; rank 0
-    publishes a checkpoint every epoch; the model learnt the data."""
+def test_the_kfp_multi_node_step_trains_in_kubeloops_trainjob_through_the_real_trainer_controller(
+        real, tmp_path, monkeypatch):
+    """Cluster path, on the real node: the kfp backend's multi-node training
+    step (components.steps.train_on_trainer_step, called as its Pod calls it:
+    Kubeflow Pipelines' own backend cannot run here) on data its pipeline
+    prepared. It publishes the data below the run's prefix and creates the
+    trainer backend's TrainJob (`kubeloop dev trainer`'s Trainer, JobSet and
+    runtime), whose initializer keeps that data; two node Pods meet under
+    torchrun (gloo: rank 0 would wait for ever without rank 1), rank 0
+    publishes a checkpoint every epoch and leaves the model, credentials by
+    Secret reference; the step records the run in MLflow naming the TrainJob,
+    and the model learnt the data."""
     import numpy as np
     import pandas
+    from mlflow import MlflowClient
 
+    from kubeloop.api.training import TrainingJobSpec
     from kubeloop.components.model import load_model
+    from kubeloop.components.steps import train_on_trainer_step
     from kubeloop.components.training import predict
+    from kubeloop.components.trainjob import trainjob_name
     from kubeloop.dev import trainer
+    from kubeloop.pipelines.environment import StepEnvironment
     from sklearn.metrics import roc_auc_score
-    from tests.support.trainjobs import COMPLETION_INDEX, TrainJobs
+    from tests.support.models import synthetic_dataset
+    from tests.support.trainjobs import COMPLETION_INDEX
 
     started = time.monotonic()
     image = python_image(PYTHON_IMAGES["training"], [sys.executable, "-m", "pip"])
@@ -1437,20 +1450,39 @@ def test_a_two_node_trainjob_trains_through_the_real_trainer_controller(real, tm
     trainer.install(real.platform, image.ref)
     print(f"training image imported in {imported - started:.0f} s, Trainer installed in "
           f"{time.monotonic() - imported:.0f} s")
-    env = real.platform.env()
-    jobs = TrainJobs(real.kube, env, real.namespace(), image.ref, tmp_path)
-    epochs = 4
-    run = jobs.run("ddp", nodes=2, epochs=epochs)
-    assert sorted(p["metadata"]["labels"][COMPLETION_INDEX] for p in run.pods) == ["0", "1"]
-    assert run.pods[0]["spec"]["containers"][0]["command"][0] == "torchrun"
-    assert env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(run.pods[0]["spec"])  # by reference only
-    assert run.result["resumed_from_epoch"] == 0 and len(run.result["history"]) == epochs
-    assert run.first_checkpoint_epoch >= 1  # rank 0 published a checkpoint while it ran
-    print(f"apply -> first checkpoint {run.first_checkpoint_s:.0f} s; total {run.total_s:.0f} s")
-    model = load_model(tmp_path / "ddp")
+    env, namespace, epochs = real.platform.env(), real.namespace(), 3
+    for name, value in env.items():  # this process is the step: it writes the data to the object store
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KUBECONFIG", str(real.platform.kubeconfig))
+    fresh_boto3_session(monkeypatch)
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "object-store", "namespace": namespace},
+                      "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    info = synthetic_dataset(tmp_path / "data.parquet", rows=40_000, holdout=8_000)
+    spec = TrainingJobSpec.model_validate({
+        "modelName": f"{namespace}-ddp", "features": {"featureViews": ["synthetic"], "labels": {"source": "t", "column": "y"}},
+        "distributed": {"nodes": 2}, "hyperparameters": {"epochs": epochs, "batchSize": 32},
+        "resources": {"cpu": "500m", "memory": "1536Mi"}})
+    steps = StepEnvironment(image=image.ref, object_store_secret="object-store",
+                            object_store_endpoint=env["AWS_ENDPOINT_URL_S3"])
+    run_id = train_on_trainer_step(spec.to_json(), str(tmp_path / "data.parquet"), info.to_json(), "",
+                                   str(tmp_path / "model"), env["MLFLOW_TRACKING_URI"], "kfp-ddp", f"{namespace}/ddp",
+                                   "h", "sha", namespace, steps.trainer_settings(), timeout=900)
+    trainjob = trainjob_name("kfp-ddp")
+    pods = real.kube.list("v1", "Pod", namespace, f"jobset.sigs.k8s.io/jobset-name={trainjob}")
+    ran = sorted((p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"], p["metadata"]["labels"][COMPLETION_INDEX])
+                 for p in pods if p["status"]["phase"] == "Succeeded")
+    assert ran == [("dataset-initializer", "0"), ("node", "0"), ("node", "1")], ran
+    assert env["AWS_SECRET_ACCESS_KEY"] not in json.dumps([p["spec"] for p in pods])  # by reference only
+    tags = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(run_id).data.tags
+    assert (tags["train.trainjob"], tags["train.processes"], tags["train.resumed_from_epoch"]) == (
+        f"{namespace}/{trainjob}", "2", "0")
+    assert json.loads((tmp_path / "model" / "result.json").read_text())["history"][-1]["epoch"] == epochs
+    model = load_model(tmp_path / "model")
     frame = pandas.read_parquet(tmp_path / "data.parquet")
     holdout = frame[frame["split"] == "holdout"]
-    assert roc_auc_score(holdout["y"], predict(model, holdout[jobs.info.feature_columns].to_numpy(np.float32))) > 0.75
+    assert roc_auc_score(holdout["y"], predict(model, holdout[info.feature_columns].to_numpy(np.float32))) > 0.75
+    print(f"kfp multi-node step: {time.monotonic() - imported:.0f} s from the install to the model")
 
 
 def trainer_cluster(real: RealPlatform, tmp_path: Path, monkeypatch):  # noqa: ANN001, ANN201 - a TrainerCluster
@@ -1466,81 +1498,46 @@ def trainer_cluster(real: RealPlatform, tmp_path: Path, monkeypatch):  # noqa: A
     return TrainerCluster(real.platform, real.kube, real.namespace(), tmp_path)
 
 
-@pytest.mark.timeout(1800)  # a training image whose code layer changed takes minutes to build and import
-def test_a_two_node_trainingjob_trains_through_the_trainer_backend_and_registers_once(real, tmp_path, monkeypatch):
+@pytest.mark.timeout(2400)  # a training image whose code layer changed takes minutes to build and import
+def test_the_trainer_backend_trains_on_two_nodes_survives_faults_and_optimises_in_a_job(real, tmp_path, monkeypatch):
     """Cluster path (the trainer pipeline backend; the operator on the host
     with KUBELOOP_PIPELINE_BACKENDS=trainer, its TrainJob through the real
-    Trainer and JobSet controllers on the real node; see TrainerCluster). A
-    TrainingJob with `distributed.nodes: 2` becomes one TrainJob, owned by
-    it; its spec changed while that runs, the TrainJob is replaced by the new
-    spec's. The dataset initializer's Pod joins the features; two node Pods
-    train; rank 0 registers one version, its lineage naming the TrainJob; the
-    credentials and the store's text reach the Pods by reference only.
-    Deleting the TrainingJob removes the TrainJob."""
-    from kubeloop.registry import tags
+    Trainer and JobSet controllers on the real node; see TrainerCluster).
 
-    cluster = trainer_cluster(real, tmp_path, monkeypatch)
-    namespace, env = cluster.namespace, cluster.env
-    try:
-        applied = time.monotonic()
-        real.kube.create(cluster.trainingjob("fraud", epochs=6))
-        first = wait_for(lambda: cluster.status("fraud").get("runId"), timeout=120, interval=1,
-                         what="the first run submitted")
-        real.kube.merge_patch(API_VERSION, "TrainingJob", "fraud", {"spec": {"hyperparameters": {"epochs": 3}}},
-                              namespace)
-        done = cluster.finished("fraud")
-        total = time.monotonic() - applied
-        assert done["phase"] == "Succeeded", done
-        assert done["backend"] == "trainer" and done["runId"] != first
-        (left,) = cluster.trainjobs()  # the first spec's TrainJob was deleted when the spec changed
-        assert f"{namespace}/{left['metadata']['name']}" == done["runId"]
-        owner = real.kube.get(API_VERSION, "TrainingJob", "fraud", namespace)["metadata"]
-        assert left["metadata"]["ownerReferences"][0]["uid"] == owner["uid"]
-        pods = cluster.pods(left["metadata"]["name"])
-        steps = sorted(p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for p in pods
-                       if p["status"]["phase"] == "Succeeded")
-        assert steps == ["dataset-initializer", "node", "node"], [(p["metadata"]["name"], p["status"]["phase"])
-                                                                  for p in pods]
-        specs = json.dumps([p["spec"] for p in pods])
-        assert env["AWS_SECRET_ACCESS_KEY"] not in specs and "online_store" not in specs  # by reference only
-        versions = cluster.versions("fraud")
-        assert [v.version for v in versions] == [done["model"]["version"]]
-        lineage = versions[0].tags
-        assert lineage[tags.TRAINJOB] == done["runId"]
-        assert lineage[tags.PIPELINE_RUN] == left["metadata"]["annotations"]["kubeloop.dev/pipeline-run"]
-        assert float(lineage["metric.auc"]) > 0.75
-        print(f"trainer backend: apply -> Succeeded {total:.0f} s (the first spec's run replaced on the way)")
-        real.kube.delete(API_VERSION, "TrainingJob", "fraud", namespace)
-        wait_for(lambda: not cluster.trainjobs(), timeout=120, interval=1,
-                 what="the TrainJob removed with its TrainingJob")
-    finally:
-        cluster.close()
+    Training: a TrainingJob with `distributed.nodes: 2` becomes one TrainJob,
+    owned by it; its spec changed while that runs, the TrainJob is replaced
+    by the new spec's. The dataset initializer's Pod joins the features and
+    two node Pods train. Once rank 0 has published a checkpoint, a node Pod
+    is deleted, the operator is killed (SIGKILL) and the kubelet restarted,
+    then the operator starts again: the lost node fails its Job at once,
+    JobSet starts every Job again, the initializer keeps the prepared data
+    and both nodes resume from the last checkpoint (at most the epoch in
+    progress is trained again). The restarted operator finds the TrainJob it
+    created, and rank 0 registers one version, its lineage naming the
+    TrainJob; credentials and the store's text reach the Pods by reference.
 
-
-@pytest.mark.timeout(1800)
-def test_a_trainer_backend_run_survives_a_lost_node_the_operator_killed_and_the_kubelet_restarted(
-        real, tmp_path, monkeypatch):
-    """Cluster path (trainer backend, real Trainer and JobSet, the operator on
-    the host): while a two-node TrainJob trains, once rank 0 has published a
-    checkpoint, a node Pod is deleted, the operator is killed (SIGKILL) and
-    the kubelet is restarted, then the operator starts again. The lost node
-    fails its Job at once, JobSet starts every Job again, the initializer
-    keeps the prepared data, and both nodes resume from the last checkpoint:
-    at most the epoch in progress is trained again. The restarted operator
-    finds the TrainJob it created (no second run) and one version is
-    registered; the run records the epoch it resumed from."""
+    Optimisation: an OptimizedModel of that version runs as one Job owned by
+    it, whose Pod rebuilds the data from the store the version recorded,
+    measures the variants and registers the winner; nothing runs on the
+    operator's host. Deleting each object removes its TrainJob or Job."""
     import torch
     from mlflow import MlflowClient
 
     from kubeloop.components.objects import download
     from kubeloop.components.training import SHARED_CHECKPOINT
+    from kubeloop.registry import tags
 
     cluster = trainer_cluster(real, tmp_path, monkeypatch)
-    namespace, epochs = cluster.namespace, 8
+    namespace, env, epochs = cluster.namespace, cluster.env, 8
     try:
-        real.kube.create(cluster.trainingjob("resume", epochs=epochs, batch=64))
-        trainjob = wait_for(lambda: (jobs := cluster.trainjobs()) and jobs[0], timeout=120, interval=1,
-                            what="the TrainJob")
+        real.kube.create(cluster.trainingjob("fraud", epochs=3))
+        first = wait_for(lambda: cluster.status("fraud").get("runId"), timeout=120, interval=1,
+                         what="the first run submitted")
+        real.kube.merge_patch(API_VERSION, "TrainingJob", "fraud",
+                              {"spec": {"hyperparameters": {"epochs": epochs, "batchSize": 64}}}, namespace)
+        trainjob = wait_for(lambda: next((t for t in cluster.trainjobs()
+                                          if f"{namespace}/{t['metadata']['name']}" != first), None),
+                            timeout=120, interval=1, what="the changed spec's TrainJob")
         name, run = trainjob["metadata"]["name"], trainjob["metadata"]["annotations"]["kubeloop.dev/pipeline-run"]
         checkpoint = f"s3://training/{namespace}/{run}/checkpoints/{SHARED_CHECKPOINT}"
 
@@ -1551,24 +1548,56 @@ def test_a_trainer_backend_run_survives_a_lost_node_the_operator_killed_and_the_
         at_loss = wait_for(lambda: published(), timeout=900, interval=0.5, what="rank 0's first checkpoint",
                            seen=lambda: str([(p["metadata"]["name"], p["status"]["phase"]) for p in cluster.pods(name)]))
         assert at_loss < epochs, "the run ended before a node could be lost: give it more epochs"
-        (victim,) = [p for p in cluster.pods(name) if p["status"]["phase"] == "Running"
+        assert [t["metadata"]["name"] for t in cluster.trainjobs()] == [name]  # the first spec's TrainJob deleted
+        pods = cluster.pods(name)
+        assert env["AWS_SECRET_ACCESS_KEY"] not in json.dumps([p["spec"] for p in pods])  # by reference only
+        assert "online_store" not in json.dumps([p["spec"] for p in pods])
+        (victim,) = [p for p in pods if p["status"]["phase"] == "Running"
                      and p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "1"
                      and p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"]
         real.kube.delete("v1", "Pod", victim["metadata"]["name"], namespace)
         cluster.operator.kill()
         real.platform.restart_process("kubelet")
         cluster.operator.start().wait_for_log("Initial authentication has finished", timeout=60)
-        done = cluster.finished("resume")
+        done = cluster.finished("fraud")
         assert done["phase"] == "Succeeded", done
-        assert [t["metadata"]["name"] for t in cluster.trainjobs()] == [name]  # the restarted operator's too
+        assert done["backend"] == "trainer" and done["runId"] == f"{namespace}/{name}"
+        (left,) = cluster.trainjobs()  # the restarted operator made no second
+        owner = real.kube.get(API_VERSION, "TrainingJob", "fraud", namespace)["metadata"]
+        assert left["metadata"]["ownerReferences"][0]["uid"] == owner["uid"]
         jobset = real.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", name, namespace)
         assert jobset["status"].get("restarts", 0) >= 1, jobset["status"]
-        (version,) = cluster.versions("resume")
-        resumed = int(MlflowClient(cluster.env["MLFLOW_TRACKING_URI"]).get_run(version.run_id)
+        steps = [p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] for p in cluster.pods(name)
+                 if p["status"]["phase"] == "Succeeded"]
+        assert steps.count("node") == 2 and "dataset-initializer" in steps, steps
+        (version,) = cluster.versions("fraud")
+        lineage = version.tags
+        assert lineage[tags.TRAINJOB] == done["runId"] and lineage[tags.PIPELINE_RUN] == run
+        assert float(lineage["metric.auc"]) > 0.75
+        resumed = int(MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(version.run_id)
                       .data.tags["train.resumed_from_epoch"])
         assert resumed >= at_loss, (resumed, at_loss)  # nothing published before the loss was trained again
         print(f"node lost after checkpoint {at_loss} of {epochs}, operator killed, kubelet restarted: resumed "
               f"from epoch {resumed} (JobSet restarts {jobset['status']['restarts']})")
+
+        optimized = cluster.optimizedmodel("fraud-fast", source=version.name, version=str(version.version))
+        real.kube.create(optimized)
+        result = cluster.finished("fraud-fast", kind="OptimizedModel")
+        assert result["phase"] == "Succeeded", json.dumps(result["conditions"])
+        (job,) = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/owner-kind=optimizedmodel")
+        assert result["runId"] == f"{namespace}/{job['metadata']['name']}"
+        assert job["metadata"]["ownerReferences"][0]["kind"] == "OptimizedModel"
+        (pod,) = real.kube.list("v1", "Pod", namespace, f"job-name={job['metadata']['name']}")
+        assert pod["status"]["phase"] == "Succeeded" and pod["spec"]["nodeName"] == NODE_NAME
+        winner = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_model_version(version.name, result["model"]["version"])
+        assert winner.tags[tags.SOURCE] == f"{version.name}/{version.version}"
+        assert winner.tags[tags.TECHNIQUE] == result["chosen"]["technique"]
+        assert {v["technique"] for v in result["variants"]} >= {"onnx", "dynamic-int8"}
+        assert not (tmp_path / "work" / "runs").exists()  # nothing ran on the operator's host
+        real.kube.delete(API_VERSION, "OptimizedModel", "fraud-fast", namespace)
+        real.kube.delete(API_VERSION, "TrainingJob", "fraud", namespace)
+        wait_for(lambda: not cluster.trainjobs() and not real.kube.list("batch/v1", "Job", namespace),
+                 timeout=120, interval=1, what="the TrainJob and the Job removed with their owners")
     finally:
         cluster.close()
 

@@ -20,4 +20,18 @@ def story_inputs(platform, namespace: str, start_operator, tmp_path: Path) -> tu
     repo = create_repository(tmp_path / "featurestore", Scenario(start=default_start(45), days=45))
     op = start_operator([namespace], **operator_env(env, repo, tmp_path / "work"))
     op.wait_for_log("webhooks and /metrics on", timeout=60)
-    return env, repo, prepare(load_examples(repo_root() / "examples"), namespace, f"{namespace}-fraud", Timings())
+    return env, repo, quick_optimisation(prepare(load_examples(repo_root() / "examples"), namespace,
+                                                 f"{namespace}-fraud", Timings()))
+
+
+def quick_optimisation(docs: list[dict], retrain: bool = True) -> list[dict]:
+    """The docs with the example OptimizedModel measuring only the three
+    techniques its retrain measures, at the SLO's batch size: every
+    technique is test_optimization's to prove, and eight of them cost a story
+    about 45 s. retrain=False also drops the retrain's optimisation."""
+    for doc in docs:
+        if doc["kind"] == "OptimizedModel":
+            doc["spec"].update(techniques=["onnx", "onnx-int8", "static-int8"], batchSizes=[32])
+        elif doc["kind"] == "InferenceService" and not retrain:
+            doc["spec"].get("retraining", {}).pop("optimization", None)
+    return docs

@@ -1,5 +1,7 @@
-"""TrainJobs on the real node through Kubeflow Trainer, for the e2e test and
-the bench: the store, the data, one run, and what the run reported."""
+"""TrainJobs on the real node through Kubeflow Trainer, for the e2e tests and
+the bench: kubeloop's TrainJob on data prepared before (as the kfp
+backend's multi-node step creates it), one run and what it reported; and
+the trainer backend with its operator (TrainerCluster)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import boto3
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.api.training import TrainingJobSpec
+from kubeloop.components.initializer import publish_data
 from kubeloop.components.training import SHARED_CHECKPOINT
-from kubeloop.components.trainjob import TRAINER_API_VERSION, build_trainjob, trainjob_finished
+from kubeloop.components.trainjob import (TRAINER_API_VERSION, TrainerSettings, build_run_trainjob, plan_run,
+                                          trainjob_finished)
 from kubeloop.dev.objectstore import TRAINING_BUCKET
 from tests.support.models import synthetic_dataset
 from tests.support.operator import OperatorProcess
@@ -36,20 +40,19 @@ class Run:
 
 
 class TrainJobs:
-    """TrainJobs in one namespace, their data and models under one prefix of the training bucket."""
+    """kubeloop's TrainJobs in one namespace, each run below its own prefix of the training bucket."""
 
     def __init__(self, kube, env: dict[str, str], namespace: str, image: str, tmp: Path):  # noqa: ANN001 - a Kube
-        self.kube, self.env, self.namespace, self.image, self.tmp = kube, env, namespace, image, tmp
+        self.kube, self.env, self.namespace, self.tmp = kube, env, namespace, tmp
         self.s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
                                region_name=env["AWS_DEFAULT_REGION"])
+        self.settings = TrainerSettings(image=image, tracking_uri=env["MLFLOW_TRACKING_URI"], bucket=TRAINING_BUCKET,
+                                        object_store_secret=STORE_SECRET,
+                                        object_store_endpoint=env["AWS_ENDPOINT_URL_S3"])
         kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": namespace},
                     "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
         self.info = synthetic_dataset(tmp / "data.parquet", rows=40_000, holdout=8_000)
-        self.s3.upload_file(str(tmp / "data.parquet"), TRAINING_BUCKET, f"{namespace}/data.parquet")
-
-    def uri(self, *parts: str) -> str:
-        return "/".join([f"s3://{TRAINING_BUCKET}/{self.namespace}", *parts])
 
     def spec(self, nodes: int, epochs: int) -> TrainingJobSpec:
         return TrainingJobSpec.model_validate({
@@ -58,23 +61,25 @@ class TrainJobs:
             "resources": {"cpu": "500m", "memory": "1536Mi"}})
 
     def run(self, name: str, nodes: int, epochs: int) -> Run:
-        """Apply the TrainJob, see rank 0 publish a checkpoint, and wait for it to complete."""
+        """Publish the data, apply the TrainJob, see rank 0 publish a checkpoint, and wait for it to complete."""
+        spec = self.spec(nodes, epochs)
+        run = plan_run(self.settings, self.namespace, name, spec.to_json(), f"{self.namespace}/{name}", "h",
+                       leave_model=True)
+        publish_data(self.tmp, self.tmp / "data.parquet", self.info.to_json(), "{}", run.data)
+        trainjob = run.trainjob.split("/", 1)[1]
         applied = time.monotonic()
-        self.kube.apply(build_trainjob(name, self.namespace, self.spec(nodes, epochs), self.image,
-                                       self.uri("data.parquet"), self.info.to_json(), self.uri(name, "model"),
-                                       store_secret=STORE_SECRET, store_endpoint=self.env["AWS_ENDPOINT_URL_S3"],
-                                       checkpoints=self.uri(name, "checkpoints")))
+        self.kube.apply(build_run_trainjob(run, spec, self.settings, None, {}, []))
         published = wait_for(lambda: self._checkpoint_epoch(name), timeout=600, interval=0.5,
-                             what=f"rank 0's first checkpoint of {name}", seen=lambda: self._phases(name))
+                             what=f"rank 0's first checkpoint of {name}", seen=lambda: self._phases(trainjob))
         first = time.monotonic() - applied
-        wait_for(lambda: self._finished(name), timeout=900, interval=1, what=f"TrainJob {name} Complete",
-                 seen=lambda: self._phases(name))
+        wait_for(lambda: self._finished(trainjob), timeout=900, interval=1, what=f"TrainJob {trainjob} Complete",
+                 seen=lambda: self._phases(trainjob))
         total = time.monotonic() - applied
         local = self.tmp / name
         local.mkdir(exist_ok=True)
         for key in ("result.json", "state.pt"):
             self.s3.download_file(TRAINING_BUCKET, f"{self.namespace}/{name}/model/{key}", str(local / key))
-        return Run([p for p in self.pods(name) if p["status"]["phase"] == "Succeeded"],
+        return Run([p for p in self.pods(trainjob) if p["status"]["phase"] == "Succeeded"],
                    json.loads((local / "result.json").read_text()), first, total, published)
 
     def pods(self, name: str) -> list[dict]:
@@ -151,8 +156,15 @@ class TrainerCluster:
                          "hyperparameters": {"epochs": epochs, "batchSize": batch, "learningRate": 0.003},
                          "evaluation": {"threshold": 0.2}}}
 
-    def status(self, name: str) -> dict:
-        return (self.kube.get(API_VERSION, "TrainingJob", name, self.namespace) or {}).get("status") or {}
+    def optimizedmodel(self, name: str, source: str, version: str) -> dict:
+        """Two CPU techniques on the version, measured in the trainer backend's Job."""
+        return {"apiVersion": API_VERSION, "kind": "OptimizedModel", "metadata": {"name": name, "namespace": self.namespace},
+                "spec": {"source": {"name": source, "version": version}, "target": {"device": "cpu"},
+                         "techniques": ["onnx", "dynamic-int8"], "batchSizes": [1, 32],
+                         "accuracyBudget": {"maxDrop": 0.02}, "backend": "trainer"}}
+
+    def status(self, name: str, kind: str = "TrainingJob") -> dict:
+        return (self.kube.get(API_VERSION, kind, name, self.namespace) or {}).get("status") or {}
 
     def trainjobs(self) -> list[dict]:
         return self.kube.list(TRAINER_API_VERSION, "TrainJob", self.namespace)
@@ -160,10 +172,11 @@ class TrainerCluster:
     def pods(self, trainjob: str) -> list[dict]:
         return self.kube.list("v1", "Pod", self.namespace, f"jobset.sigs.k8s.io/jobset-name={trainjob}")
 
-    def finished(self, name: str, timeout: float = 1200) -> dict:
-        return wait_for(lambda: self.status(name).get("phase") in ("Succeeded", "Failed") and self.status(name),
-                        timeout=timeout, interval=1, what=f"TrainingJob {name} finished",
-                        seen=lambda: f"{self.status(name).get('conditions')} "
+    def finished(self, name: str, timeout: float = 1200, kind: str = "TrainingJob") -> dict:
+        return wait_for(lambda: self.status(name, kind).get("phase") in ("Succeeded", "Failed")
+                        and self.status(name, kind),
+                        timeout=timeout, interval=1, what=f"{kind} {name} finished",
+                        seen=lambda: f"{self.status(name, kind).get('conditions')} "
                                      f"{[t['metadata']['name'] for t in self.trainjobs()]}")
 
     def versions(self, name: str) -> list:
@@ -174,7 +187,8 @@ class TrainerCluster:
 
     def close(self) -> None:
         try:
-            for job in self.kube.list(API_VERSION, "TrainingJob", self.namespace):
-                self.kube.delete(API_VERSION, "TrainingJob", job["metadata"]["name"], self.namespace)
+            for kind in ("OptimizedModel", "TrainingJob"):
+                for obj in self.kube.list(API_VERSION, kind, self.namespace):
+                    self.kube.delete(API_VERSION, kind, obj["metadata"]["name"], self.namespace)
         finally:
             self.operator.stop()

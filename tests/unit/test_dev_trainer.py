@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from kubeloop.components.trainjob import TORCH_RUNTIME
 from kubeloop.dev import trainer
 from kubeloop.dev.binaries import GROUPS, versions
 from kubeloop.paths import repo_root
@@ -66,14 +65,6 @@ def test_each_manager_runs_restricted_with_its_own_rotation_and_election_off(mod
     assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
     assert found["ClusterRoleBinding"]["subjects"][0]["name"] == pod["serviceAccountName"]
     assert found["ClusterRole"]["rules"]
-
-
-def test_the_torch_runtime_runs_the_training_image_restricted(modules):
-    runtime = trainer.torch_runtime(modules[0], "localhost/kubeloop/training:1")
-    assert runtime["metadata"]["name"] == TORCH_RUNTIME and runtime["spec"]["mlPolicy"]["torch"] == {}
-    pod = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    assert pod["containers"][0]["image"] == "localhost/kubeloop/training:1"
-    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
 
 
 def test_crds_are_jobsets_and_trainers(modules):

@@ -3,6 +3,7 @@ the IR the kfp backend would submit with the operator's step environment."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,12 @@ def test_cluster_ir_runs_every_step_in_the_operators_components_image(tmp_path):
     for ir in (training, multi_node, optimization):
         assert {e["container"]["image"] for e in _executors(ir).values()} == {CLUSTER_STEPS.image}
     assert set(_executors(optimization)) == {"exec-optimization-data", "exec-optimize", "exec-register-optimized"}
-    # The TrainJob's nodes run the same image: the step is told it as a constant input.
-    assert _task_input(multi_node, "train-on-trainer", "image") == {"runtimeValue": {"constant": CLUSTER_STEPS.image}}
+    # The TrainJob's Pods run the same image and Secrets, by name: the step is told them as a constant input.
+    trainer = json.loads(_task_input(multi_node, "train-on-trainer", "trainer")["runtimeValue"]["constant"])
+    assert trainer == {"image": CLUSTER_STEPS.image, "bucket": "training", "mlflow_secret": "mlflow-credentials",
+                       "object_store_secret": "artifact-store", "object_store_endpoint": "http://minio.minio.svc:9000"}
+    # The TrainJob's rank 0 leaves the model: the pipeline evaluates and registers it as on one node.
+    assert {"exec-train-on-trainer", "exec-evaluate", "exec-register"} <= set(_executors(multi_node))
 
 
 def test_cluster_ir_mounts_the_feature_store_configmap_into_the_data_step_only(tmp_path):

@@ -1,6 +1,7 @@
 """The trainer pipeline backend: a TrainingJob's run as one Kubeflow Trainer
-TrainJob (the builders, pure, and the backend against an in-memory API; the
-real controllers are the real-node e2e test's)."""
+TrainJob, an OptimizedModel's as one Job (the builders, pure, and the
+backend against an in-memory API; the real controllers are the real-node
+e2e test's)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import pytest
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.components.trainer_run import RUN_ENV, STORE_ENV, TrainerRun
+from kubeloop.components.trainer_run import OPTIMIZATION_ENV, RUN_ENV, STORE_ENV, OptimizationRun, TrainerRun
 from kubeloop.operator.builders.pipelines import build_optimization_run, build_training_run
 from kubeloop.pipelines.backends.base import BackendUnavailable
 from kubeloop.components.trainer_run import NO_STORE
 from kubeloop.pipelines.backends.trainer import TrainerBackend
-from kubeloop.pipelines.trainjobs import (INITIALIZER, NAME_LIMIT, TRAINING_RUNTIME, TrainerSettings,
-                                          build_pipeline_trainjob, build_training_runtime, trainjob_name)
+from kubeloop.pipelines.optimization_jobs import build_optimization_job, is_optimization_job
+from kubeloop.components.trainjob import (INITIALIZER, NAME_LIMIT, RUN_ANNOTATION, TRAINING_RUNTIME, TrainerSettings,
+                                          build_training_runtime, trainjob_name)
+from kubeloop.pipelines.trainjobs import build_pipeline_trainjob
 from tests.unit.fakes import FakeObjects
 
 SETTINGS = TrainerSettings(image="reg/training:1", tracking_uri="http://mlflow.ml:5000", object_store_secret="store",
@@ -76,7 +79,7 @@ def test_a_run_becomes_one_trainjob_owned_by_its_trainingjob():
                                         "uid": "u-1", "controller": True}]
     assert job["spec"]["runtimeRef"] == {"name": TRAINING_RUNTIME}
     trainer = job["spec"]["trainer"]
-    assert (trainer["numNodes"], trainer["image"], trainer["args"]) == (2, "reg/training:1", ["--trainer-run"])
+    assert (trainer["numNodes"], trainer["image"], trainer["command"][-1]) == (2, "reg/training:1", "--trainer-run")
 
 
 def test_the_pods_read_the_run_with_the_types_the_manifest_gave():
@@ -190,13 +193,77 @@ def test_a_job_without_a_published_store_fails_saying_what_to_set():
     assert objects.objects == {} and trainer.status(run.run_id) is None  # nothing made: a resync submits again
 
 
-def test_optimisation_is_refused_with_the_fix():
-    trainer, _ = backend()
+def optimization(target: dict | None = None):  # noqa: ANN201 - RunRequest
     from kubeloop.api.optimization import OptimizedModelSpec
 
-    optimized = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "alias": "champion"}})
-    run = trainer.submit(build_optimization_run(REF, optimized, "3", "h"))
-    assert run.phase == "Failed" and "spec.backend: local" in run.error
+    optimized = OptimizedModelSpec.model_validate({"source": {"name": "fraud", "alias": "champion"},
+                                                   "target": target or {"device": "cpu"}, "techniques": ["onnx"]})
+    return build_optimization_run(ObjectRef("OptimizedModel", "team-a", "fraud-fast", uid="u-2", generation=1),
+                                  optimized, "3", "h4sh")
+
+
+def test_an_optimisation_run_becomes_one_restricted_job_owned_by_its_optimizedmodel():
+    """The Pod reads the run (the pinned source version, the spec as JSON)
+    from its environment, and every credential by reference."""
+    job = build_optimization_job(optimization(), SETTINGS)
+    meta, pod = job["metadata"], job["spec"]["template"]["spec"]
+    assert (job["kind"], meta["namespace"], job["spec"]["backoffLimit"]) == ("Job", "team-a", 1)
+    assert is_optimization_job(meta["name"]) and not is_optimization_job(trainjob_name("team-a-fraud-g1"))
+    assert meta["ownerReferences"][0] | {"uid": "u-2", "kind": "OptimizedModel", "name": "fraud-fast"} == \
+        meta["ownerReferences"][0]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["image"] == "reg/training:1" and container["command"][-1] == "kubeloop.components.optimizer_pod"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    env = env_of(container)
+    run = OptimizationRun.from_json(env[OPTIMIZATION_ENV]["value"])
+    assert (run.source_version, run.owner, run.git_sha) == ("3", "team-a/fraud-fast", "abc")
+    assert json.loads(run.spec)["techniques"] == ["onnx"] and run.pipeline_run == meta["annotations"][RUN_ANNOTATION]
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "store", "key": "AWS_SECRET_ACCESS_KEY"}
+    assert "nvidia.com/gpu" not in container["resources"]["limits"] and "tolerations" not in pod
+
+
+def test_a_gpu_target_measures_on_a_gpu_of_its_product():
+    pod = build_optimization_job(optimization({"device": "gpu", "gpuProduct": "NVIDIA-H100-80GB-HBM3"}),
+                                 SETTINGS)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
+def test_an_optimisation_job_is_followed_to_its_registered_winner():
+    trainer, objects = backend(outputs={"model": {"name": "fraud", "version": "5"}, "chosen": {"technique": "onnx"}})
+    run = trainer.submit(optimization())
+    again = trainer.submit(optimization())
+    assert run.run_id == again.run_id and len(objects.objects) == 1
+    namespace, name = run.run_id.split("/")
+    assert run.phase == "Pending" and run.progress == "Job created, no Pod started yet"
+    objects.set_status("Job", namespace, name, active=1)
+    assert trainer.status(run.run_id).progress == "optimizer: 1 active"
+    objects.set_status("Job", namespace, name, conditions=[{"type": "Complete", "status": "True"}], succeeded=1)
+    done = trainer.status(run.run_id)
+    assert done.phase == "Succeeded" and done.outputs["chosen"]["technique"] == "onnx"
+    trainer.cancel(run.run_id)
+    assert objects.objects == {} and trainer.status(run.run_id) is None
+
+
+def test_a_failed_optimisation_job_repeats_what_its_pod_said_last():
+    trainer, objects = backend()
+    run = trainer.submit(optimization())
+    namespace, name = run.run_id.split("/")
+    for n, said in enumerate(("Traceback ...\nValueError: first attempt", "Traceback ...\nValueError: fraud version 3 "
+                              "has no exported/state.pt: it is not a network kubeloop trained\n")):
+        objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"{name}-{n}", "namespace": namespace, "labels": {"job-name": name},
+            "creationTimestamp": f"2026-11-28T10:00:0{n}Z"},
+            "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": said}}}]}})
+    objects.set_status("Job", namespace, name, failed=2, conditions=[
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
+         "specified backoff limit"}])
+    failed = trainer.status(run.run_id)
+    assert failed.phase == "Failed" and failed.error.startswith(f"Job {run.run_id}: BackoffLimitExceeded")
+    assert failed.error.endswith("the Pod said: ValueError: fraud version 3 has no exported/state.pt: it is not a "
+                                 "network kubeloop trained")
 
 
 def test_an_api_outage_is_retried_not_fatal():

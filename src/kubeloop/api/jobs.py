@@ -28,6 +28,8 @@ def object_store_access(container: dict, secret: str | None, endpoint: str | Non
 
 
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+MLFLOW_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+"""What a Secret for MLflow may hold (the optional keys of KUBELOOP_MLFLOW_SECRET)."""
 
 
 def object_store_env(secret: str | None, endpoint: str | None) -> list[dict]:

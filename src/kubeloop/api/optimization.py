@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 from kubeloop.api.base import BaseStatus, KubeModel, ModelRef, RegisteredModel
 from kubeloop.api.promotion import PromotionPolicy
 from kubeloop.api.schema import cel, cel_list
+from kubeloop.api.training import PipelineBackendName
 
 OptimizationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
@@ -134,8 +135,9 @@ class OptimizedModelSpec(KubeModel):
     """Registered model name for the winner; omitted means the source's name."""
     promotion: PromotionPolicy | None = None
     """Aliases to give the registered winner, and the gates before promotion."""
-    backend: Literal["local", "kfp", "noop"] | None = None
-    """Where the optimisation pipeline runs; omitted means the operator's default."""
+    backend: PipelineBackendName | None = None
+    """Where the optimisation pipeline runs (trainer: one Job on the cluster); omitted means the operator's
+    default."""
 
 
 class Interval(KubeModel):

@@ -130,8 +130,8 @@ def kserve(state_dir: StateDir = None) -> None:
 def trainer(state_dir: StateDir = None) -> None:
     """Install Kubeflow Trainer v2.3 and the JobSet controller it runs on
     (both built from their Go modules, run as Pods in kubeflow-system; their
-    CRDs and webhooks) onto a platform up with --nodes real, with the torch
-    ClusterTrainingRuntime `torch-distributed` on kubeloop's training image
+    CRDs and webhooks) onto a platform up with --nodes real, with kubeloop's
+    ClusterTrainingRuntime `kubeloop-training` on kubeloop's training image
     (built and imported first). Idempotent."""
     import sys
 
@@ -148,7 +148,7 @@ def trainer(state_dir: StateDir = None) -> None:
         install(platform, image.ref, progress)
 
     _install_on_the_real_node(state_dir, "Kubeflow Trainer", with_image, TrainerError)
-    console.print("[green]Kubeflow Trainer installed[/green]: TrainJobs on the torch-distributed runtime run "
+    console.print("[green]Kubeflow Trainer installed[/green]: TrainJobs on the kubeloop-training runtime run "
                   "on the real node")
 
 

@@ -3,11 +3,10 @@ manifests install it: the JobSet controller and Trainer's controller manager
 (both built from Go modules, tools/trainer) run as Pods in
 `kubeflow-system`; their CRDs, RBAC and webhooks come from the same modules'
 zips. Both managers' own certificate rotation is turned off: their webhooks
-get a self-signed serving certificate, as KServe's do. A torch
-`ClusterTrainingRuntime` (`torch-distributed`, the name Trainer's own
-manifests give it) runs kubeloop's training image, and so does kubeloop's
-own (`kubeloop-training`: the trainer pipeline backend's dataset
-initializer and nodes)."""
+get a self-signed serving certificate, as KServe's do. kubeloop's own
+`ClusterTrainingRuntime` (`kubeloop-training`: the dataset initializer and
+the torch nodes of the trainer backend's and the kfp backend's TrainJobs)
+runs kubeloop's training image."""
 
 from __future__ import annotations
 
@@ -15,12 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from kubeloop.components.trainjob import TORCH_RUNTIME
+from kubeloop.components.trainjob import build_training_runtime
 from kubeloop.dev import controllers
 from kubeloop.dev.binaries import versions
 from kubeloop.dev.controllers import CERT_DIR, FIELD_MANAGER, PROBE_PORT, WEBHOOK_PORT
 from kubeloop.dev.pki import webhook_certificates
-from kubeloop.pipelines.trainjobs import build_training_runtime, restricted_pod
 
 NAMESPACE = "kubeflow-system"
 TRAINER = "kubeflow-trainer-controller-manager"
@@ -114,19 +112,9 @@ def trainer_webhooks(module: Path, ca: bytes) -> list[dict]:
     return [c for c in (controllers.webhooks_to(doc, TRAINER, NAMESPACE, ca) for doc in docs) if c]
 
 
-def torch_runtime(module: Path, image: str) -> dict:
-    """Trainer's own torch runtime, its node container on kubeloop's
-    training image and under the restricted profile."""
-    runtime = next(doc for doc in _documents(module / "manifests" / "base" / "runtimes" / "torch_distributed.yaml")
-                   if doc["kind"] == "ClusterTrainingRuntime" and doc["metadata"]["name"] == TORCH_RUNTIME)
-    restricted_pod(runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
-                   image)
-    return runtime
-
-
 def install(platform, training_image: str, progress=lambda _: None) -> None:  # noqa: ANN001 - a Platform
     """Install JobSet and Trainer onto the platform's real node, wait until
-    both managers answer admission requests, and apply the torch runtime on
+    both managers answer admission requests, and apply kubeloop's runtime on
     training_image (idempotent)."""
     trainer, jobset = trainer_module(), jobset_module()
     version = versions()["TRAINER_VERSION"]
@@ -150,7 +138,6 @@ def install(platform, training_image: str, progress=lambda _: None) -> None:  # 
             controllers.wait_ready(kube, name, NAMESPACE, TrainerError)
         for obj in [*jobset_webhooks(jobset, pki[JOBSET][0]), *trainer_webhooks(trainer, pki[TRAINER][0])]:
             kube.apply(obj, field_manager=FIELD_MANAGER)
-        for runtime in (torch_runtime(trainer, training_image), build_training_runtime(training_image)):
-            kube.apply(runtime, field_manager=FIELD_MANAGER)
+        kube.apply(build_training_runtime(training_image), field_manager=FIELD_MANAGER)
     finally:
         kube.close()
