@@ -1,5 +1,6 @@
 """Training in real Pods through Kubeflow Trainer on the real node (a
-platform of its own, since the shared one is fake-only): one node against
+platform of its own, since the shared one is fake-only), kubeloop's TrainJob
+on data its pipeline prepared (as the kfp step makes it): one node against
 two (samples/s as rank 0 reports it, the world's total), apply to the first
 published checkpoint, and apply to complete. Rounds interleave the two
 runs; ROUNDS of them, not repeat.RUNS, since one round holds the real node
@@ -10,6 +11,7 @@ cluster's scaling. samples/s is rank 0's rate times the world size."""
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -38,6 +40,8 @@ def _measure(platform: Platform, tmp: Path, console: Console, runs: int) -> dict
     platform.import_image(image)
     trainer.install(platform, image.ref)
     kube = platform.kube()
+    # This process publishes each run's data, as the kfp step does in its Pod.
+    os.environ.update({k: v for k, v in platform.env().items() if k.startswith("AWS_")})
     try:
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
