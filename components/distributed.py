@@ -63,9 +63,11 @@ def _pipeline_node(run: TrainerRun) -> None:
             download(f"{run.data}/{name}", folder / name)
         info = DatasetInfo.from_json((folder / INFO).read_text())
         result = _train(spec, info, folder / DATASET, run.checkpoints, folder)
-        if result is not None and run.output:
+        if result is None:  # not rank 0
+            return
+        if run.output:
             _write_result(result, folder / "model", run.output.rstrip("/"))
-        elif result is not None:
+        else:
             _evaluate_and_register(run, spec, info, result, folder)
 
 

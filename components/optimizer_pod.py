@@ -36,10 +36,11 @@ def readable_store(run: OptimizationRun) -> None:
     source = OptimizedModelSpec.from_json(run.spec).source
     recorded = MlflowClient(run.tracking_uri).get_model_version(source.name, run.source_version).tags
     store = recorded.get(tags.FEATURE_STORE)
-    if store and StoreLocation.from_json(store).path is not None:
+    folder = StoreLocation.from_json(store).path if store else None
+    if folder is not None:
         raise SystemExit(
             f"{source.name} version {run.source_version} was trained on the store folder "
-            f"{StoreLocation.from_json(store).path} of the machine that trained it, which this Pod cannot read: "
+            f"{folder} of the machine that trained it, which this Pod cannot read: "
             "optimise it with spec.backend: local, or train it from a published store "
             "(spec.features.store.configMap) first")
 

@@ -100,12 +100,10 @@ class TrainerBackend(PipelineBackend):
         return f"{nothing_yet}: {latest.get('reason')}: {latest.get('message')}"
 
     def _last_words(self, namespace: str, name: str) -> str:
-        """The last line a failed Pod of the Job logged (its termination message)."""
-        pods = sorted(self.kube.list("v1", "Pod", namespace, label_selector=f"job-name={name}"),
-                      key=lambda pod: pod["metadata"].get("creationTimestamp") or "")
-        said = [line for pod in pods for status in pod.get("status", {}).get("containerStatuses", [])
-                if (line := _last_line(status.get("state", {}).get("terminated", {}).get("message", "")))]
-        return f"; the Pod said: {said[-1]}" if said else ""
+        """The last line the Job's latest failed Pod logged (its termination message)."""
+        said = _last_line(jobs.termination_message(
+            self.kube.list("v1", "Pod", namespace, label_selector=f"job-name={name}")) or "")
+        return f"; the Pod said: {said}" if said else ""
 
     def cancel(self, run_id: str) -> None:
         namespace, _, name = run_id.partition("/")

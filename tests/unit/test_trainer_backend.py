@@ -256,7 +256,8 @@ def test_a_failed_optimisation_job_repeats_what_its_pod_said_last():
         objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": f"{name}-{n}", "namespace": namespace, "labels": {"job-name": name},
             "creationTimestamp": f"2026-11-28T10:00:0{n}Z"},
-            "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 1, "message": said}}}]}})
+            "status": {"containerStatuses": [{"state": {"terminated": {
+                "exitCode": 1, "message": said, "finishedAt": f"2026-11-28T10:01:0{n}Z"}}}]}})
     objects.set_status("Job", namespace, name, failed=2, conditions=[
         {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
          "specified backoff limit"}])
