@@ -1,12 +1,16 @@
 """Triton repositories written from a signature load in the real local
 tritonserver (nvidia-pytriton's, python backend, the serving environment)
 and answer KServe v2 requests with the task's output name and shape; the
-router in front reads, counts and logs a multiclass version's answers.
+router in front reads, counts and logs a multiclass version's answers, and
+answers the fraud model's entity requests from Feast's Redis online store
+(Debian's redis-server, launched as the local platform launches it).
 Local backend; no control plane."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +22,19 @@ from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import BatchingPlan, write_repository
 from kubeloop import processes
+from kubeloop.dev import onlinestore
+from kubeloop.serving.base import triton_name
 from kubeloop.serving.repository import fetch_version, write_config
+from kubeloop.serving.routes import signature_fields
 from kubeloop.serving.runtime import TritonRuntime
+from tests.support.entities import (answered_as_the_offline_vectors, entity_request, missing_count,
+                                    recent_with_offline_vectors)
 from tests.support.waiting import wait_for
 
 N_INPUTS = 6
 FETCHED = "fetched-multiclass"
+FRAUD = "fraud-on-redis"
+UNKNOWN_CARD = 10**9
 PLAN = BatchingPlan(max_batch_size=16, preferred_batch_sizes=(8,), max_queue_delay_us=200, instances=1,
                     kind="KIND_CPU", why="test")
 # Triton model name -> (signature, batching plan); multiclass also without a
@@ -94,22 +105,8 @@ def triton(exported, tmp_path_factory):
         write_repository(repository, name, onnx[name], signature, plan, "python")
     write_config(repository, fetch_version(tracking, FETCHED, version, repository), [version])
     models = {**models, FETCHED: models["multiclass"]}
-    ports = [processes.free_port() for _ in range(3)]
-    argv = [a for a in runtime.argv(repository, *ports) if a != "--model-control-mode=explicit"]
-    server = processes.start("tritonserver", [*argv, "--model-control-mode=none"], root / "logs", env=runtime.env())
-    url = f"http://127.0.0.1:{ports[0]}"
-
-    def ready() -> bool:
-        if not server.running():
-            raise AssertionError(f"tritonserver exited:\n{processes.log_tail(server.log)}")
-        try:
-            return all(requests.get(f"{url}/v2/models/{m}/ready", timeout=2).status_code == 200
-                       for m in (*MODELS, FETCHED))
-        except requests.RequestException:
-            return False
-
+    server, url = _start_triton(runtime, repository, [*MODELS, FETCHED], root)
     try:
-        wait_for(ready, timeout=120, interval=0.3, what="tritonserver with every task's model ready")
         yield url, models, version
     finally:
         processes.stop(server)
@@ -186,7 +183,7 @@ def test_the_router_in_front_of_triton_counts_and_logs_class_probabilities(trito
 
     url, models, version = triton
     signature = MODELS["multiclass"][0]
-    router, base = _start_router(url, version, tmp_path)
+    router, base = _start_router(_multiclass_routes(url, version, tmp_path), tmp_path)
     try:
         rows = np.random.default_rng(11).normal(0, 2, (8, N_INPUTS)).astype(np.float32)
         body = {"inputs": [{"name": "features", "shape": [8, N_INPUTS], "datatype": "FP32", "data": rows.tolist()}]}
@@ -235,7 +232,7 @@ def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_row
             alone = call(-1, requests_rows[0], outputs=[{"name": "probabilities"}])
             return await asyncio.gather(alone, *(call(k, rows) for k, rows in enumerate(requests_rows)))
 
-    router, base = _start_router(url, version, tmp_path)
+    router, base = _start_router(_multiclass_routes(url, version, tmp_path), tmp_path)
     try:
         answers = asyncio.run(call_all(base))
         metrics = requests.get(f"{base}/metrics", timeout=5).text
@@ -256,29 +253,175 @@ def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_row
     assert calls["kubeloop_triton_call_requests_count"] < 97
 
 
-def _start_router(url: str, version: str, tmp_path: Path):  # noqa: ANN202 - the router's process and its URL
-    """The router process as the local backend starts it, its config carrying
-    the multiclass version's signature."""
-    import json
-    import sys
-
-    from kubeloop.serving.routes import signature_fields
-
+@pytest.fixture
+def redis_address(tmp_path_factory):
+    """Debian's redis-server on 127.0.0.1 only, launched with the argv the
+    local platform launches it with (kubeloop.dev.onlinestore); its host:port."""
+    root = tmp_path_factory.mktemp("redis")
     port = processes.free_port()
-    config = tmp_path / "router.json"
-    config.write_text(json.dumps({
-        "service": "ml/faults", "model": FETCHED, "triton_model": FETCHED, "triton_url": url,
-        "routes": [{"role": "primary", "version": version, "percent": 100}], "request_log": str(tmp_path / "log"),
-        "sample_rate": 1.0, **signature_fields(MODELS["multiclass"][0])}))
-    router = processes.start("router", [sys.executable, "-m", "kubeloop.front.router", "--config", str(config),
-                                        "--port", str(port)], tmp_path / "logs")
+    server = processes.start("redis", onlinestore.build_redis_argv(onlinestore.redis_binary(), port, root,
+                                                                   "127.0.0.1"), root / "logs")
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _running(server) and onlinestore.answering(address), timeout=30, interval=0.05,
+                 what="redis-server answering PING")
+        yield address
+    finally:
+        processes.stop(server)
+
+
+@pytest.fixture
+def fraud_on_redis(redis_address, tmp_path_factory):
+    """A feature repository whose data ends today, materialised into Redis
+    and nowhere else; the example's fraud model trained on it, registered in
+    a real MLflow (sqlite) and fetched into a tritonserver as the local
+    backend fetches it. Yields Triton's URL, the repository, the version,
+    its signature and what its entity requests read (the router config's
+    "features" entry)."""
+    import redis
+    from mlflow import MlflowClient
+
+    from kubeloop.featurestore.generate import Scenario, default_start
+    from kubeloop.featurestore.store import create_repository, materialize
+    from kubeloop.front.features import FeatureSpec
+    from kubeloop.registry.tags import FEATURE_STORE
+    from tests.support.models import register_fraud_model
+
+    root = tmp_path_factory.mktemp("fraud")
+    repo = create_repository(root / "repo", Scenario(start=default_start(21), days=21, seed=5),
+                             redis_address=redis_address)
+    materialize(repo)
+    host, port = redis_address.rsplit(":", 1)
+    with redis.Redis(host=host, port=int(port)) as client:
+        assert client.dbsize() > 1000
+    assert not (repo / "data" / "online.db").exists()
+    tracking = f"sqlite:///{root / 'mlflow.db'}"
+    repository = root / "repository"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # the sqlite store keeps artifacts under ./mlruns
+        version = register_fraud_model(tracking, FRAUD, repo, root / "train")
+        write_config(repository, fetch_version(tracking, FRAUD, version, repository), [version])
+    tags = MlflowClient(tracking).get_model_version(FRAUD, version).tags
+    signature = ModelSignature.from_tags(tags)
+    spec = FeatureSpec.of(signature, tags[FEATURE_STORE])
+    assert spec is not None and set(spec.inputs) == {"card_id", "merchant_id", "amount", "hour", "channel"}
+    server, url = _start_triton(TritonRuntime.discover(), repository, [triton_name(FRAUD)], root)
+    try:
+        yield url, repo, version, signature, {version: spec.to_dict()}
+    finally:
+        processes.stop(server)
+
+
+def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_cards_follow_the_policy(
+        fraud_on_redis, redis_address, tmp_path):
+    """Component (no platform), Feast's Redis online store: the router
+    process as the local backend starts it, in front of the real tritonserver
+    serving the fraud model, answers requests that carry only the raw
+    transaction (card, merchant, amount, hour, channel) by reading the rest
+    from Redis, the only place the values live: the probabilities the
+    raw-vector requests built from the offline store's point-in-time vectors
+    get, and the vectors it logs are those. An unknown card follows the
+    policy: default (answered, counted by view), then reject (422 naming the
+    card). Redis emptied, known cards are refused too: the answers came from
+    it. (The local backend's e2e test proves the same on sqlite, with gRPC
+    and the skew check.)"""
+    import redis
+
+    from kubeloop.requestlog import request_records
+
+    url, repo, version, signature, features = fraud_on_redis
+    sent, vectors = recent_with_offline_vectors(repo, signature)
+    assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
+    config = _routes(url, FRAUD, version, signature, tmp_path, features=features, missing="default")
+    router, base = _start_router(config, tmp_path)
+
+    def infer(body: dict) -> requests.Response:
+        return requests.post(f"{base}/v2/models/{FRAUD}/infer", json=body, timeout=30)
+
+    try:
+        answered_as_the_offline_vectors(infer, sent, vectors)
+        logged = wait_for(lambda: [r for r in request_records(tmp_path / "log") if r.get("request")]
+                          if (tmp_path / "log").exists() else [], timeout=15, what="the entity request logged")
+        assert logged[0]["request"]["card_id"] == sent["card_id"].tolist()
+        assert np.allclose(np.array(logged[0]["features"], dtype=np.float32), vectors, rtol=1e-6)
+
+        # An unknown card, policy default: answered with the training default
+        # in place of its card views' features, and counted by view.
+        stranger = sent.iloc[:1].assign(card_id=UNKNOWN_CARD)
+        answered = infer(entity_request(stranger))
+        assert answered.status_code == 200, answered.text
+        assert missing_count(base, "card_activity", "default") == 1
+        assert missing_count(base, "card_profile", "default") == 1
+        assert missing_count(base, "merchant_risk", "default") == 0
+
+        # Policy reject (the config rewritten, as the backend rewrites it):
+        # 422 naming the card; known cards are still answered.
+        (tmp_path / "router.json").write_text(json.dumps({**config, "missing": "reject"}))
+        # (A Response is falsy when its status is 4xx: wait for its text.)
+        rejected = wait_for(lambda: (r := infer(entity_request(stranger))).status_code == 422 and r.text,
+                            timeout=30, interval=0.2, what="the reject policy in force")
+        assert f"card_id={UNKNOWN_CARD} is not in the online store" in json.loads(rejected)["error"]
+        assert missing_count(base, "card_activity", "reject") >= 1
+        assert infer(entity_request(sent)).status_code == 200
+
+        host, port = redis_address.rsplit(":", 1)
+        with redis.Redis(host=host, port=int(port)) as client:
+            client.flushall()
+        emptied = infer(entity_request(sent.iloc[:1]))
+        assert emptied.status_code == 422, emptied.text
+        assert f"card_id={sent['card_id'].iloc[0]} is not in the online store" in emptied.json()["error"]
+    finally:
+        processes.stop(router)
+
+
+def _multiclass_routes(url: str, version: str, tmp_path: Path) -> dict:
+    """The router's config as the local backend writes it for the fetched
+    multiclass version, its request log in tmp_path/log."""
+    return _routes(url, FETCHED, version, MODELS["multiclass"][0], tmp_path)
+
+
+def _routes(url: str, model: str, version: str, signature: ModelSignature, tmp_path: Path, **extra) -> dict:
+    return {"service": "ml/faults", "model": model, "triton_model": triton_name(model), "triton_url": url,
+            "routes": [{"role": "primary", "version": version, "percent": 100}],
+            "request_log": str(tmp_path / "log"), "sample_rate": 1.0, **signature_fields(signature), **extra}
+
+
+def _start_router(config: dict, tmp_path: Path):  # noqa: ANN202 - the router's process and its URL
+    """The router process as the local backend starts it, reading its config
+    from tmp_path/router.json (rewritten, it is read again)."""
+    port = processes.free_port()
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    router = processes.start("router", [sys.executable, "-m", "kubeloop.front.router", "--config",
+                                        str(tmp_path / "router.json"), "--port", str(port)], tmp_path / "logs")
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _ok(f"{base}/v2/health/ready"), timeout=30, what="the router ready")
+        wait_for(lambda: _running(router) and _ok(f"{base}/v2/health/ready"), timeout=60, what="the router ready")
     except BaseException:
         processes.stop(router)
         raise
     return router, base
+
+
+def _start_triton(runtime: TritonRuntime, repository: Path, models: list[str], root: Path):  # noqa: ANN202
+    """tritonserver over repository, every model loaded at start; its
+    process and HTTP URL once each of models is ready."""
+    ports = [processes.free_port() for _ in range(3)]
+    argv = [a for a in runtime.argv(repository, *ports) if a != "--model-control-mode=explicit"]
+    server = processes.start("tritonserver", [*argv, "--model-control-mode=none"], root / "logs", env=runtime.env())
+    url = f"http://127.0.0.1:{ports[0]}"
+    try:
+        wait_for(lambda: _running(server) and all(_ok(f"{url}/v2/models/{m}/ready") for m in models),
+                 timeout=120, interval=0.3, what=f"tritonserver with {', '.join(models)} ready")
+    except BaseException:
+        processes.stop(server)
+        raise
+    return server, url
+
+
+def _running(process: processes.ProcessRecord) -> bool:
+    if not process.running():
+        raise AssertionError(f"{process.name} exited:\n{processes.log_tail(process.log)}")
+    return True
 
 
 def _ok(url: str) -> bool:

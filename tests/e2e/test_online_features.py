@@ -7,8 +7,9 @@ card follows the stated policy (training default or 422), counted by view;
 the skew check finds the logged vectors equal to the offline store's.
 
 Backend: local (real tritonserver, router, Feast file offline store, MLflow),
-once with Feast's sqlite online store and once with Redis (Debian's
-redis-server, started by the local platform)."""
+with Feast's sqlite online store. The same with Redis as the online store is
+a component test (tests/components/test_serving_tasks.py): the router and
+tritonserver as the local backend starts them, without the platform."""
 
 from __future__ import annotations
 
@@ -18,11 +19,9 @@ import sys
 
 import numpy as np
 import pytest
-import redis
 import requests
 import tritonclient.grpc as grpcclient
 from mlflow import MlflowClient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import triton_to_np_dtype
 
 from kubeloop.api.constants import API_VERSION
@@ -30,7 +29,8 @@ from kubeloop.api.signature import ModelSignature
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import create_repository
 from kubeloop.requestlog import request_records
-from tests.support.entities import SENT, entity_request, raw_request, recent_with_offline_vectors
+from tests.support.entities import (SENT, answered_as_the_offline_vectors, entity_request, missing_count,
+                                    recent_with_offline_vectors)
 from tests.support.models import register_fraud_model
 from tests.support.waiting import wait_for
 
@@ -54,30 +54,16 @@ def grpc_infer(address: str, model: str, body: dict) -> np.ndarray:
     return result.as_numpy(result.get_response().outputs[0].name)
 
 
-def missing_count(url: str, view: str, policy: str) -> float:
-    text = requests.get(f"{url}/metrics", timeout=5).text
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "kubeloop_online_features_missing"
-               for s in f.samples if s.name.endswith("_total") and s.labels["view"] == view
-               and s.labels["reason"] == "missing" and s.labels["policy"] == policy)
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def fraud(request, platform, namespace, tmp_path):
-    """A feature repository whose data ends today, its online store sqlite
-    or the platform's Redis, materialised with the `kubeloop features
-    materialize` command, and the example's fraud model trained on it and
-    registered as champion."""
+@pytest.fixture
+def fraud(platform, namespace, tmp_path):
+    """A feature repository whose data ends today, its online store sqlite,
+    materialised with the `kubeloop features materialize` command, and the
+    example's fraud model trained on it and registered as champion."""
     uri = platform.env()["MLFLOW_TRACKING_URI"]
-    redis_address = platform.start_redis() if request.param == "redis" else ""
-    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5),
-                             redis_address=redis_address)
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(21), days=21, seed=5))
     subprocess.run([sys.executable, "-m", "kubeloop.cli", "features", "materialize", "--repo", str(repo)],
                    check=True, timeout=300)
-    if redis_address:  # the values live in Redis, and nowhere else
-        host, port = redis_address.rsplit(":", 1)
-        with redis.Redis(host=host, port=int(port)) as client:
-            assert client.dbsize() > 1000
-        assert not (repo / "data" / "online.db").exists()
+    assert (repo / "data" / "online.db").exists()
     model = f"{namespace}-fraud"
     version = register_fraud_model(uri, model, repo, tmp_path / "train")
     MlflowClient(uri).set_registered_model_alias(model, "champion", version)
@@ -107,14 +93,7 @@ def test_entity_requests_answer_as_the_offline_vector_and_unknown_cards_follow_t
     sent, vectors = recent_with_offline_vectors(repo, signature)
     assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
 
-    by_entities = infer(url, model, entity_request(sent))
-    by_vector = infer(url, model, raw_request(vectors))
-    assert by_entities.status_code == 200, by_entities.text
-    assert by_vector.status_code == 200, by_vector.text
-    served = np.array(by_entities.json()["outputs"][0]["data"], dtype=np.float64).ravel()
-    expected = np.array(by_vector.json()["outputs"][0]["data"], dtype=np.float64).ravel()
-    assert len(served) == len(sent) and len(set(np.round(served, 6))) > 1
-    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+    expected = answered_as_the_offline_vectors(lambda body: infer(url, model, body), sent, vectors)
     one = infer(url, model, entity_request(sent.iloc[:1]))
     assert one.json()["outputs"][0]["data"][0] == pytest.approx(expected[0], rel=1e-5, abs=1e-6)
     # The same entity request over gRPC (raw tensors, the channel as BYTES): the same answers.
