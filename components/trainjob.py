@@ -96,13 +96,19 @@ def _replicated_job(name: str, ancestor: str, container: dict, image: str, volum
                                        "spec": {**job, "template": {"spec": pod}}}}
 
 
+# A failed Pod's last log lines become its termination message, which the
+# run's failure repeats (a traceback's last line says why).
+LAST_WORDS = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+
+
 def build_training_runtime(image: str) -> dict:
     """kubeloop's ClusterTrainingRuntime: the dataset initializer, then the torch nodes."""
     initializer = _replicated_job(INITIALIZER, INITIALIZER, {
         "name": INITIALIZER, "command": list(INITIALIZER_ENTRY), "resources": INITIALIZER_RESOURCES,
-        "env": [{"name": "TMPDIR", "value": SCRATCH["mountPath"]}], "volumeMounts": [SCRATCH]}, image,
+        "env": [{"name": "TMPDIR", "value": SCRATCH["mountPath"]}], "volumeMounts": [SCRATCH], **LAST_WORDS}, image,
         volumes=[{"name": SCRATCH["name"], "emptyDir": {}}], backoffLimit=1)
-    node = _replicated_job("node", "trainer", {"name": "node", "command": list(ENTRY_POINT)}, image, backoffLimit=0)
+    node = _replicated_job("node", "trainer", {"name": "node", "command": list(ENTRY_POINT), **LAST_WORDS}, image,
+                           backoffLimit=0)
     node["dependsOn"] = [{"name": INITIALIZER, "status": "Complete"}]
     return {"apiVersion": TRAINER_API_VERSION, "kind": "ClusterTrainingRuntime",
             "metadata": {"name": TRAINING_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},

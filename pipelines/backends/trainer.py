@@ -71,11 +71,11 @@ class TrainerBackend(PipelineBackend):
             if kind == "Job":
                 finished, error = jobs.finished(obj), jobs.failure(obj)
                 progress = _pod_progress(obj) or self._waiting(namespace, kind, name, "no Pod started yet")
-                if error:
-                    error = f"{error}{self._last_words(namespace, name)}"
             else:
                 finished, error = trainjob_finished(obj)
                 progress = _progress(obj) or self._waiting(namespace, kind, name, "no Job started yet")
+            if error:
+                error = f"{error}{self._last_words(namespace, kind, name)}"
         except KubeError as exc:
             raise _unavailable(exc, run_id) from exc
         if finished and error:
@@ -99,10 +99,12 @@ class TrainerBackend(PipelineBackend):
         latest = max(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return f"{nothing_yet}: {latest.get('reason')}: {latest.get('message')}"
 
-    def _last_words(self, namespace: str, name: str) -> str:
-        """The last line the Job's latest failed Pod logged (its termination message)."""
-        said = _last_line(jobs.termination_message(
-            self.kube.list("v1", "Pod", namespace, label_selector=f"job-name={name}")) or "")
+    def _last_words(self, namespace: str, kind: str, name: str) -> str:
+        """The last line the run's latest Pod that left a termination message
+        logged (a Job's, or any of a TrainJob's JobSet)."""
+        selector = f"job-name={name}" if kind == "Job" else f"jobset.sigs.k8s.io/jobset-name={name}"
+        said = _last_line(jobs.termination_message(self.kube.list("v1", "Pod", namespace, label_selector=selector))
+                          or "")
         return f"; the Pod said: {said}" if said else ""
 
     def cancel(self, run_id: str) -> None:

@@ -20,7 +20,7 @@ from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.job import ENV, main
 from kubeloop.featurestore.store import StoreLocation, create_repository, open_store
 from tests.components.test_objectstore import seaweed  # noqa: F401 - the fixture
-from tests.support.published import publish_sources
+from kubeloop.featurestore.publish import publish_sources
 
 
 def test_the_job_materialises_a_store_whose_registry_and_sources_lie_in_object_storage(

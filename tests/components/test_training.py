@@ -170,7 +170,7 @@ def test_the_trainer_backends_pods_prepare_train_register_once_and_optimise(
     from kubeloop.featurestore.generate import Scenario, default_start
     from kubeloop.featurestore.store import create_repository
     from kubeloop.registry import tags
-    from tests.support.published import publish_sources
+    from kubeloop.featurestore.publish import publish_sources
 
     for name, value in objectstore.env(seaweed.endpoint, seaweed.credentials).items():
         monkeypatch.setenv(name, value)

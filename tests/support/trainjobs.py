@@ -122,7 +122,7 @@ class TrainerCluster:
         from kubeloop.dev.images import PYTHON_IMAGES, python_image
         from kubeloop.featurestore.generate import Scenario, default_start
         from kubeloop.featurestore.store import create_repository
-        from tests.support.published import publish_sources
+        from kubeloop.featurestore.publish import publish_sources
 
         self.kube, self.namespace, self.env = kube, namespace, platform.env()
         image = python_image(PYTHON_IMAGES["training"], [sys.executable, "-m", "pip"])
@@ -156,15 +156,8 @@ class TrainerCluster:
                          "hyperparameters": {"epochs": epochs, "batchSize": batch, "learningRate": 0.003},
                          "evaluation": {"threshold": 0.2}}}
 
-    def optimizedmodel(self, name: str, source: str, version: str) -> dict:
-        """Two CPU techniques on the version, measured in the trainer backend's Job."""
-        return {"apiVersion": API_VERSION, "kind": "OptimizedModel", "metadata": {"name": name, "namespace": self.namespace},
-                "spec": {"source": {"name": source, "version": version}, "target": {"device": "cpu"},
-                         "techniques": ["onnx", "dynamic-int8"], "batchSizes": [1, 32],
-                         "accuracyBudget": {"maxDrop": 0.02}, "backend": "trainer"}}
-
-    def status(self, name: str, kind: str = "TrainingJob") -> dict:
-        return (self.kube.get(API_VERSION, kind, name, self.namespace) or {}).get("status") or {}
+    def status(self, name: str) -> dict:
+        return (self.kube.get(API_VERSION, "TrainingJob", name, self.namespace) or {}).get("status") or {}
 
     def trainjobs(self) -> list[dict]:
         return self.kube.list(TRAINER_API_VERSION, "TrainJob", self.namespace)
@@ -172,11 +165,10 @@ class TrainerCluster:
     def pods(self, trainjob: str) -> list[dict]:
         return self.kube.list("v1", "Pod", self.namespace, f"jobset.sigs.k8s.io/jobset-name={trainjob}")
 
-    def finished(self, name: str, timeout: float = 1200, kind: str = "TrainingJob") -> dict:
-        return wait_for(lambda: self.status(name, kind).get("phase") in ("Succeeded", "Failed")
-                        and self.status(name, kind),
-                        timeout=timeout, interval=1, what=f"{kind} {name} finished",
-                        seen=lambda: f"{self.status(name, kind).get('conditions')} "
+    def finished(self, name: str, timeout: float = 1200) -> dict:
+        return wait_for(lambda: self.status(name).get("phase") in ("Succeeded", "Failed") and self.status(name),
+                        timeout=timeout, interval=1, what=f"TrainingJob {name} finished",
+                        seen=lambda: f"{self.status(name).get('conditions')} "
                                      f"{[t['metadata']['name'] for t in self.trainjobs()]}")
 
     def versions(self, name: str) -> list:
@@ -187,8 +179,7 @@ class TrainerCluster:
 
     def close(self) -> None:
         try:
-            for kind in ("OptimizedModel", "TrainingJob"):
-                for obj in self.kube.list(API_VERSION, kind, self.namespace):
-                    self.kube.delete(API_VERSION, kind, obj["metadata"]["name"], self.namespace)
+            for obj in self.kube.list(API_VERSION, "TrainingJob", self.namespace):
+                self.kube.delete(API_VERSION, "TrainingJob", obj["metadata"]["name"], self.namespace)
         finally:
             self.operator.stop()

@@ -5,21 +5,27 @@ from __future__ import annotations
 
 from kubeloop.cli.demo import load_examples
 from kubeloop.paths import repo_root
-from kubeloop.story.cluster import SERVING_RESOURCES, Endpoints, on_the_real_node
+from kubeloop.api.training import TrainingJobSpec
+from kubeloop.story.cluster import SERVING_RESOURCES, STORE_CONFIG_MAP, Endpoints, on_the_real_node
 from kubeloop.story.loop import Timings, prepare
 from tests.unit.fakes import FakeObjects
 
 
-def test_the_example_service_is_served_on_cpu_with_a_small_request_on_the_real_node():
+def test_on_the_real_node_the_service_is_served_on_cpu_and_training_reads_the_published_store_on_two_nodes():
     docs = prepare(load_examples(repo_root() / "examples"), "ns", "m", Timings())
     service = next(d for d in docs if d["kind"] == "InferenceService")
     assert "gpu" in service["spec"]
     assert service["spec"]["features"]["materializeEvery"] == Timings().materialize_every
-    moved = next(d for d in on_the_real_node(docs) if d["kind"] == "InferenceService")
-    assert "gpu" not in moved["spec"] and moved["spec"]["resources"] == SERVING_RESOURCES
-    # Its store is a folder on this machine, which router Pods cannot open: callers send vectors there.
-    assert "features" not in moved["spec"]
-    assert "gpu" in service["spec"] and "features" in service["spec"]  # the input is left as it was
+    moved = {d["kind"]: d["spec"] for d in on_the_real_node(docs)}
+    served = moved["InferenceService"]
+    assert "gpu" not in served and served["resources"] == SERVING_RESOURCES
+    # Callers send entity requests: the front reads the published store's online values.
+    assert served["features"] == service["spec"]["features"]
+    for spec in (moved["TrainingJob"], served["retraining"]["template"]):
+        assert spec["features"]["store"] == {"configMap": {"name": STORE_CONFIG_MAP}}
+        assert spec["distributed"] == {"nodes": 2} and spec["resources"]["cpu"] == "500m"
+        TrainingJobSpec.model_validate(spec)  # still a TrainingJob the API accepts
+    assert "gpu" in service["spec"] and "store" not in service["spec"]["retraining"]["template"]["features"]
 
 
 def _slice(name: str, ready: bool, address: str) -> dict:

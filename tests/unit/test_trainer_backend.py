@@ -57,6 +57,7 @@ def test_the_runtime_runs_the_dataset_initializer_before_the_nodes_restricted():
         pod = job["template"]["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] and pod["automountServiceAccountToken"] is False
         assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert pod["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the run says why
 
 
 def test_a_lost_node_restarts_every_job_but_bad_data_fails_the_run():
@@ -168,13 +169,27 @@ def test_a_trainjob_that_completed_without_registering_is_a_failure():
     assert trainer.status(run.run_id).phase == "Failed" and "registered no version" in trainer.status(run.run_id).error
 
 
-def test_a_failed_trainjob_says_trainers_reason():
+def test_a_failed_trainjob_says_trainers_reason_and_what_its_failed_pod_said_last():
     trainer, objects = backend()
     run = trainer.submit(request())
-    objects.set_status("TrainJob", *run.run_id.split("/"), conditions=[
+    namespace, name = run.run_id.split("/")
+    failed_pod(objects, namespace, f"{name}-init", {"jobset.sigs.k8s.io/jobset-name": name}, 0,
+               "Traceback ...\nFeastModuleImportError: Could not import module 'feast.infra.online_stores.redis'\n")
+    failed_pod(objects, namespace, "other-init", {"jobset.sigs.k8s.io/jobset-name": "other"}, 1, "not this run's")
+    objects.set_status("TrainJob", namespace, name, conditions=[
         {"type": "Failed", "status": "True", "message": "jobset failed: dataset-initializer backoff limit"}])
     failed = trainer.status(run.run_id)
     assert failed.phase == "Failed" and "dataset-initializer backoff limit" in failed.error
+    assert failed.error.endswith("the Pod said: FeastModuleImportError: Could not import module "
+                                 "'feast.infra.online_stores.redis'")
+
+
+def failed_pod(objects: FakeObjects, namespace: str, name: str, labels: dict, n: int, said: str) -> None:
+    """A Pod whose container ended with said as its termination message, n seconds into the minute."""
+    objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": name, "namespace": namespace, "labels": labels, "creationTimestamp": f"2026-11-28T10:00:0{n}Z"},
+        "status": {"containerStatuses": [{"state": {"terminated": {
+            "exitCode": 1, "message": said, "finishedAt": f"2026-11-28T10:01:0{n}Z"}}}]}})
 
 
 def test_cancel_deletes_the_trainjob_and_the_run_is_gone():
@@ -253,11 +268,7 @@ def test_a_failed_optimisation_job_repeats_what_its_pod_said_last():
     namespace, name = run.run_id.split("/")
     for n, said in enumerate(("Traceback ...\nValueError: first attempt", "Traceback ...\nValueError: fraud version 3 "
                               "has no exported/state.pt: it is not a network kubeloop trained\n")):
-        objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{name}-{n}", "namespace": namespace, "labels": {"job-name": name},
-            "creationTimestamp": f"2026-11-28T10:00:0{n}Z"},
-            "status": {"containerStatuses": [{"state": {"terminated": {
-                "exitCode": 1, "message": said, "finishedAt": f"2026-11-28T10:01:0{n}Z"}}}]}})
+        failed_pod(objects, namespace, f"{name}-{n}", {"job-name": name}, n, said)
     objects.set_status("Job", namespace, name, failed=2, conditions=[
         {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
          "specified backoff limit"}])

@@ -8,6 +8,7 @@ at the first that did not.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from enum import Enum
@@ -81,33 +82,34 @@ def demo(
              lambda: _fresh_platform(platform))
         _log_to(platform.logs / "demo.log")
         env = platform.env()
-        repo = Path(env["KUBELOOP_FEAST_REPO"])
-        settings = operator_env(env, repo, platform.dir / "operator")
+        repo, reach, publish, cluster_settings = Path(env["KUBELOOP_FEAST_REPO"]), None, None, {}
+        if cluster:
+            from kubeloop.featurestore.publish import upload_sources
+            from kubeloop.story.cluster import Endpoints, client_env
+
+            os.environ.update(client_env(env))  # this process writes the published store and uploads the drift
+            path = _cluster_path(platform, namespace, show)
+            repo, reach, cluster_settings = path.repo, Endpoints(platform.kube()), path.settings
+            publish = lambda: upload_sources(path.repo, path.sources)  # noqa: E731
+        settings = {**operator_env(env, repo, platform.dir / "operator"), **cluster_settings}
         timings = Timings()
         docs = prepare(load_examples(repo_root() / "examples"), namespace, MODEL, timings)
-        reach = None
         if cluster:
-            from kubeloop.story.cluster import Endpoints, on_the_real_node, prepare_cluster
+            from kubeloop.story.cluster import on_the_real_node
 
-            cluster_env: dict[str, str] = {}
-            show("the cluster path: KServe's controller and kubeloop's images on the real node",
-                 lambda: _cluster(platform, namespace, cluster_env, prepare_cluster))
-            settings.update(cluster_env)
-            docs, reach = on_the_real_node(docs), Endpoints(platform.kube())
+            docs = on_the_real_node(docs)
         show("the kubeloop operator", lambda: _start_operator(platform, settings))
         fail_fast()
-        # The cluster flavour's store is a repository folder on this machine, which Pods cannot open: its
-        # callers send feature vectors.
         if story is Story.outcomes:
             from kubeloop.story.outcomes import OutcomeLoop, outcome_docs
 
             labels = platform.dir / "labels" / namespace
             loop = OutcomeLoop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env,
                                outcome_docs(docs, labels, OutcomeLoop.outcome_timings), repo, scale=scale,
-                               reach=reach, labels_dir=labels)
+                               reach=reach, publish=publish, labels_dir=labels)
         else:
             loop = Loop(platform.kube(), MlflowRegistry(env["MLFLOW_TRACKING_URI"]), env, docs, repo, scale=scale,
-                        reach=reach, entities=not cluster)
+                        reach=reach, entities=True, publish=publish)
         console.print(f"  [dim]demo timings: drift checked every {timings.schedule} over the last {timings.window}; "
                       f"canary for {timings.canary_duration}[/dim]")
         for title, step in loop.steps():
@@ -132,10 +134,22 @@ def _log_to(path: Path) -> None:
     logging.captureWarnings(True)
 
 
-def _cluster(platform: Platform, namespace: str, env: dict[str, str], prepare) -> str:  # noqa: ANN001
-    env.update(prepare(platform, namespace))
-    return (f"KServe v0.20 in namespace kserve; serving backend kserve with the front "
-            f"({env['KUBELOOP_ROUTER_IMAGE']}) and Triton ({env['KUBELOOP_TRITON_IMAGE']}); drift checks as Jobs")
+def _cluster_path(platform: Platform, namespace: str, show):  # noqa: ANN001, ANN202 - a hop printer; a ClusterPath
+    from kubeloop.story.cluster import prepare_cluster
+
+    found = []
+
+    def prepared() -> str:
+        found.append(prepare_cluster(platform, namespace, platform.dir / "published-store"))
+        settings = found[0].settings
+        return (f"KServe v0.20 in namespace kserve, Kubeflow Trainer and JobSet; training on "
+                f"{settings['KUBELOOP_TRAINING_IMAGE']}, the front on {settings['KUBELOOP_ROUTER_IMAGE']}, Triton on "
+                f"{settings['KUBELOOP_TRITON_IMAGE']}; the store published to {found[0].sources} with its online "
+                "store in Redis; drift checks and materialisation as Jobs")
+
+    show("the cluster path: KServe, Kubeflow Trainer, kubeloop's images and the published store on the real node",
+         prepared)
+    return found[0]
 
 
 def _fresh_platform(platform: Platform) -> str:

@@ -1,10 +1,14 @@
 """The loop's cluster flavour (`kubeloop demo --cluster`): the same hops,
-with the InferenceService served the way a cluster serves it. KServe's
-controller (on the real node) runs one predictor per version from
-kubeloop's Triton image, kubeloop's serving front (the runtime image) splits
-and logs requests to the object store, and drift checks run as Jobs that
-read that log. Training and optimisation stay on the local pipeline backend
-(a Kubeflow run cannot execute here).
+with nothing of the loop in the operator's process. The story's feature store
+is published (registry and sources in the object store, online store in
+Redis on the node's address; feature_store.yaml in the ConfigMap
+feast-client), so Pods open it. Each TrainingJob becomes a Kubeflow Trainer
+TrainJob whose dataset initializer joins the features and whose node Pods
+train; each OptimizedModel a Job; the online store is materialised by Jobs;
+KServe's controller (on the real node) runs one predictor per version from
+kubeloop's Triton image, kubeloop's serving front (the runtime image) reads
+the callers' features online, splits and logs requests to the object store,
+and drift checks run as Jobs that read that log.
 
 The real node has no GPU, so the example InferenceService is served on CPU
 with a small request (the node has two cores for every Pod of the story).
@@ -17,56 +21,109 @@ from __future__ import annotations
 
 import copy
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from kubeloop.dev import kserve
+from kubeloop.dev import kserve, trainer
 from kubeloop.dev.images import PYTHON_IMAGES, python_image
+from kubeloop.dev.objectstore import FEAST_BUCKET
 
 OBJECT_STORE_SECRET = "kubeloop-object-store"
+STORE_CONFIG_MAP = "feast-client"
 SERVING_RESOURCES = {"cpu": "250m", "memory": "1Gi"}
+# Two nodes of half a core each: with the served versions, the front and the
+# monitoring Jobs, what the node's two cores hold.
+TRAINING = {"distributed": {"nodes": 2}, "resources": {"cpu": "500m", "memory": "1536Mi"}}
+CLIENT_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
+               "FEAST_S3_ENDPOINT_URL")
 
 
-def prepare_cluster(platform, namespace: str, progress=lambda _: None) -> dict[str, str]:  # noqa: ANN001
-    """KServe and kubeloop's images on the platform's real node, the
-    namespace with the object store's credentials (a Secret the routers and
-    drift Jobs take by reference); returns the operator's settings for the
-    cluster path."""
+@dataclass(frozen=True)
+class ClusterPath:
+    settings: dict[str, str]
+    """The operator's settings for the cluster path."""
+    repo: Path
+    """The story's working copy of the published store."""
+    sources: str
+    """Where the published sources live (s3://); upload the working copy's there after changing it."""
+
+
+def client_env(platform_env: dict[str, str]) -> dict[str, str]:
+    """What a client of the published store on this machine needs in its
+    environment (the object store's endpoint and credentials)."""
+    return {k: platform_env[k] for k in CLIENT_KEYS}
+
+
+def prepare_cluster(platform, namespace: str, folder: Path, progress=lambda _: None) -> ClusterPath:  # noqa: ANN001
+    """KServe, Kubeflow Trainer and kubeloop's images on the platform's real
+    node; the namespace with the object store's credentials (a Secret that
+    routers, Jobs and training Pods take by reference) and the published
+    store's client ConfigMap; the store's working copy in folder. This
+    process must hold client_env() in its environment."""
+    from kubeloop.featurestore.generate import Scenario, default_start
+    from kubeloop.featurestore.publish import publish_sources
+    from kubeloop.featurestore.store import create_repository
+
     kserve.install(platform, progress)
     images = {}
-    for name in ("runtime", "triton"):
+    for name in ("runtime", "triton", "training"):
         progress(f"kubeloop's {name} image")
         images[name] = python_image(PYTHON_IMAGES[name], [sys.executable, "-m", "pip"])
         platform.import_image(images[name])
+    progress("Kubeflow Trainer and JobSet")
+    trainer.install(platform, images["training"].ref, progress)
     env = platform.env()
+    progress("the published feature store")
+    repo = create_repository(folder, Scenario(start=default_start(45), days=45), redis_address=platform.start_redis(),
+                             registry=f"s3://{FEAST_BUCKET}/{namespace}/registry.db")
+    sources = f"s3://{FEAST_BUCKET}/{namespace}/data"
+    publish_sources(repo, sources, env["AWS_ENDPOINT_URL_S3"])
     kube = platform.kube()
     try:
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kube.apply({"apiVersion": "v1", "kind": "Secret",
                     "metadata": {"name": OBJECT_STORE_SECRET, "namespace": namespace},
                     "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+        kube.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": STORE_CONFIG_MAP, "namespace": namespace},
+                    "data": {"feature_store.yaml": (repo / "feature_store.yaml").read_text()}})
     finally:
         kube.close()
     runtime = images["runtime"].ref
-    return {
+    return ClusterPath({
+        "KUBELOOP_PIPELINE_BACKENDS": "trainer", "KUBELOOP_PIPELINE_BACKEND": "trainer",
+        "KUBELOOP_TRAINING_IMAGE": images["training"].ref,
         "KUBELOOP_SERVING_BACKENDS": "kserve", "KUBELOOP_SERVING_BACKEND": "kserve",
         "KUBELOOP_ROUTER_IMAGE": runtime, "KUBELOOP_COMPONENTS_IMAGE": runtime,
         "KUBELOOP_TRITON_IMAGE": images["triton"].ref, "KUBELOOP_TRITON_BACKEND": "python",
-        "KUBELOOP_DRIFT_MONITOR": "kubernetes", "KUBELOOP_OBJECT_STORE_SECRET": OBJECT_STORE_SECRET,
+        "KUBELOOP_DRIFT_MONITOR": "kubernetes", "KUBELOOP_MATERIALIZER": "kubernetes",
+        # The materialisation Jobs run in the operator's namespace, beside the Secret they take.
+        "KUBELOOP_OPERATOR_NAMESPACE": namespace,
+        "KUBELOOP_OBJECT_STORE_SECRET": OBJECT_STORE_SECRET,
         "KUBELOOP_OBJECT_STORE_ENDPOINT": env["AWS_ENDPOINT_URL_S3"],
-    }
+        **client_env(env),
+    }, repo, sources)
 
 
 def on_the_real_node(docs: list[dict]) -> list[dict]:
-    """The story's objects for a CPU-only node (pure): the InferenceService
-    without a GPU request, with a small CPU request, and no online features
-    (the story's store is a repository folder on this machine, which Pods
-    cannot open: its callers send feature vectors)."""
+    """The story's objects for a CPU-only node with the published store
+    (pure): training, the retrain's too, reads the store from its ConfigMap
+    on two nodes; the InferenceService has no GPU request and a small CPU
+    one."""
+    store = {"configMap": {"name": STORE_CONFIG_MAP}}
     out = copy.deepcopy(docs)
     for doc in out:
+        spec = doc["spec"]
+        if doc["kind"] == "TrainingJob":
+            spec["features"]["store"] = store
+            spec.update(copy.deepcopy(TRAINING))
         if doc["kind"] == "InferenceService":
-            doc["spec"].pop("gpu", None)
-            doc["spec"].pop("features", None)
-            doc["spec"]["resources"] = dict(SERVING_RESOURCES)
+            spec.pop("gpu", None)
+            spec["resources"] = dict(SERVING_RESOURCES)
+            template = spec.get("retraining", {}).get("template")
+            if template:
+                template["features"]["store"] = store
+                template.update(copy.deepcopy(TRAINING))
     return out
 
 

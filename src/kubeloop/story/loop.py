@@ -119,6 +119,10 @@ class Loop:
     columns) and the serving path reads the rest from the online store,
     which the operator keeps materialised (the local demo); False: callers
     send the model's whole feature vector, built from the offline store."""
+    publish: Callable[[], object] | None = None
+    """Called after the story changes the store's working copy, to carry the
+    change where clients read it (a published store's sources); None: they
+    read the working copy."""
 
     def __post_init__(self) -> None:
         self.namespace = self.docs[0]["metadata"]["namespace"]
@@ -244,10 +248,10 @@ class Loop:
         a drifted world's, its feature snapshots computed as of now, and the
         callers' transactions move with it. Nothing is materialised here: on
         the entity path the operator's schedule loads the new snapshots."""
-        from kubeloop.featurestore.store import recent_period, write_period
+        from kubeloop.featurestore.store import recent_period
 
         scenario = recent_period(days=14, drift=1.0, seed=11)
-        counts = write_period(self.feast_repo, scenario)
+        counts = self.write_world(scenario)
         self.facts["drift_period"] = scenario
         self.traffic.use(self._requests(self.facts["serving"], scenario.start, None))
         self.facts["drift_injected_at"] = time.time()
@@ -383,6 +387,15 @@ class Loop:
             self.traffic.stop()
 
     # -- helpers -------------------------------------------------------------
+
+    def write_world(self, scenario) -> dict[str, int]:  # noqa: ANN001 - a featurestore Scenario
+        """The scenario's period written into the store's sources, where its clients read them."""
+        from kubeloop.featurestore.store import write_period
+
+        counts = write_period(self.feast_repo, scenario)
+        if self.publish:
+            self.publish()
+        return counts
 
     def traffic_rows_now(self) -> tuple:
         """The drifted requests, as the version now served takes them, and

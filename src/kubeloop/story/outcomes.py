@@ -121,11 +121,11 @@ class OutcomeLoop(Loop):
         return f"{_live_auc(self._primary(held))}; labels {held['labels']}"
 
     def change_concept(self) -> str:
-        from kubeloop.featurestore.store import recent_period, write_period
+        from kubeloop.featurestore.store import recent_period
 
         # The reference world's seed: the same cards and merchants, the same inputs' distribution.
         scenario = recent_period(days=14, drift=0.0, seed=7, concept=CONCEPT)
-        counts = write_period(self.feast_repo, scenario)
+        counts = self.write_world(scenario)
         self.facts["drift_period"] = scenario
         self.traffic.use(*self._labelled(self.facts["serving"], scenario.start.timestamp(), None))
         self.facts["drift_injected_at"] = time.time()

@@ -1,7 +1,10 @@
-"""The example feature repository with its Parquet sources in object
-storage, as a team whose store Pods can open has it: a Pod reaches the
-registry (s3://), the sources (s3://) and the online store, not the
-repository folder on this machine."""
+"""The card-transactions example's repository published as Pods open a
+team's store: its registry (s3://, where its feature_store.yaml says), its
+Parquet sources (s3://) and its online store (Redis on an address Pods
+reach). A Pod never sees the repository folder on this machine, so
+`kubeloop demo --cluster` and the cluster tests train, materialise and serve
+from the published copy; the folder stays the story's working copy (drift is
+written there, then uploaded again)."""
 
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ from pathlib import Path
 
 def upload_sources(repo: Path, url: str) -> list[str]:
     """Copy the repository's Parquet sources (data/<name>.parquet) below the
-    s3:// prefix url; the keys written."""
+    s3:// prefix url; the keys written. The endpoint and credentials are the
+    AWS SDK's own (AWS_* in the environment)."""
     import boto3
 
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    s3 = boto3.client("s3")  # endpoint and credentials from AWS_* in the environment
+    s3 = boto3.client("s3")
     keys = []
     for path in sorted((repo / "data").glob("*.parquet")):
         keys.append(f"{prefix}/{path.name}")
@@ -27,8 +31,8 @@ def publish_sources(repo: Path, url: str, endpoint: str) -> None:
     """Upload the sources below url and register the example's feature views
     and its labelled rows (the transactions source training joins onto)
     reading them there (FileSource on s3:// with the object store's
-    endpoint); the repository's registry is where its feature_store.yaml
-    says (an s3:// registry, for a published store)."""
+    endpoint) in the repository's registry (an s3:// one, for a published
+    store)."""
     from feast import FileSource
 
     from kubeloop.featurestore import definitions
