@@ -76,6 +76,8 @@ class TrainerBackend(PipelineBackend):
                 progress = _progress(obj) or self._waiting(namespace, kind, name, "no Job started yet")
             if error:
                 error = f"{error}{self._last_words(namespace, kind, name)}"
+            elif not finished:
+                progress += self._unplaced(namespace, kind, name)
         except KubeError as exc:
             raise _unavailable(exc, run_id) from exc
         if finished and error:
@@ -102,10 +104,22 @@ class TrainerBackend(PipelineBackend):
     def _last_words(self, namespace: str, kind: str, name: str) -> str:
         """The last line the run's latest Pod that left a termination message
         logged (a Job's, or any of a TrainJob's JobSet)."""
-        selector = f"job-name={name}" if kind == "Job" else f"jobset.sigs.k8s.io/jobset-name={name}"
-        said = _last_line(jobs.termination_message(self.kube.list("v1", "Pod", namespace, label_selector=selector))
-                          or "")
+        said = _last_line(jobs.termination_message(self._pods(namespace, kind, name)) or "")
         return f"; the Pod said: {said}" if said else ""
+
+    def _unplaced(self, namespace: str, kind: str, name: str) -> str:
+        """Why one of the run's Pods waits for a node, as the scheduler says
+        (a Job controller counts such a Pod active, Trainer its Job running)."""
+        for pod in self._pods(namespace, kind, name):
+            scheduled = next((c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"),
+                             {})
+            if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+                return f"; Pod {pod['metadata']['name']} waits for a node: {scheduled.get('message', '')}"
+        return ""
+
+    def _pods(self, namespace: str, kind: str, name: str) -> list[dict]:
+        selector = f"job-name={name}" if kind == "Job" else f"jobset.sigs.k8s.io/jobset-name={name}"
+        return self.kube.list("v1", "Pod", namespace, label_selector=selector)
 
     def cancel(self, run_id: str) -> None:
         namespace, _, name = run_id.partition("/")

@@ -262,6 +262,23 @@ def test_an_optimisation_job_is_followed_to_its_registered_winner():
     assert objects.objects == {} and trainer.status(run.run_id) is None
 
 
+def test_a_run_whose_pod_no_node_can_take_says_what_the_scheduler_said():
+    trainer, objects = backend()
+    for run in (trainer.submit(optimization()), trainer.submit(request())):
+        namespace, name = run.run_id.split("/")
+        labels = {"job-name": name} if name.startswith("optimize-") else {"jobset.sigs.k8s.io/jobset-name": name}
+        objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-0", "namespace": namespace,
+                                                                        "labels": labels},
+                        "status": {"phase": "Pending", "conditions": [{
+                            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": "0/3 nodes are available: 1 Insufficient cpu."}]}})
+        objects.set_status("Job" if "job-name" in labels else "TrainJob", namespace, name, active=1)
+        waiting = trainer.status(run.run_id)
+        assert waiting.phase == "Running"
+        assert waiting.progress.endswith(f"; Pod {name}-0 waits for a node: 0/3 nodes are available: 1 Insufficient "
+                                         "cpu."), waiting.progress
+
+
 def test_a_failed_optimisation_job_repeats_what_its_pod_said_last():
     trainer, objects = backend()
     run = trainer.submit(optimization())

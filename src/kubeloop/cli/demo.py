@@ -50,8 +50,9 @@ def demo(
     namespace: Annotated[str, typer.Option(help="Namespace for the example objects.")] = "kubeloop-demo",
     scale: Annotated[float, typer.Option(help="Multiply every wait (slow machines).")] = 1.0,
     cluster: Annotated[bool, typer.Option(
-        "--cluster", help="Serve the way a cluster does: a real node, KServe's controller, kubeloop's front and "
-                          "images in Pods, drift checks as Jobs (changes the host, see README).")] = False,
+        "--cluster", help="Run the loop in Pods on a real node, as a cluster does: training in Kubeflow Trainer "
+                          "TrainJobs, optimisation, materialisation and drift checks as Jobs, serving through "
+                          "KServe and kubeloop's front, from a published store (changes the host, see README).")] = False,
     story: Annotated[Story, typer.Option(
         help="drift: the inputs drift, Evidently sees it, retrain; outcomes: the labels arrive late and "
              "the label function changes while the inputs do not, the live AUC falls, retrain, roll out "

@@ -146,7 +146,7 @@ class Loop:
         name = name or self.by_kind[kind]["metadata"]["name"]
         status = wait_until(lambda: (s := self.status(kind, name)).get("phase") in ("Succeeded", "Failed") and s,
                             timeout * self.scale, f"{kind} {name} finishing", interval=2,
-                            seen=lambda: str(self.status(kind, name).get("phase")))
+                            seen=lambda: self._run_seen(kind, name))
         if status["phase"] != "Succeeded":
             reasons = "; ".join(c.get("message", c["reason"]) for c in status.get("conditions", [])
                                 if c["status"] == "False")
@@ -462,6 +462,11 @@ class Loop:
 
         return wait_until(past, 900 * self.scale, f"the retrain moving past {state}", interval=2,
                           seen=lambda: self._service_seen())
+
+    def _run_seen(self, kind: str, name: str) -> str:
+        status = self.status(kind, name)
+        said = "; ".join(f"{c['type']}: {c['message']}" for c in status.get("conditions", []) if c.get("message"))
+        return f"phase {status.get('phase')}; {said}"
 
     def _service_seen(self) -> str:
         status = self.status("InferenceService")
