@@ -31,6 +31,7 @@ from kubeloop.dev.objectstore import FEAST_BUCKET
 
 OBJECT_STORE_SECRET = "kubeloop-object-store"
 STORE_CONFIG_MAP = "feast-client"
+STORY_REDIS_DB = 1
 SERVING_RESOURCES = {"cpu": "250m", "memory": "1Gi"}
 # Two nodes of half a core each: with the served versions, the front and the
 # monitoring Jobs, what the node's two cores hold.
@@ -75,7 +76,10 @@ def prepare_cluster(platform, namespace: str, folder: Path, progress=lambda _: N
     trainer.install(platform, images["training"].ref, progress)
     env = platform.env()
     progress("the published feature store")
-    repo = create_repository(folder, Scenario(start=default_start(45), days=45), redis_address=platform.start_redis(),
+    # A Redis database of its own: another store of the example's project in the platform's Redis (a
+    # test's) writes the same keys, and Feast keeps whichever event is newest.
+    repo = create_repository(folder, Scenario(start=default_start(45), days=45),
+                             redis_address=f"{platform.start_redis()},db={STORY_REDIS_DB}",
                              registry=f"s3://{FEAST_BUCKET}/{namespace}/registry.db")
     sources = f"s3://{FEAST_BUCKET}/{namespace}/data"
     publish_sources(repo, sources, env["AWS_ENDPOINT_URL_S3"])
