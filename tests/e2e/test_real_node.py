@@ -34,7 +34,7 @@ from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_i
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform
 from kubeloop.serving.base import triton_name
-from kubeloop.serving.builders.kserve import GRPC_PORT as KSERVE_GRPC_PORT
+from kubeloop.serving.builders.kserve import GRPC_PORT as KSERVE_GRPC_PORT, RUNTIME_API, STORAGE_CONTAINER
 from kubeloop.serving.builders.workloads import GRPC_PORT
 from tests.e2e.conftest import _delete_inference_services
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
@@ -612,6 +612,8 @@ def test_the_front_splits_mirrors_and_logs_and_a_drift_job_reads_the_log_on_the_
     identity = None
     if backend == "kserve":
         kserve.install(real.platform)
+        # Cluster-wide, and left by the module's cluster loop: the chart's identity must create it again.
+        real.kube.delete(RUNTIME_API, "ClusterStorageContainer", STORAGE_CONTAINER)
         identity = charts_identity(real, namespace, tmp_path, "--set", "serving.backend=kserve")
     started = time.time() - 1
     operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_DRIFT_MONITOR="kubernetes",
