@@ -277,7 +277,8 @@ def register_optimized_step(spec: str, source_version: str, results_json: str, w
 
     from kubeloop.api.promotion import alias_for
     from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
-    from kubeloop.components.registration import EXPORTED, find_registered, run_url
+    from kubeloop.components.registration import EXPORTED, find_registered
+    from kubeloop.registry.mlflow import run_url
     from kubeloop.components.triton import BACKENDS, BatchingPlan, write_repository
 
     job = OptimizedModelSpec.from_json(spec)

@@ -28,6 +28,7 @@ from kubeloop.components.bottleneck import metrics_of
 from kubeloop.components.data import DatasetInfo, pinned
 from kubeloop.components.model import TaskModel, export_onnx, export_torchscript, factory_code, save_model
 from kubeloop.registry import tags
+from kubeloop.registry.mlflow import run_url
 
 EXPORTED = "exported"
 REFERENCE = "reference/train.parquet"
@@ -37,11 +38,6 @@ VERDICT_TAG, ADVICE_TAG = "bottleneck.verdict", "bottleneck.advice"
 
 def experiment_name(spec: TrainingJobSpec) -> str:
     return f"kubeloop/{spec.model_name}"
-
-
-def run_url(tracking_uri: str, run_id: str) -> str:
-    run = MlflowClient(tracking_uri).get_run(run_id)
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
 
 
 def environment() -> dict[str, str]:

@@ -7,8 +7,8 @@ import json
 
 from mlflow import MlflowClient
 
-from kubeloop.components.registration import run_url
 from kubeloop.registry import tags
+from kubeloop.registry.mlflow import run_url
 
 
 def mlflow_outcomes(tracking_uri: str):  # noqa: ANN201 - an OutcomeReader

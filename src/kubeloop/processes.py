@@ -190,6 +190,8 @@ def reap(pid: int) -> None:
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LISTEN_FLOOR = 10000
 _NODE_PORTS_START = 30000  # Kubernetes' default NodePort range starts here
+# The API server's static band of that range (30000-32767): min(max(16, 2768 / 32), 128) ports.
+_NODE_PORTS_STATIC_BAND = 86
 _handed_out: set[int] = set()
 
 
@@ -200,18 +202,24 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def free_port() -> int:
+def free_port(node_port: bool = False) -> int:
     """A TCP port on 127.0.0.1 that is free right now, for a server to bind.
 
     Chosen below the kernel's ephemeral range: a port the kernel hands out
     itself (bind to 0) can be taken by any outgoing connection in the seconds
     before the server binds it, which failed a CI run (mlflow: address already
     in use), and below Kubernetes' NodePort range. Ports handed out by this process are never handed out twice.
+
+    node_port: one of the NodePort range's first ports instead, the band the
+    API server keeps for Services that name their nodePort (it assigns the
+    rest first), for a server a NodePort Service may take over on loopback.
     """
-    ceiling = min(_ephemeral_start(), _NODE_PORTS_START)
+    floor, ceiling = _LISTEN_FLOOR, min(_ephemeral_start(), _NODE_PORTS_START)
+    if node_port:
+        floor, ceiling = _NODE_PORTS_START, _NODE_PORTS_START + _NODE_PORTS_STATIC_BAND
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(_LISTEN_FLOOR, ceiling)
+        port = rng.randrange(floor, ceiling)
         if port in _handed_out:
             continue
         with socket.socket() as sock:
@@ -221,7 +229,7 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port between {_LISTEN_FLOOR} and {ceiling} after 200 tries")
+    raise RuntimeError(f"no free port between {floor} and {ceiling} after 200 tries")
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:

@@ -127,27 +127,34 @@ def test_the_real_node_registers_and_is_ready(real):
 # served versions (the `served` fixture, up to the module's end) would otherwise hold part of. The
 # CI run that had it after them waited 30 minutes on an optimiser Pod the scheduler could not place.
 @pytest.mark.timeout(2700)  # the story's own waits (scaled for a machine shared with Pods) should speak first
-def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path, monkeypatch):
+def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_charts_pod(real, tmp_path, monkeypatch):
     """Cluster path, end to end on the real node: the demo's story (`kubeloop
-    demo --cluster`) with nothing of the loop in the operator's process (on
-    the host). The store is published (registry and sources in the object
-    store, online store in Redis on the node's address). Each TrainingJob is
-    a Kubeflow Trainer TrainJob on two nodes whose initializer joins the
-    features; each OptimizedModel a Job; Jobs materialise the online store;
-    KServe's controller runs each version's predictor from kubeloop's Triton
-    image; callers send entity requests (card, merchant, amount, hour,
-    channel) through kubeloop's front (a Pod), which reads the rest online and
-    logs to the object store; drift checks are Jobs that read that log;
-    Prometheus fires KubeloopDataDrift, Alertmanager calls the operator, the
-    retrained challenger (a TrainJob again) is canaried through the front and
-    promoted, and every answer then comes from it. The operator's work folder
-    stays empty of runs and reports."""
+    demo --cluster`) with nothing on the host but the platform's servers. The
+    operator is kubeloop's chart (helm) running the operator image in a Pod;
+    Alertmanager and MLflow call it through its NodePort. The store is
+    published (registry and sources in the object store, online store in
+    Redis on the node's address). Each TrainingJob is a Kubeflow Trainer
+    TrainJob on two nodes whose initializer joins the features; each
+    OptimizedModel a Job; Jobs materialise the online store; KServe's
+    controller runs each version's predictor from kubeloop's Triton image;
+    callers send entity requests (card, merchant, amount, hour, channel)
+    through kubeloop's front (a Pod), which reads the rest online and logs to
+    the object store; drift checks are Jobs that read that log; Prometheus
+    fires KubeloopDataDrift, Alertmanager calls the operator, the retrained
+    challenger (a TrainJob again) is canaried through the front and promoted,
+    and every answer then comes from it. The operator's Pod is deleted while
+    the retrain runs: its Deployment's next Pod takes over with no second
+    retrain, TrainJob, version or alias move."""
+    from mlflow import MlflowClient
+
     from kubeloop.components.trainjob import TRAINER_API_VERSION
     from kubeloop.featurestore.publish import upload_sources
     from kubeloop.registry.mlflow import MlflowRegistry
+    from kubeloop.registry.promotion import audit_trail
     from kubeloop.registry import tags
+    from kubeloop.story.chart import ChartOperator
     from kubeloop.story.cluster import Endpoints, client_env, on_the_real_node, prepare_cluster
-    from kubeloop.story.loop import Loop, Timings, operator_env, prepare
+    from kubeloop.story.loop import Loop, Timings, prepare
 
     namespace = real.namespace()
     env = real.platform.env()
@@ -155,23 +162,30 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     fresh_boto3_session(monkeypatch)
     path = prepare_cluster(real.platform, namespace, tmp_path / "featurestore")
-    settings = {**operator_env(env, path.repo, tmp_path / "work"), **path.settings}
-    operator = OperatorProcess(real.platform.kubeconfig, tmp_path, settings, [namespace]).start()
+    chart = ChartOperator(real.platform, namespace)
     docs = on_the_real_node(quick_optimisation(prepare(load_examples(repo_root() / "examples"), namespace,
                                                        f"{namespace}-fraud", Timings()), retrain=False))
     registry = MlflowRegistry(env["MLFLOW_TRACKING_URI"])
     story = Loop(real.kube, registry, env, docs, path.repo, scale=2.0, reach=Endpoints(real.kube), entities=True,
                  publish=lambda: upload_sources(path.repo, path.sources))
     try:
-        operator.wait_for_log("webhooks and /metrics on", timeout=60)
+        image = chart.install(path.settings)
+        first = chart.wait_answering()
+        assert first["spec"]["containers"][0]["image"] == image and first["spec"]["nodeName"] == NODE_NAME
         for title, step in story.steps():
             print(f"{title}: {step()}")
+            if step == story.retrain_started:  # the operator's Pod deleted while the retrain's TrainJob runs
+                real.kube.delete("v1", "Pod", first["metadata"]["name"], namespace)
+                second = chart.wait_answering()
+                print(f"the operator's Pod {first['metadata']['name']} deleted; {second['metadata']['name']} answers")
         facts = story.facts
         name = story.service["metadata"]["name"]
         # Both versions trained in TrainJobs, two node Pods each, their lineage naming them; the store the
-        # front reads is the published one.
+        # front reads is the published one. One TrainJob per TrainingJob, one retrain: the replaced
+        # operator made no second.
         trainjobs = {f"{namespace}/{t['metadata']['name']}" for t in real.kube.list(TRAINER_API_VERSION, "TrainJob",
                                                                                    namespace)}
+        assert len(trainjobs) == 2 == len(real.kube.list(API_VERSION, "TrainingJob", namespace)), trainjobs
         for version in (facts["trained"], facts["retrained"]):
             lineage = registry.get_version(story.model, version).tags
             assert lineage[tags.TRAINJOB] in trainjobs, (lineage.get(tags.TRAINJOB), trainjobs)
@@ -180,13 +194,16 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path, monkeypatch):
             nodes = [p for p in real.kube.list("v1", "Pod", namespace, f"jobset.sigs.k8s.io/jobset-name={trainjob}")
                      if p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"]
             assert len({p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] for p in nodes}) == 2
-        # The optimisation ran as a Job from the training image, owned by its OptimizedModel.
-        (optimizer,) = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/owner-kind=optimizedmodel")
-        assert optimizer["metadata"]["ownerReferences"][0]["kind"] == "OptimizedModel"
-        assert optimizer["status"].get("succeeded") == 1
-        (pod,) = real.kube.list("v1", "Pod", namespace, f"job-name={optimizer['metadata']['name']}")
+        trained = [v for v in MlflowClient(env["MLFLOW_TRACKING_URI"]).search_model_versions(f"name = '{story.model}'")
+                   if tags.TRAINJOB in v.tags]
+        assert sorted(v.version for v in trained) == sorted([facts["trained"], facts["retrained"]])
+        # The optimisations ran as Jobs from the training image, owned by their OptimizedModels.
+        optimizers = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/owner-kind=optimizedmodel")
+        assert optimizers and all(j["metadata"]["ownerReferences"][0]["kind"] == "OptimizedModel"
+                                  and j["status"].get("succeeded") == 1 for j in optimizers)
+        pod = real.kube.list("v1", "Pod", namespace, f"job-name={optimizers[0]['metadata']['name']}")[0]
         assert pod["spec"]["nodeName"] == NODE_NAME and pod["spec"]["containers"][0]["image"] == \
-            settings["KUBELOOP_TRAINING_IMAGE"]
+            path.settings["KUBELOOP_TRAINING_IMAGE"]
         winner = registry.get_version(story.model, facts["optimized"]).tags
         assert winner[tags.SOURCE] == f"{story.model}/{facts['trained']}" and winner[tags.TECHNIQUE]
         # The online store was kept by materialisation Jobs, and the front read it for every caller.
@@ -197,13 +214,15 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path, monkeypatch):
         primary = real.kube.get("serving.kserve.io/v1beta1", "InferenceService", f"{name}-primary", namespace)
         assert primary["spec"]["predictor"]["model"]["storageUri"] == f"models:/{story.model}/{facts['challenger']}"
         assert story.status("InferenceService")["url"] == f"http://{name}.{namespace}.svc.cluster.local"
-        # The drift verdicts came from Jobs on the runtime image; the operator ran none itself.
+        moves = [(e.action, e.version) for e in audit_trail(registry, story.model) if e.alias == "champion"]
+        assert moves[-1] == ("promote", facts["challenger"]) and len(set(moves)) == len(moves), moves
+        # The drift verdicts came from Jobs on the runtime image.
         jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift")
-        assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"] == settings["KUBELOOP_ROUTER_IMAGE"]
+        assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"] == path.settings["KUBELOOP_ROUTER_IMAGE"]
                             for j in jobs)
         assert facts["drift"]["drifted"] and facts["drift"]["report"].startswith("runs:/")
-        # Nothing of the loop ran in the operator's process: no pipeline run, no drift report in its folder.
-        work = tmp_path / "work"
+        # Nothing of the loop ran in the operator's Pod: no pipeline run, no drift report in its work folder.
+        work = Path(f"/proc/{operator_process(second['metadata']['uid']).pid}/root/var/lib/kubeloop")
         assert not (work / "runs").exists() and not list(work.rglob("report.html")), sorted(work.rglob("*"))[:20]
         print(f"cluster path: drift injection -> promoted and serving: {facts['injection_to_promoted']:.0f} s")
     finally:
@@ -211,7 +230,7 @@ def test_the_whole_loop_closes_on_the_cluster_path(real, tmp_path, monkeypatch):
         try:
             _delete_inference_services(real.kube, [namespace])
         finally:
-            operator.stop()
+            chart.uninstall()
 
 
 def test_a_cpu_pod_runs_on_the_real_node_and_a_mig_pod_on_the_fake_h100(real):

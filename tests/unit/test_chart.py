@@ -137,6 +137,25 @@ def test_the_router_image_puts_the_front_in_front_only_when_set():
     assert "KUBELOOP_ROUTER_IMAGE" not in {e["name"] for e in _pod_specs(bare)[0]["containers"][0]["env"]}
 
 
+def test_the_webhooks_service_takes_a_named_node_port_only_as_a_node_port_service():
+    """Cluster: an Alertmanager and MLflow outside the cluster (the local
+    platform's, on the host) call the webhooks through a NodePort Service;
+    by default the Service is ClusterIP, and a nodePort without NodePort is
+    refused naming both values."""
+    (service,) = [d for d in render() if d["kind"] == "Service"]
+    assert service["spec"]["type"] == "ClusterIP" and "nodePort" not in service["spec"]["ports"][0]
+    (exposed,) = [d for d in render("--set", "service.type=NodePort", "--set", "service.nodePort=30042")
+                  if d["kind"] == "Service"]
+    assert exposed["spec"]["type"] == "NodePort"
+    assert exposed["spec"]["ports"][0]["nodePort"] == 30042 and exposed["spec"]["ports"][0]["targetPort"] == "http-webhooks"
+    refused = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                   "--set", "service.nodePort=30042", check=False)
+    assert refused.returncode != 0 and "service.type=NodePort" in refused.stderr
+    out_of_range = helm("template", "kubeloop", str(CHART), "--kube-version", "1.36.3", "-f", str(CI_VALUES),
+                        "--set", "service.type=NodePort", "--set", "service.nodePort=8080", check=False)
+    assert out_of_range.returncode != 0 and "nodePort" in out_of_range.stderr
+
+
 def test_the_charts_components_image_is_the_operators_default():
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["pipelines"]["componentsImage"] == COMPONENTS_IMAGE

@@ -58,6 +58,15 @@ def test_listening_ports_come_from_below_the_ephemeral_range_and_never_twice():
         sock.bind(("127.0.0.1", ports[0]))
 
 
+def test_a_port_a_node_port_service_may_take_comes_from_the_api_servers_static_band():
+    """Backend: none (host sockets). The real node's operator port: a chart's
+    NodePort Service names it, so the API server must not have handed it to
+    another Service (it assigns from above the static band first)."""
+    ports = [processes.free_port(node_port=True) for _ in range(20)]
+    assert len(set(ports)) == 20
+    assert all(30000 <= port < 30086 for port in ports), ports
+
+
 def test_stopping_a_crashed_process_stops_what_it_started(tmp_path):
     """Local: a platform process SIGKILLed (a crash) left its children running
     (MLflow's server workers kept the node's address bound); stopping its

@@ -52,7 +52,8 @@ def demo(
     cluster: Annotated[bool, typer.Option(
         "--cluster", help="Run the loop in Pods on a real node, as a cluster does: training in Kubeflow Trainer "
                           "TrainJobs, optimisation, materialisation and drift checks as Jobs, serving through "
-                          "KServe and kubeloop's front, from a published store (changes the host, see README).")] = False,
+                          "KServe and kubeloop's front, from a published store, the operator as the chart's Pod (changes the "
+                          "host, see README).")] = False,
     story: Annotated[Story, typer.Option(
         help="drift: the inputs drift, Evidently sees it, retrain; outcomes: the labels arrive late and "
              "the label function changes while the inputs do not, the live AUC falls, retrain, roll out "
@@ -99,7 +100,14 @@ def demo(
             from kubeloop.story.cluster import on_the_real_node
 
             docs = on_the_real_node(docs)
-        show("the kubeloop operator", lambda: _start_operator(platform, settings))
+        if cluster:
+            from kubeloop.story.chart import ChartOperator
+
+            chart = ChartOperator(platform, namespace)
+            show("the kubeloop operator: kubeloop's chart, its Pod on the real node",
+                 lambda: _install_chart(chart, cluster_settings))
+        else:
+            show("the kubeloop operator", lambda: _start_operator(platform, settings))
         fail_fast()
         if story is Story.outcomes:
             from kubeloop.story.outcomes import OutcomeLoop, outcome_docs
@@ -116,7 +124,9 @@ def demo(
         for title, step in loop.steps():
             show(title, step)
     except (StepFailed, PlatformError):
-        console.print(f"\nlogs: {platform.logs} (the operator's: {platform.logs / 'operator.log'}, "
+        operator_log = (f"kubectl logs -n {namespace} deployment/kubeloop" if cluster
+                        else platform.logs / "operator.log")
+        console.print(f"\nlogs: {platform.logs} (the operator's: {operator_log}, "
                       f"this command's: {platform.logs / 'demo.log'})")
         raise typer.Exit(1) from None
     finally:
@@ -178,6 +188,13 @@ def _start_operator(platform: Platform, env: dict[str, str]) -> str:
 
     wait_until(healthy, 60, "the operator's start-up", interval=0.5)
     return f"pid {record.pid}; webhooks and /metrics on 127.0.0.1:{env['KUBELOOP_WEBHOOK_PORT']}; log {record.log}"
+
+
+def _install_chart(chart, settings: dict[str, str]) -> str:  # noqa: ANN001 - kubeloop.story.chart.ChartOperator
+    image = chart.install(settings)
+    pod = chart.wait_answering()
+    return (f"Pod {pod['metadata']['name']} from {image}; Alertmanager and MLflow call its webhooks through "
+            f"the NodePort 127.0.0.1:{chart.platform.env()['KUBELOOP_WEBHOOK_PORT']}")
 
 
 def _summary(platform: Platform, loop, namespace: str, took: float) -> None:  # noqa: ANN001 - Loop

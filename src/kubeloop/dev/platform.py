@@ -313,9 +313,11 @@ class Platform:
         self.dir.mkdir(parents=True, exist_ok=True)
         pki = create_pki(self.dir / "pki")
         ports = state.ports
-        for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", "operator",
-                     *objectstore.PORTS):
+        for name in ("etcd", "etcd-peer", "apiserver", "mlflow", "prometheus", "alertmanager", *objectstore.PORTS):
             ports[name] = processes.free_port()
+        # With the real node, the chart's operator Pod takes the operator's port on loopback through a
+        # NodePort Service, where Alertmanager and MLflow already call it (kubeloop.story.cluster).
+        ports["operator"] = processes.free_port(node_port=self.real_node)
         api = f"https://{self.host_address}:{ports['apiserver']}"
         for identity in ("admin", "controller-manager", "scheduler", "kwok"):
             name = "kubeconfig" if identity == "admin" else f"{identity}.kubeconfig"
@@ -537,7 +539,7 @@ class Platform:
             build_alertmanager_config(f"http://{operator}/hooks/alertmanager", token), sort_keys=False))
         self._spawn(state, "prometheus", [
             shutil.which("prometheus") or "/usr/bin/prometheus", f"--config.file={root / 'prometheus.yml'}",
-            f"--storage.tsdb.path={root / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+            f"--storage.tsdb.path={root / 'prometheus-data'}", f"--web.listen-address={self.host_address}:{ports['prometheus']}",
             "--web.enable-lifecycle", "--storage.tsdb.retention.time=1d", "--log.level=warn",
         ])
         self._spawn(state, "alertmanager", [
@@ -546,7 +548,8 @@ class Platform:
             f"--web.listen-address=127.0.0.1:{ports['alertmanager']}", "--cluster.listen-address=", "--log.level=warn",
         ])
         state.urls.update({
-            "PROMETHEUS_URL": f"http://127.0.0.1:{ports['prometheus']}",
+            # With the real node on its address: the operator's Pod analyses rollouts on it.
+            "PROMETHEUS_URL": f"http://{self.host_address}:{ports['prometheus']}",
             "ALERTMANAGER_URL": f"http://127.0.0.1:{ports['alertmanager']}",
             "KUBELOOP_WEBHOOK_PORT": str(ports["operator"]),
             "KUBELOOP_WEBHOOK_TOKEN_FILE": str(token),

@@ -24,6 +24,12 @@ def fail_fast() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+def run_url(tracking_uri: str, run_id: str) -> str:
+    """The MLflow UI's page of a run."""
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+
+
 class MlflowRegistry(ModelRegistry):
     def __init__(self, tracking_uri: str):
         self.tracking_uri = tracking_uri
