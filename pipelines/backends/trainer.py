@@ -76,7 +76,7 @@ class TrainerBackend(PipelineBackend):
                 progress = _progress(obj) or self._waiting(namespace, kind, name, "no Job started yet")
             if error:
                 error = f"{error}{self._last_words(namespace, kind, name)}"
-            elif not finished:
+            elif not finished and _some_pod_not_ready(obj, kind):
                 progress += self._unplaced(namespace, kind, name)
         except KubeError as exc:
             raise _unavailable(exc, run_id) from exc
@@ -132,6 +132,14 @@ class TrainerBackend(PipelineBackend):
 
 def _kind_of(name: str) -> tuple[str, str]:
     return ("batch/v1", "Job") if is_optimization_job(name) else (TRAINER_API_VERSION, "TrainJob")
+
+
+def _some_pod_not_ready(obj: dict, kind: str) -> bool:
+    """Whether the run's controller counts a Pod active that is not ready
+    (one the scheduler may not have placed): only then are its Pods read."""
+    status = obj.get("status") or {}
+    counts = [status] if kind == "Job" else status.get("jobsStatus") or []
+    return any(c.get("active", 0) > c.get("ready", 0) for c in counts)
 
 
 def _last_line(text: str) -> str:

@@ -142,9 +142,11 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
     the object store; drift checks are Jobs that read that log; Prometheus
     fires KubeloopDataDrift, Alertmanager calls the operator, the retrained
     challenger (a TrainJob again) is canaried through the front and promoted,
-    and every answer then comes from it. The operator's Pod is deleted while
-    the retrain runs: its Deployment's next Pod takes over with no second
-    retrain, TrainJob, version or alias move."""
+    and every answer then comes from it. While the retrain runs, the
+    operator's Pod is deleted and the kubelet restarted, then a node Pod of
+    the retrain's TrainJob is killed: the Deployment's next Pod takes over,
+    JobSet runs the TrainJob again, and there is no second retrain, TrainJob,
+    version or alias move."""
     from mlflow import MlflowClient
 
     from kubeloop.components.trainjob import TRAINER_API_VERSION
@@ -174,10 +176,11 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
         assert first["spec"]["containers"][0]["image"] == image and first["spec"]["nodeName"] == NODE_NAME
         for title, step in story.steps():
             print(f"{title}: {step()}")
-            if step == story.retrain_started:  # the operator's Pod deleted while the retrain's TrainJob runs
-                real.kube.delete("v1", "Pod", first["metadata"]["name"], namespace)
-                second = chart.wait_answering()
-                print(f"the operator's Pod {first['metadata']['name']} deleted; {second['metadata']['name']} answers")
+            if step == story.retrain_started:
+                faults = _faults_while_the_retrain_runs(real, chart, first, story.facts["retrain_job"])
+                second = faults["operator"]
+                print(f"the operator's Pod {first['metadata']['name']} deleted and the kubelet restarted: "
+                      f"{second['metadata']['name']} answers; the retrain's node Pod {faults['victim']} killed")
         facts = story.facts
         name = story.service["metadata"]["name"]
         # Both versions trained in TrainJobs, two node Pods each, their lineage naming them; the store the
@@ -197,6 +200,9 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
         trained = [v for v in MlflowClient(env["MLFLOW_TRACKING_URI"]).search_model_versions(f"name = '{story.model}'")
                    if tags.TRAINJOB in v.tags]
         assert sorted(v.version for v in trained) == sorted([facts["trained"], facts["retrained"]])
+        jobset = real.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", faults["trainjob"], namespace)
+        assert jobset["status"].get("restarts", 0) >= 1, jobset["status"]  # the killed node's JobSet ran again
+        assert f"{namespace}/{faults['trainjob']}" == registry.get_version(story.model, facts["retrained"]).tags[tags.TRAINJOB]
         # The optimisations ran as Jobs from the training image, owned by their OptimizedModels.
         optimizers = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/owner-kind=optimizedmodel")
         assert optimizers and all(j["metadata"]["ownerReferences"][0]["kind"] == "OptimizedModel"
@@ -221,8 +227,14 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
         assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"] == path.settings["KUBELOOP_ROUTER_IMAGE"]
                             for j in jobs)
         assert facts["drift"]["drifted"] and facts["drift"]["report"].startswith("runs:/")
-        # Nothing of the loop ran in the operator's Pod: no pipeline run, no drift report in its work folder.
-        work = Path(f"/proc/{operator_process(second['metadata']['uid']).pid}/root/var/lib/kubeloop")
+        # The operator runs as the chart says (65532, read-only root), and nothing of the loop ran in its
+        # Pod: no pipeline run, no drift report in its work folder.
+        proc = operator_process(second["metadata"]["uid"])
+        assert proc.uids().real == 65532
+        root = next(line.split() for line in Path(f"/proc/{proc.pid}/mountinfo").read_text().splitlines()
+                    if line.split()[4] == "/")
+        assert "ro" in root[5].split(","), root
+        work = Path(f"/proc/{proc.pid}/root/var/lib/kubeloop")
         assert not (work / "runs").exists() and not list(work.rglob("report.html")), sorted(work.rglob("*"))[:20]
         print(f"cluster path: drift injection -> promoted and serving: {facts['injection_to_promoted']:.0f} s")
     finally:
@@ -231,6 +243,32 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
             _delete_inference_services(real.kube, [namespace])
         finally:
             chart.uninstall()
+
+
+def _faults_while_the_retrain_runs(real: RealPlatform, chart, operator_pod: dict, retrain: dict) -> dict:  # noqa: ANN001
+    """The cluster faults, while the retrain's TrainingJob runs: the
+    operator's Pod deleted and the kubelet restarted at once, then a node Pod
+    of the retrain's TrainJob killed as soon as it runs. The next operator
+    Pod, the TrainJob's name and the killed Pod's."""
+    namespace, name = retrain["metadata"]["namespace"], retrain["metadata"]["name"]
+    real.kube.delete("v1", "Pod", operator_pod["metadata"]["name"], namespace)
+    real.platform.restart_process("kubelet")
+    operator = chart.wait_answering(timeout=300)
+
+    def training_node() -> dict | None:
+        status = (real.kube.get(API_VERSION, "TrainingJob", name, namespace) or {}).get("status") or {}
+        assert status.get("phase") != "Succeeded", "the retrain ended before a node could be lost"
+        if not status.get("runId"):
+            return None
+        pods = real.kube.list("v1", "Pod", namespace, f"jobset.sigs.k8s.io/jobset-name={status['runId'].split('/')[1]}")
+        return next((p for p in pods if p["status"].get("phase") == "Running"
+                     and p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
+                     and p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "1"), None)
+
+    victim = wait_for(training_node, timeout=300, interval=0.5, what="a node Pod of the retrain's TrainJob running")
+    real.kube.delete("v1", "Pod", victim["metadata"]["name"], namespace)
+    return {"operator": operator, "victim": victim["metadata"]["name"],
+            "trainjob": victim["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]}
 
 
 def test_a_cpu_pod_runs_on_the_real_node_and_a_mig_pod_on_the_fake_h100(real):
@@ -1519,8 +1557,9 @@ def test_the_trainer_backend_trains_on_two_nodes_and_survives_a_lost_node_the_op
     TrainJob; credentials and the store's text reach the Pods by reference.
 
     Deleting the TrainingJob removes its TrainJob. (An OptimizedModel on this
-    backend, a Job, is the cluster loop's to prove:
-    test_the_whole_loop_closes_on_the_cluster_path.)"""
+    backend, a Job, is the cluster loop's to prove, and so is the operator
+    as the chart's Pod, deleted mid-run:
+    test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_charts_pod.)"""
     import torch
     from mlflow import MlflowClient
 

@@ -272,11 +272,17 @@ def test_a_run_whose_pod_no_node_can_take_says_what_the_scheduler_said():
                         "status": {"phase": "Pending", "conditions": [{
                             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                             "message": "0/3 nodes are available: 1 Insufficient cpu."}]}})
-        objects.set_status("Job" if "job-name" in labels else "TrainJob", namespace, name, active=1)
+        job = "job-name" in labels
+        counted = {"active": 1} if job else {"jobsStatus": [{"name": "node", "active": 1}]}
+        objects.set_status("Job" if job else "TrainJob", namespace, name, **counted)
         waiting = trainer.status(run.run_id)
         assert waiting.phase == "Running"
         assert waiting.progress.endswith(f"; Pod {name}-0 waits for a node: 0/3 nodes are available: 1 Insufficient "
                                          "cpu."), waiting.progress
+        # Every active Pod ready: the run's Pods are not read at each status read (the Pod above is not seen).
+        ready = {"active": 1, "ready": 1} if job else {"jobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
+        objects.set_status("Job" if job else "TrainJob", namespace, name, **ready)
+        assert "waits for a node" not in trainer.status(run.run_id).progress
 
 
 def test_a_failed_optimisation_job_repeats_what_its_pod_said_last():
