@@ -87,3 +87,20 @@ def test_the_cluster_loops_operator_is_the_charts_pod_configured_as_the_host_ope
     assert secrets == {WEBHOOK_SECRET, MLFLOW_WEBHOOK_SECRET}
     (service,) = [d for d in docs if d["kind"] == "Service"]
     assert service["spec"]["type"] == "NodePort" and service["spec"]["ports"][0]["nodePort"] == 30011
+
+
+def test_the_outcome_story_on_the_cluster_path_is_refused_before_anything_starts(tmp_path):
+    """Cluster path, its CLI: the outcome story's labels are a folder on this
+    machine, which Pods cannot read, so `demo --cluster --story outcomes` is
+    refused at once, naming the option and what to run instead, and no
+    platform starts."""
+    from typer.testing import CliRunner
+
+    from kubeloop.cli.main import app
+
+    state = tmp_path / "state"
+    result = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["demo", "--cluster", "--story", "outcomes",
+                                                        "--state-dir", str(state)])
+    assert result.exit_code == 2, result.output
+    assert "--story" in result.output and "kubeloop demo --story outcomes" in result.output, result.output
+    assert not state.exists()

@@ -63,6 +63,11 @@ def demo(
     from kubeloop.registry.mlflow import MlflowRegistry, fail_fast
     from kubeloop.story.loop import Loop, StepFailed, Timings, operator_env, prepare
 
+    if cluster and story is Story.outcomes:
+        raise typer.BadParameter(
+            "the outcome story runs on the local path only: its callers' labels arrive in a folder on this "
+            "machine, which the cluster's Pods (its outcome Jobs, the operator) cannot read. Run `kubeloop demo "
+            "--story outcomes`, or `kubeloop demo --cluster` for the drift story.", param_hint="--story")
     platform = Platform(state_dir or default_state_dir().parent / ("demo-cluster" if cluster else "demo"),
                         real_node=cluster)
     started = time.monotonic()
