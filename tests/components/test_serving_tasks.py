@@ -210,8 +210,9 @@ def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_row
     """Local backend: 96 callers at once, with one to three rows each, through
     the router process to the real tritonserver. Requests that arrive while
     a call is under way share the next one; each caller still gets the
-    model's answer for its own rows, with its own id, and a request Triton
-    must judge alone (it chooses its outputs) is answered as sent."""
+    model's answer for its own rows, with its own id. Every third caller
+    names its output, as tritonclient does: those join each other. A
+    request Triton must judge alone (it has parameters) is answered as sent."""
     import asyncio
 
     import aiohttp
@@ -224,12 +225,13 @@ def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_row
     async def call_all(base: str) -> list[dict]:
         async with aiohttp.ClientSession() as session:
             async def call(k: int, rows: np.ndarray, **extra) -> dict:
+                named = {"outputs": [{"name": "probabilities"}]} if k % 3 == 0 else {}
                 body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
-                                    "data": rows.tolist()}], **({"id": f"r{k}"} if k % 2 else {}), **extra}
+                                    "data": rows.tolist()}], **({"id": f"r{k}"} if k % 2 else {}), **named, **extra}
                 async with session.post(f"{base}/v2/models/{FETCHED}/infer", json=body) as answer:
                     assert answer.status == 200, await answer.text()
                     return await answer.json()
-            alone = call(-1, requests_rows[0], outputs=[{"name": "probabilities"}])
+            alone = call(-1, requests_rows[0], parameters={"caller": "alone"})
             return await asyncio.gather(alone, *(call(k, rows) for k, rows in enumerate(requests_rows)))
 
     router, base = _start_router(_multiclass_routes(url, version, tmp_path), tmp_path)
@@ -251,6 +253,9 @@ def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_row
     # Every call is counted: the 96 joinable requests' and the one that went alone.
     assert calls["kubeloop_triton_call_requests_sum"] == 97
     assert calls["kubeloop_triton_call_requests_count"] < 97
+    # Those naming their output join each other: had each of the 32 gone alone, with the one that did
+    # and at least one call for the rest, there would be 34 calls.
+    assert calls["kubeloop_triton_call_requests_count"] < 34
 
 
 @pytest.fixture

@@ -26,7 +26,9 @@ def test_a_tensor_of_rows_is_joinable_flat_or_nested_with_its_id():
 
 @pytest.mark.parametrize("payload", [
     _request([[1.0, 2.0]], parameters={"binary_data_output": True}),
-    _request([[1.0, 2.0]], outputs=[{"name": "probability"}]),
+    _request([[1.0, 2.0]], outputs=[{"name": "probability", "parameters": {"classification": 2}}]),
+    _request([[1.0, 2.0]], outputs=[{"name": "probability"}, {"name": "probability"}]),
+    _request([[1.0, 2.0]], outputs=[]),
     {"inputs": [{"name": "features", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0],
                  "parameters": {"binary_data_size": 8}}]},
     {"inputs": [{"name": "features", "shape": [2, 2], "datatype": "FP32", "data": [1.0, 2.0, 3.0]}]},
@@ -37,10 +39,23 @@ def test_a_tensor_of_rows_is_joinable_flat_or_nested_with_its_id():
     {"inputs": [_request([[1.0]])["inputs"][0], _request([[2.0]])["inputs"][0]]},
     {"inputs": "features"},
     {"inputs": [{"name": "features", "shape": [1, 1], "datatype": "BYTES", "data": [1]}]},
-], ids=["request parameters", "chosen outputs", "binary input", "short data", "a string", "no row dimension",
+], ids=["request parameters", "an output's parameters", "an output twice", "no output", "binary input", "short data", "a string", "no row dimension",
         "no rows", "a boolean", "two inputs", "not a list", "not numeric"])
 def test_a_request_triton_must_judge_alone_is_not_joinable(payload):
     assert joinable(payload) is None
+
+
+def test_requests_naming_their_outputs_join_those_that_name_the_same():
+    """tritonclient names the outputs its caller reads in every request."""
+    named = joinable(_request([[1.0, 2.0]], outputs=[{"name": "probability"}, {"name": "label"}]))
+    assert named.outputs == ("probability", "label")
+    assert named.kind == joinable(_request([[3.0, 4.0]], outputs=[{"name": "probability"}, {"name": "label"}])).kind
+    assert named.kind != joinable(_request([[3.0, 4.0]], outputs=[{"name": "label"}, {"name": "probability"}])).kind
+    assert named.kind != joinable(_request([[3.0, 4.0]])).kind
+    body, headers = join([named, named])
+    header = json.loads(body[:int(headers[HEADER_LENGTH])])
+    assert header["outputs"] == [{"name": "probability", "parameters": {"binary_data": True}},
+                                 {"name": "label", "parameters": {"binary_data": True}}]
 
 
 def _binary(header: dict, tensors: list[np.ndarray]) -> tuple[bytes, str]:

@@ -147,7 +147,7 @@ def test_beyond_max_waiting_a_request_is_refused_with_503_and_counted():
     assert error.status == 503 and "2 requests already wait for the online store" in str(error) and refused == [1]
 
 
-def test_a_call_carries_one_kind_of_request_in_the_order_they_came():
+def test_a_call_carries_every_waiting_request_of_one_kind_in_the_order_they_came():
     calls: list[list[str]] = []
 
     async def go():
@@ -162,14 +162,14 @@ def test_a_call_carries_one_kind_of_request_in_the_order_they_came():
         first = asyncio.ensure_future(coalescer.submit("a1"))
         while not calls:
             await asyncio.sleep(0)
-        rest = [asyncio.ensure_future(coalescer.submit(item)) for item in ("a2", "a3", "b1", "a4")]
+        rest = [asyncio.ensure_future(coalescer.submit(item)) for item in ("a2", "b1", "a3", "b2", "a4")]
         await asyncio.sleep(0)
         opened.set()
         return await first, await asyncio.gather(*rest)
 
     first, rest = asyncio.run(go())
-    assert calls == [["a1"], ["a2", "a3"], ["b1"], ["a4"]]
-    assert (first, rest) == ("A1", ["A2", "A3", "B1", "A4"])
+    assert calls == [["a1"], ["a2", "a3", "a4"], ["b1", "b2"]]
+    assert (first, rest) == ("A1", ["A2", "B1", "A3", "B2", "A4"])
 
 
 def test_a_call_that_answers_too_few_fails_its_requests_instead_of_leaving_one_waiting():

@@ -3,9 +3,12 @@ answer split back (pure; the router makes the call).
 
 Only a request that is one tensor of rows and nothing else Triton must see
 joins others: one input (shape [rows, width], numbers only, a numeric
-datatype), no request or tensor parameters, no choice of outputs. Anything
-else goes to Triton on its own, as sent, so a request Triton would refuse is
-refused alone and never fails the requests it would have joined.
+datatype), no request or tensor parameters, and outputs chosen by name only
+(no parameters); it joins requests that chose the same outputs, or none.
+tritonclient names the outputs its caller reads in every request, so
+without that its callers' requests never joined. Anything else goes to
+Triton on its own, as sent, so a request Triton would refuse is refused
+alone and never fails the requests it would have joined.
 
 The joined request and its answer carry their tensors in Triton's binary
 extension (tritonclient builds and reads them): writing the joined rows as
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
-from tritonclient.http import InferenceServerClient, InferInput
+from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 from tritonclient.utils import triton_to_np_dtype
 
 from kubeloop.front.features import flat_values
@@ -42,20 +45,25 @@ class Rows:
     data: list
     """Flat: rows * width numbers."""
     request_id: str | None = None
+    outputs: tuple[str, ...] | None = None
+    """The outputs asked for by name, in order; None: every output."""
 
     @property
     def count(self) -> int:
         return len(self.data) // self.width
 
     @property
-    def kind(self) -> tuple[str, str, int]:
+    def kind(self) -> tuple[str, str, int, tuple[str, ...] | None]:
         """Requests join only with requests of the same kind."""
-        return self.name, self.datatype, self.width
+        return self.name, self.datatype, self.width, self.outputs
 
 
 def joinable(payload: dict) -> Rows | None:
     """The request's rows, or None when it must go to Triton as sent."""
-    if not payload.keys() <= {"id", "inputs"}:
+    if not payload.keys() <= {"id", "inputs", "outputs"}:
+        return None
+    outputs = _named_outputs(payload.get("outputs"))
+    if outputs == ():
         return None
     inputs = payload.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
@@ -71,7 +79,19 @@ def joinable(payload: dict) -> Rows | None:
         return None
     request_id = payload.get("id")
     return Rows(str(tensor["name"]), str(tensor["datatype"]), shape[1], flat,
-                request_id if isinstance(request_id, str) else None)
+                request_id if isinstance(request_id, str) else None, outputs)
+
+
+def _named_outputs(outputs: object) -> tuple[str, ...] | None:
+    """The names of outputs chosen by name alone, None when none are
+    chosen, () when the choice is anything else (Triton judges it alone)."""
+    if outputs is None:
+        return None
+    if not isinstance(outputs, list) or not outputs or not all(
+            isinstance(o, dict) and o.keys() == {"name"} and isinstance(o["name"], str) for o in outputs):
+        return ()
+    names = tuple(o["name"] for o in outputs)
+    return names if len(set(names)) == len(names) else ()
 
 
 def join(batch: list[Rows]) -> tuple[bytes, dict[str, str]]:
@@ -82,7 +102,8 @@ def join(batch: list[Rows]) -> tuple[bytes, dict[str, str]]:
     tensor = InferInput(first.name, [len(data) // first.width, first.width], first.datatype)
     tensor.set_data_from_numpy(np.asarray(data, dtype=triton_to_np_dtype(first.datatype))
                                .reshape(-1, first.width), binary_data=True)
-    body, header_length = InferenceServerClient.generate_request_body([tensor])
+    asked = None if first.outputs is None else [InferRequestedOutput(n, binary_data=True) for n in first.outputs]
+    body, header_length = InferenceServerClient.generate_request_body([tensor], outputs=asked)
     return body, {HEADER_LENGTH: str(header_length), "Content-Type": "application/octet-stream"}
 
 

@@ -30,7 +30,7 @@ class Coalescer(Generic[Item, Result]):
     """Serves the requests waiting for one resource, many per call, at most
     max_calls calls at a time. serve_many answers a list of items in order;
     an exception it raises is every item's. A call carries items of one kind
-    only, in the order they came."""
+    only, in the order they came (see _take)."""
 
     def __init__(self, serve_many: Callable[[list[Item]], Awaitable[list[Result]]], rows: Callable[[Item], int],
                  waiting_for: str, kind: Callable[[Item], Hashable] = lambda _: None,
@@ -100,14 +100,24 @@ class Coalescer(Generic[Item, Result]):
         self._start_calls()
 
     def _take(self) -> list[tuple[Item, asyncio.Future]]:
-        """Waiting requests for one call: at least one, then as many of its
-        kind as fit max_rows."""
+        """Waiting requests for one call: the first, then every other one of
+        its kind that fits max_rows, in the order they came. The others keep
+        their order for the next call: taking only the run of one kind at
+        the head, callers of two kinds interleaved (tritonclient's, which
+        name their outputs, beside others) made a call each."""
         batch = [self.waiting.popleft()]
         rows, kind = self.rows(batch[0][0]), self.kind(batch[0][0])
-        while (self.waiting and self.kind(self.waiting[0][0]) == kind
-               and rows + self.rows(self.waiting[0][0]) <= self.max_rows):
-            rows += self.rows(self.waiting[0][0])
-            batch.append(self.waiting.popleft())
+        left: deque[tuple[Item, asyncio.Future]] = deque()
+        while self.waiting and rows < self.max_rows:
+            waiting = self.waiting.popleft()
+            size = self.rows(waiting[0])
+            if self.kind(waiting[0]) == kind and rows + size <= self.max_rows:
+                rows += size
+                batch.append(waiting)
+            else:
+                left.append(waiting)
+        left.extend(self.waiting)
+        self.waiting = left
         return batch
 
     async def _serve(self) -> None:
