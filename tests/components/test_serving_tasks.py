@@ -329,12 +329,20 @@ def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_car
     policy: default (answered, counted by view), then reject (422 naming the
     card). Redis emptied, known cards are refused too: the answers came from
     it. (The local backend's e2e test proves the same on sqlite, with gRPC
-    and the skew check.)"""
+    and the skew check.) Opening the store reads it once, for placeholder
+    entities Redis does not hold, so the first caller does not pay Feast's
+    first read."""
     import redis
 
+    from kubeloop.front.features import FeatureSpec, OnlineStore
     from kubeloop.requestlog import request_records
 
     url, repo, version, signature, features = fraud_on_redis
+    host, port = redis_address.rsplit(":", 1)
+    with redis.Redis(host=host, port=int(port)) as client:
+        misses = client.info("stats")["keyspace_misses"]
+        assert OnlineStore(FeatureSpec.from_dict(features[version])).warmed
+        assert client.info("stats")["keyspace_misses"] > misses
     sent, vectors = recent_with_offline_vectors(repo, signature)
     assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
     config = _routes(url, FRAUD, version, signature, tmp_path, features=features, missing="default")
@@ -369,7 +377,6 @@ def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_car
         assert missing_count(base, "card_activity", "reject") >= 1
         assert infer(entity_request(sent)).status_code == 200
 
-        host, port = redis_address.rsplit(":", 1)
         with redis.Redis(host=host, port=int(port)) as client:
             client.flushall()
         emptied = infer(entity_request(sent.iloc[:1]))

@@ -11,7 +11,7 @@ import pytest
 
 from kubeloop.api.signature import ModelSignature
 from kubeloop.front.features import (FeatureSpec, RequestError, Retrieved, ViewInfo, assemble, is_entity_request,
-                                       parse_rows, tensor_request)
+                                       parse_rows, placeholder_row, tensor_request)
 
 SPEC = FeatureSpec(store='{"path": "/repo"}', views=("card_activity", "merchant_risk", "context"),
                    entities=("card_id", "merchant_id"), request_columns=("amount", "channel"),
@@ -203,3 +203,19 @@ def test_a_router_pod_opens_only_published_feature_stores():
     request = ServingRequest(REF, spec, (ServedVersion("primary", version, 100),), CPU)
     pod = cluster_router_config(request, {"primary": (version, 100)}, None, {"3": "http://m-primary"})
     assert pod["features"]["3"]["store"] == published
+
+
+def test_a_placeholder_row_has_each_column_a_value_of_its_feast_type():
+    row = placeholder_row(["card_id", "amount", "channel", "weekend"],
+                          {"card_id": "INT64", "amount": "DOUBLE", "channel": "STRING", "weekend": "BOOL"})
+    assert row == {"card_id": [0], "amount": [0.0], "channel": [""], "weekend": [False]}
+    assert type(row["card_id"][0]) is int and type(row["amount"][0]) is float
+
+
+@pytest.mark.parametrize("columns, types", [
+    ([], {}),
+    (["card_id", "seen"], {"card_id": "INT64", "seen": "UNIX_TIMESTAMP"}),
+    (["card_id", "amount"], {"card_id": "INT64"}),
+], ids=["no columns", "a type without a placeholder", "a column of no view"])
+def test_no_placeholder_row_when_a_column_has_none(columns, types):
+    assert placeholder_row(columns, types) is None
