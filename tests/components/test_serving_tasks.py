@@ -331,7 +331,8 @@ def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_car
     it. (The local backend's e2e test proves the same on sqlite, with gRPC
     and the skew check.) Opening the store reads it once, for placeholder
     entities Redis does not hold, so the first caller does not pay Feast's
-    first read."""
+    first read. The router's lean read of Redis answers as Feast's
+    get_online_features does."""
     import redis
 
     from kubeloop.front.features import FeatureSpec, OnlineStore
@@ -341,10 +342,20 @@ def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_car
     host, port = redis_address.rsplit(":", 1)
     with redis.Redis(host=host, port=int(port)) as client:
         misses = client.info("stats")["keyspace_misses"]
-        assert OnlineStore(FeatureSpec.from_dict(features[version])).warmed
+        store = OnlineStore(FeatureSpec.from_dict(features[version]))
+        assert store.warmed
         assert client.info("stats")["keyspace_misses"] > misses
     sent, vectors = recent_with_offline_vectors(repo, signature)
     assert len(sent) >= 16, f"only {len(sent)} of 32 transactions have fresh features"
+    # The router reads Redis with the lean read, which answers as Feast's
+    # get_online_features does, unknown cards included.
+    rows = {c: sent[c].tolist() + sent[c].tolist()[:1] for c in store.spec.inputs}
+    rows["card_id"][-1] = UNKNOWN_CARD
+    assert store.direct is not None
+    ours, feasts = store.read(rows), store.read_through_feast(rows)
+    assert ours.values == {name: feasts.values[name] for name in ours.values}
+    assert ours.found == feasts.found and ours.timestamps == feasts.timestamps
+    assert not ours.found["card_activity"][-1] and all(ours.found["card_activity"][:-1])
     config = _routes(url, FRAUD, version, signature, tmp_path, features=features, missing="default")
     router, base = _start_router(config, tmp_path)
 

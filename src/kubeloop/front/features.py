@@ -283,8 +283,8 @@ class OnlineStore:
         self.views: list[ViewInfo] = []
         self.refs: list[str] = []
         types: dict[str, str] = {}
-        for name in spec.views:
-            definition = feature_view(self.store, name)
+        definitions = [feature_view(self.store, name) for name in spec.views]
+        for name, definition in zip(spec.views, definitions, strict=True):
             types.update(_column_types(definition))
             features = tuple(f.name for f in definition.features)
             self.refs += [f"{name}:{f}" for f in features]
@@ -294,6 +294,8 @@ class OnlineStore:
                 ttl = definition.ttl.total_seconds() if definition.ttl else 0.0
                 self.views.append(ViewInfo(name, features, tuple(definition.join_keys), ttl))
         self._stored = [v for v in self.views if v.join_keys]
+        self.direct = self._direct(definitions)
+        """The lean reader of these views, or None where Feast's get_online_features reads them."""
         self.warmed = self._warm(placeholder_row(spec.inputs, types))
         """Whether a first read was made before any caller's."""
 
@@ -313,16 +315,35 @@ class OnlineStore:
             return False
         return True
 
+    def _direct(self, definitions: list):  # noqa: ANN202 - a DirectReader or None
+        from feast.on_demand_feature_view import OnDemandFeatureView
+
+        from kubeloop.featurestore.store import feature_view
+        from kubeloop.front.onlineread import DirectReader, uncovered
+
+        sources = {p.name: feature_view(self.store, p.name) for d in definitions
+                   if isinstance(d, OnDemandFeatureView) for p in d.source_feature_view_projections.values()}
+        reason = uncovered(definitions, sources)
+        if reason:
+            log.info("the views %s are read through Feast's get_online_features (%s)", ", ".join(self.spec.views),
+                     reason)
+            return None
+        return DirectReader(self.store, definitions, sources)
+
     def read(self, rows: dict[str, list]) -> Retrieved:
         """The online values of the spec's views for the rows (entity keys and
         request columns), with which entities were found and when their
         values were computed."""
+        return self.direct.read(rows) if self.direct else self.read_through_feast(rows)
+
+    def read_through_feast(self, rows: dict[str, list]) -> Retrieved:
+        """What read answers, through Feast's get_online_features."""
         from feast.protos.feast.serving.ServingService_pb2 import FieldStatus
 
         response = self.store.get_online_features(features=self.refs, entity_rows=rows).proto
         names = list(response.metadata.feature_names.val)
         position = {name: k for k, name in enumerate(names)}
-        values = {name: [_value(v) for v in response.results[k].values] for name, k in position.items()}
+        values = {name: [proto_value(v) for v in response.results[k].values] for name, k in position.items()}
         retrieved = Retrieved(values)
         for view in self._stored:
             result = response.results[position[view.features[0]]]
@@ -352,6 +373,7 @@ def _column_types(definition) -> dict[str, str]:  # noqa: ANN001 - a feast (on-d
     return {f.name: f.dtype.to_value_type().name for f in fields}
 
 
-def _value(proto):  # noqa: ANN001, ANN202 - a feast Value proto
-    kind = proto.WhichOneof("val")
+def proto_value(proto):  # noqa: ANN001, ANN201 - a feast Value proto, or None
+    """The Python value a Feast Value holds (None when it holds none)."""
+    kind = proto.WhichOneof("val") if proto is not None else None
     return None if kind is None or kind == "null_val" else getattr(proto, kind)

@@ -1,0 +1,81 @@
+"""The serving path's lean online read (kubeloop.front.onlineread) against
+Feast's own get_online_features on a real Feast repository (the example's
+fraud views, materialised into Feast's sqlite online store): the same values,
+found flags and event times for every row, for signatures naming stored and
+on-demand views, one on-demand view alone (its sources read though the
+signature does not name them), unknown and repeated entities. Backend:
+local (Feast in process, no platform); the Redis store's case is in
+test_serving_tasks, through the router."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kubeloop.featurestore.generate import Scenario, default_start
+from kubeloop.featurestore.store import StoreLocation, create_repository, materialize
+from kubeloop.front.features import FeatureSpec, OnlineStore
+
+SENT = ("card_id", "merchant_id", "amount", "hour", "channel")
+UNKNOWN_CARD = 987_654_321
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = create_repository(tmp_path_factory.mktemp("online-read") / "repo",
+                             Scenario(start=default_start(7), days=7, cards=60, merchants=12, seed=3))
+    materialize(repo)
+    return repo
+
+
+def _store(repo, views: tuple[str, ...]) -> OnlineStore:
+    location = StoreLocation(path=str(repo)).to_json()
+    return OnlineStore(FeatureSpec(location, views, ("card_id", "merchant_id"), ("amount", "hour", "channel"), ()))
+
+
+def _rows(repo, n: int, seed: int) -> dict[str, list]:
+    transactions = pd.read_parquet(repo / "data" / "transactions.parquet", columns=list(SENT))
+    picked = transactions.sample(n=n, random_state=seed, replace=True)
+    rows = {c: picked[c].tolist() for c in SENT}
+    rows["card_id"][0] = UNKNOWN_CARD
+    if n > 2:
+        rows["card_id"][-1] = rows["card_id"][1]  # a repeated card, with another merchant and amount
+    return rows
+
+
+@pytest.mark.parametrize("views", [("card_activity", "merchant_risk", "card_profile", "transaction_context"),
+                                   ("transaction_context",), ("merchant_risk", "card_activity")])
+def test_the_lean_read_answers_what_feasts_get_online_features_answers(repo, views):
+    store = _store(repo, views)
+    assert store.direct is not None, "the example's views are all ones the lean read covers"
+    features = {ref.split(":")[1] for ref in store.refs}
+    for n, seed in ((1, 0), (7, 1), (32, 2)):
+        rows = _rows(repo, n, seed)
+        ours, feasts = store.read(rows), store.read_through_feast(rows)
+        assert set(ours.values) == features
+        assert ours.values == {name: feasts.values[name] for name in features}
+        assert ours.found == feasts.found and ours.timestamps == feasts.timestamps
+        assert all(not ours.found[v][0] for v in ours.found if v.startswith("card")), "the unknown card"
+        assert all(any(found) for found in ours.found.values()) or n == 1, "known entities are found"
+
+
+def test_values_change_with_the_store_not_a_cache(repo, tmp_path):
+    """The same rows read after the view's values are removed answer none:
+    each read goes to the online store."""
+    import sqlite3
+
+    store = _store(repo, ("merchant_risk",))
+    rows = _rows(repo, 8, 4)
+    assert any(store.read(rows).found["merchant_risk"])
+    database = repo / "data" / "online.db"
+    backup = tmp_path / "online.db"
+    backup.write_bytes(database.read_bytes())
+    try:
+        with sqlite3.connect(database) as connection:
+            (table,) = [t for (t,) in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                        if t.endswith("merchant_risk")]
+            connection.execute(f'DELETE FROM "{table}"')
+        assert not any(store.read(rows).found["merchant_risk"])
+        assert store.read(rows).found == store.read_through_feast(rows).found
+    finally:
+        database.write_bytes(backup.read_bytes())
