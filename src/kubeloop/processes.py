@@ -160,6 +160,23 @@ def _session_members(record: ProcessRecord) -> list[int]:
     return members
 
 
+def memory_mib(record: ProcessRecord) -> float:
+    """The memory of a process and its descendants (MiB, proportional set
+    size: pages they share counted once among them)."""
+    try:
+        root = psutil.Process(record.pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0
+    for proc in family:
+        try:
+            total += proc.memory_full_info().pss
+        except psutil.Error:  # exited meanwhile
+            continue
+    return total / 2**20
+
+
 def wait_exit(record: ProcessRecord, timeout: float) -> int | None:
     """The exit status of a child process started by this process, or None
     if it is still running after timeout seconds."""

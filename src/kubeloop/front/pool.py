@@ -1,0 +1,214 @@
+"""A pool of Triton servers in explicit model-control mode serving many
+models (the I/O half; the decisions are kubeloop.front.residency).
+
+A request for a model goes to the member that holds it; a model no member
+holds is loaded on its first request through Triton's repository API, after
+the member unloads its least recently used idle models to make room. Each
+load is measured: the member's memory before and after it (one load at a
+time per member, so the growth is that model's), unless the model's size is
+already known (the OptimizedModel's footprint). Cold loads are counted and
+timed; the record of their times is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Callable
+
+import orjson
+
+from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
+from kubeloop.front.upstream import Upstreams
+
+log = logging.getLogger("kubeloop.pool")
+LOAD_TIMEOUT_SECONDS = 300.0
+"""Triton answers a load once the model is ready or has failed."""
+COLD_LOADS_KEPT = 1024
+SETTLE_SECONDS = 10.0
+HEADROOM = 0.1
+"""The share of a member's budget left free when models are placed and
+unloaded: what serving grows a member by between two measurements (the
+backend's buffers as requests run) stays within the budget."""
+
+
+class LoadError(RuntimeError):
+    """Triton could not load (or unload) a model."""
+
+
+class Pool:
+    """members: name -> Triton's URL; budgets: name -> MiB, of which
+    HEADROOM is kept free; memory: name ->
+    the member's memory now (MiB: the Triton server and its backend
+    processes); sizes: model -> known size (MiB); estimate_mib: the room a
+    model of unknown size gets until its first load is measured."""
+
+    def __init__(self, members: dict[str, str], budgets: dict[str, float], memory: Callable[[str], float],
+                 sizes: dict[str, float] | None = None, estimate_mib: float = 0.0):
+        self.urls = dict(members)
+        self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()})
+        self.memory = memory
+        self.empty = {name: memory(name) for name in members}
+        """Each member's memory holding no model (members start empty: explicit model control, none at start)."""
+        self.sizes = dict(sizes or {})
+        self.estimate_mib = estimate_mib
+        self.repository = Upstreams(limit=4, timeout=LOAD_TIMEOUT_SECONDS)
+        self.locks = {name: asyncio.Lock() for name in members}
+        """One load or unload at a time per member: its growth is then the loading model's."""
+        self.pending: dict[tuple[str, str], asyncio.Future] = {}
+        """Loads under way; requests for the model wait for them."""
+        self.over: set[str] = set()
+        """Members measured over budget while everything they held was in use."""
+        self._released = asyncio.Event()
+        """Set (and replaced) whenever a request ends: placements waiting for room retry."""
+        self.cold_seconds: deque[float] = deque(maxlen=COLD_LOADS_KEPT)
+        """The latest cold loads' times, from the request's arrival to the model ready."""
+
+    @asynccontextmanager
+    async def serving(self, model: str) -> AsyncIterator[str]:
+        """The URL of a member holding the model (loaded first if none did);
+        the model stays loaded while the block runs."""
+        started = time.perf_counter()
+        placement = await self._place(model)
+        key = (placement.member, model)
+        try:
+            if placement.load:
+                await self._cold(placement, model, key)
+                self.cold_seconds.append(time.perf_counter() - started)
+            elif key in self.pending:
+                await asyncio.shield(self.pending[key])
+            yield self.urls[placement.member]
+        finally:
+            self.residency.done(placement.member, model)
+            self._released.set()
+            self._released = asyncio.Event()
+            # A model's first inference grows its member too (the backend's
+            # buffers): measured again once that request is over.
+            if placement.load or placement.member in self.over:
+                await self._within_budget(placement.member)
+
+    async def _place(self, model: str) -> Placement:
+        """Where the model's request goes; where no member has room because
+        what they hold is in use, wait for a request to end (at most
+        LOAD_TIMEOUT_SECONDS)."""
+        deadline = time.monotonic() + LOAD_TIMEOUT_SECONDS
+        while True:
+            if not self.residency.held(model):  # a cold load: place it by the members' memory now
+                for member in self.urls:
+                    self.residency.observe(member, self.used_mib(member))
+            try:
+                return self.residency.place(model, self._size(model))
+            except TooLarge:
+                raise
+            except NoRoom:
+                if time.monotonic() > deadline:
+                    raise
+                released = self._released
+                try:
+                    await asyncio.wait_for(released.wait(), timeout=deadline - time.monotonic())
+                except TimeoutError:
+                    continue
+
+    async def _cold(self, placement: Placement, model: str, key: tuple[str, str]) -> None:
+        done = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.exception())  # nobody else may be waiting: not an unretrieved error
+        self.pending[key] = done
+        try:
+            measured = await self._load(placement, model)
+        except BaseException as exc:
+            self.residency.failed(placement.member, model)
+            done.set_exception(exc if isinstance(exc, Exception) else LoadError("the load was cancelled"))
+            raise
+        finally:
+            self.pending.pop(key, None)
+        extra = self.residency.loaded(placement.member, model, measured)
+        done.set_result(None)
+        if extra:
+            log.info("%s measured %.0f MiB on %s, more than its room: unloading %s", model, measured,
+                     placement.member, ", ".join(extra))
+            await self._unload(placement.member, extra)
+
+    async def _within_budget(self, member: str) -> None:
+        """Unload idle models, least recently used first, while the member's
+        measured memory is over its budget less HEADROOM. The models' sizes are what each
+        load grew the member by, but what they share (the first model on a
+        member loads the backend's libraries, which stay while any model
+        does) is not in any one size: the member's own measure decides.
+        Where every model it holds is in use, the member is marked and
+        checked again as their requests end."""
+        budget = self.residency.members[member].budget_mib
+        async with self.locks[member]:
+            while self.used_mib(member) > budget:
+                evicted = self.residency.evict_idle(member)
+                if evicted is None:
+                    self.over.add(member)
+                    return
+                await self._unload_locked(member, [evicted])
+            self.over.discard(member)
+
+    def used_mib(self, member: str) -> float:
+        """The member's memory over what it used holding no model."""
+        return self.memory(member) - self.empty[member]
+
+    async def _load(self, placement: Placement, model: str) -> float:
+        member = placement.member
+        async with self.locks[member]:
+            await self._unload_locked(member, placement.unload)
+            before = self.memory(member)
+            await self._repository(member, model, "load")
+            measured = max(self.memory(member) - before, 0.0)
+        size = self.sizes.get(model, measured)
+        self.sizes.setdefault(model, measured)
+        return size
+
+    async def _unload(self, member: str, models: list[str] | tuple[str, ...]) -> None:
+        async with self.locks[member]:
+            await self._unload_locked(member, models)
+
+    async def _unload_locked(self, member: str, models: list[str] | tuple[str, ...]) -> None:
+        """Unload, and wait until Triton no longer lists the models ready and
+        the member's memory has fallen by about their size: Triton answers an
+        unload before the model's instances have gone (the python backend's
+        processes exit a second or two later), and the next load's growth is
+        measured from what is left."""
+        if not models:
+            return
+        before = self.memory(member)
+        for model in models:
+            await self._repository(member, model, "unload")
+        while await self._ready(member, models):
+            await asyncio.sleep(0.02)
+        await self._fallen(member, before - 0.5 * sum(self._size(m) for m in models))
+
+    async def _fallen(self, member: str, below: float) -> None:
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while self.memory(member) > below:
+            if time.monotonic() > deadline:
+                log.warning("pool member %s still uses %.0f MiB %.0f s after an unload (expected under %.0f MiB)",
+                            member, self.memory(member), SETTLE_SECONDS, below)
+                return
+            await asyncio.sleep(0.05)
+
+    async def _ready(self, member: str, models: list[str] | tuple[str, ...]) -> list[str]:
+        answer = await self.repository.call(b"POST", f"{self.urls[member]}/v2/repository/index", b"{}",
+                                            b"Content-Type: application/json\r\n")
+        if answer.status != 200:
+            raise LoadError(f"Triton ({member}) did not list its models: {answer.status}")
+        ready = {entry.get("name") for entry in orjson.loads(answer.body) if entry.get("state") == "READY"}
+        return [m for m in models if m in ready]
+
+    async def _repository(self, member: str, model: str, action: str) -> None:
+        url = f"{self.urls[member]}/v2/repository/models/{model}/{action}"
+        answer = await self.repository.call(b"POST", url)
+        if answer.status != 200:
+            raise LoadError(f"Triton ({member}) could not {action} {model}: {answer.status} "
+                            f"{answer.body[:300].decode(errors='replace')}")
+
+    def _size(self, model: str) -> float:
+        return self.sizes.get(model, self.estimate_mib)
+
+    def close(self) -> None:
+        self.repository.close()

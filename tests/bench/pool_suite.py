@@ -1,0 +1,162 @@
+"""Pool suite: many small models on a pool of two real tritonservers in
+explicit model-control mode (kubeloop.front.pool: loaded on first request,
+least recently used unloaded when a member's measured budget would be
+exceeded) against one Triton per model. Zipf-skewed traffic over the models
+(s = 1.1, four callers at once); each member's budget holds an eighth of
+the models. Reported: servers and memory against one Triton per model
+(ratio; a dedicated Triton's memory measured with its one model loaded),
+the hit rate of the skewed traffic, the cold loads' p50/p99, the members' peak memory against
+their budgets, and a loaded model's request p99 through the pool against a
+dedicated Triton (interleaved rounds). Local: no platform; the router does
+not use pools yet, so requests go from the pool's placement straight to the
+member."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import torch
+from rich.console import Console
+
+from kubeloop import processes
+from kubeloop.api.signature import ModelSignature
+from kubeloop.components.model import Architecture, build_model, export_onnx
+from kubeloop.components.triton import write_repository
+from kubeloop.front.pool import Pool
+from kubeloop.serving.runtime import TritonRuntime
+from tests.bench.repeat import RUNS, Figure, figures_table
+from tests.bench.serving_suite import wait_ready
+
+N_INPUTS = 4
+SIGNATURE = ModelSignature(feature_columns=[f"f{i}" for i in range(N_INPUTS)], threshold=0.5)
+BODY = {"inputs": [{"name": "features", "shape": [1, N_INPUTS], "datatype": "FP32", "data": [[0.1, 0.2, 0.3, 0.4]]}]}
+CALLERS = 4
+
+
+def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001 - the bench context (unused)
+    models, requests = (32, 240) if quick else (96, 800)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        repository = _repository(root, models)
+        servers = {name: _start(root, repository, name) for name in ("dedicated", "a", "b")}
+        try:
+            results = asyncio.run(_measure(servers, models, requests, console))
+        finally:
+            for server, _url in servers.values():
+                processes.stop(server)
+    _print(console, results, models, requests)
+    return {key: value.to_json() if isinstance(value, Figure) else value for key, value in results.items()}
+
+
+def _repository(root: Path, models: int) -> Path:
+    repository = root / "repository"
+    for seed in range(models):
+        torch.manual_seed(seed)
+        model = build_model(Architecture("binary", N_INPUTS, 1, parameters={"hidden_units": [8], "dropout": 0.0}))
+        write_repository(repository, f"model-{seed}", export_onnx(model.eval(), root / f"{seed}.onnx"), SIGNATURE,
+                         None, "python")
+    return repository
+
+
+def _start(root: Path, repository: Path, name: str):  # noqa: ANN202 - the process and its URL
+    ports = [processes.free_port() for _ in range(3)]
+    runtime = TritonRuntime.discover()
+    server = processes.start(f"triton-{name}", runtime.argv(repository, *ports), root / name, env=runtime.env())
+    url = f"http://127.0.0.1:{ports[0]}"
+    wait_ready([f"{url}/v2/health/live"], server, timeout=120)
+    return server, url
+
+
+async def _measure(servers: dict, models: int, requests: int, console: Console) -> dict:
+    memory = {name: (lambda record=server: processes.memory_mib(record)) for name, (server, _) in servers.items()}
+    empty = memory["dedicated"]()
+    dedicated = Pool({"dedicated": servers["dedicated"][1]}, {"dedicated": 1e9}, lambda _n: memory["dedicated"]())
+    async with dedicated.serving("model-0"):
+        pass
+    one_per_model = memory["dedicated"]()  # a Triton serving one model: the server and the model
+    async with dedicated.serving("model-1"):  # what a model adds beside another (the first loads the libraries)
+        pass
+    first, size = dedicated.sizes["model-0"], dedicated.sizes["model-1"]
+    await dedicated._unload("dedicated", ["model-1"])
+    budget = first + size * (models / 8 - 1)
+    pool = Pool({name: servers[name][1] for name in ("a", "b")}, {"a": budget, "b": budget},
+                lambda name: memory[name](), estimate_mib=size)
+    bases = {name: memory[name]() for name in ("a", "b")}
+    weights = 1.0 / np.arange(1, models + 1) ** 1.1
+    picks = np.random.default_rng(11).choice(models, size=requests, p=weights / weights.sum())
+    peak = dict.fromkeys(bases, 0.0)
+    async with aiohttp.ClientSession() as session:
+        with console.status(f"pool: {requests} Zipf requests over {models} models"):
+            for start in range(0, requests, CALLERS):
+                await asyncio.gather(*(_through_pool(pool, session, f"model-{i}") for i in picks[start:start + CALLERS]))
+                for name in bases:
+                    peak[name] = max(peak[name], memory[name]() - bases[name])
+        counters = replace(pool.residency.counters)
+        with console.status("pool: a loaded model's requests, through the pool and to a dedicated Triton"):
+            ratios = await _loaded_rounds(pool, session, servers["dedicated"][1])
+    cold = np.array(pool.cold_seconds) * 1000
+    pool.close()
+    dedicated.close()
+    pool_memory = sum(bases.values()) + sum(peak.values())
+    return {
+        "model_mib": round(size, 1), "first_model_mib": round(first, 1), "dedicated_triton_mib": round(one_per_model, 1), "empty_triton_mib": round(empty, 1),
+        "budget_mib": round(budget, 1), "peak_over_base_mib": {k: round(v, 1) for k, v in peak.items()},
+        "servers_ratio": 2 / models, "memory_ratio": round(pool_memory / (models * one_per_model), 4),
+        "hit_rate": round(counters.hits / (counters.hits + counters.loads), 3),
+        "loads": counters.loads, "unloads": counters.unloads, "failed": counters.failed,
+        "cold_p50_ms": round(float(np.percentile(cold, 50)), 1), "cold_p99_ms": round(float(np.percentile(cold, 99)), 1),
+        "loaded_p99": Figure("loaded model p99, pool / dedicated Triton", ratios["p99"], "x"),
+        "loaded_p50": Figure("loaded model p50, pool / dedicated Triton", ratios["p50"], "x"),
+    }
+
+
+async def _through_pool(pool: Pool, session: aiohttp.ClientSession, model: str) -> float:
+    started = time.perf_counter()
+    async with pool.serving(model) as url:
+        async with session.post(f"{url}/v2/models/{model}/infer", json=BODY) as response:
+            if response.status != 200:
+                raise RuntimeError(f"{model}: {response.status} {await response.text()}")
+            await response.read()
+    return time.perf_counter() - started
+
+
+async def _direct(session: aiohttp.ClientSession, url: str, model: str) -> float:
+    started = time.perf_counter()
+    async with session.post(f"{url}/v2/models/{model}/infer", json=BODY) as response:
+        await response.read()
+    return time.perf_counter() - started
+
+
+async def _loaded_rounds(pool: Pool, session: aiohttp.ClientSession, dedicated: str) -> dict[str, list[float]]:
+    """model-0 (the most requested) is loaded on a pool member and on the
+    dedicated Triton: 200 requests one at a time to each, alternating, per round."""
+    ratios: dict[str, list[float]] = {"p50": [], "p99": []}
+    for _ in range(RUNS):
+        through, direct = [], []
+        for _ in range(200):
+            through.append(await _through_pool(pool, session, "model-0"))
+            direct.append(await _direct(session, dedicated, "model-0"))
+        for q, key in ((50, "p50"), (99, "p99")):
+            ratios[key].append(float(np.percentile(through, q) / np.percentile(direct, q)))
+    return ratios
+
+
+def _print(console: Console, results: dict, models: int, requests: int) -> None:
+    console.print(f"pool: {models} models, {requests} Zipf requests, 2 members with {results['budget_mib']} MiB "
+                  f"each (an eighth of the models: the first {results['first_model_mib']} MiB with the backend's "
+                  f"libraries, then {results['model_mib']} MiB a model, measured on load)")
+    console.print(f"  servers {2} against {models} (ratio {results['servers_ratio']:.3f}); memory "
+                  f"{results['memory_ratio']:.3f}x of one Triton per model ({results['dedicated_triton_mib']} MiB "
+                  f"each, {results['empty_triton_mib']} MiB with no model)")
+    console.print(f"  hit rate {results['hit_rate']}, {results['loads']} loads, {results['unloads']} unloads, "
+                  f"{results['failed']} failed; cold load p50 {results['cold_p50_ms']} ms, p99 "
+                  f"{results['cold_p99_ms']} ms; members' peak over their empty memory {results['peak_over_base_mib']}"
+                  f" MiB (budget {results['budget_mib']})")
+    console.print(figures_table("a loaded model's requests: pool / dedicated Triton",
+                                [results["loaded_p50"], results["loaded_p99"]]))

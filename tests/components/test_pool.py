@@ -1,0 +1,119 @@
+"""A pool of two real tritonservers (the local serving runtime, explicit
+model control) serving more models than their budgets hold
+(kubeloop.front.pool): every request is answered by its own model, each
+member's measured memory stays within its budget, and loads and unloads
+are counted. Local backend's runtime; no control plane, no router yet."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+
+from kubeloop import processes
+from kubeloop.api.signature import ModelSignature
+from kubeloop.components.model import Architecture, build_model, export_onnx
+from kubeloop.components.triton import write_repository
+from kubeloop.front.pool import Pool
+from kubeloop.serving.runtime import TritonRuntime
+from tests.support.waiting import wait_for
+
+N_INPUTS = 4
+MODELS = 8
+SIGNATURE = ModelSignature(feature_columns=[f"f{i}" for i in range(N_INPUTS)], threshold=0.5)
+ROWS = np.random.default_rng(3).normal(0, 1, (3, N_INPUTS)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory):
+    """Two tritonservers over one repository of MODELS models, none
+    loaded; each model a different small network (its answer names it)."""
+    root = tmp_path_factory.mktemp("pool")
+    repository, expected = root / "repository", {}
+    for seed in range(MODELS):
+        torch.manual_seed(seed)
+        model = build_model(Architecture("binary", N_INPUTS, 1, parameters={"hidden_units": [8], "dropout": 0.0}))
+        write_repository(repository, f"model-{seed}", export_onnx(model.eval(), root / f"{seed}.onnx"), SIGNATURE,
+                         None, "python")
+        with torch.no_grad():
+            expected[f"model-{seed}"] = model(torch.from_numpy(ROWS)).numpy().ravel()
+    runtime, servers = TritonRuntime.discover(), {}
+    try:
+        for name in ("a", "b"):
+            ports = [processes.free_port() for _ in range(3)]
+            server = processes.start(f"triton-{name}", runtime.argv(repository, *ports), root / name,
+                                     env=runtime.env())
+            url = f"http://127.0.0.1:{ports[0]}"
+            servers[name] = (server, url)
+            wait_for(lambda url=url: _answers(f"{url}/v2/health/live"), timeout=120, what=f"tritonserver {name} live")
+        yield servers, expected
+    finally:
+        for server, _ in servers.values():
+            processes.stop(server)
+
+
+def test_a_pool_serves_more_models_than_it_holds_within_its_measured_budget(members):
+    servers, expected = members
+    memory = {name: (lambda record=server: processes.memory_mib(record)) for name, (server, _) in servers.items()}
+    asyncio.run(_probe_and_serve(servers, expected, memory))
+
+
+async def _probe_and_serve(servers, expected, memory) -> None:  # noqa: ANN001
+    # Two loads measured alone set the budget: the first also loads the
+    # backend's libraries, the second is what a model adds. Room for about
+    # two models a member, four of the eight in the pool.
+    probe = Pool({"a": servers["a"][1]}, {"a": 1e9}, lambda _name: memory["a"]())
+    for model in ("model-0", "model-1"):
+        async with probe.serving(model):
+            pass
+    first, size = probe.sizes["model-0"], probe.sizes["model-1"]
+    assert first > size > 1, f"loads grew the member by {first:.1f} and {size:.1f} MiB"
+    await probe._unload("a", ["model-0", "model-1"])
+    probe.close()
+    # A budget is over what a member used at the pool's start, holding no model.
+    empty = {name: measure() for name, measure in memory.items()}
+    budget = first + 1.5 * size
+    pool = Pool({name: url for name, (_, url) in servers.items()}, dict.fromkeys(servers, budget),
+                lambda name: memory[name](), estimate_mib=size)
+    rng = np.random.default_rng(5)
+    order = [f"model-{i}" for i in rng.integers(0, MODELS, 16)] + [f"model-{i}" for i in range(MODELS)]
+    async with aiohttp.ClientSession() as session:
+        for start in range(0, len(order), 4):  # four callers at once
+            wave = order[start:start + 4]
+            answers = await asyncio.gather(*(_infer(pool, session, model) for model in wave))
+            for model, answer in zip(wave, answers, strict=True):
+                assert np.allclose(answer, expected[model], atol=1e-4), f"{model} answered as another model"
+            for name in servers:
+                grown = memory[name]() - empty[name]
+                assert grown <= budget, f"member {name} grew {grown:.0f} MiB, budget {budget:.0f}"
+                held = pool.residency.members[name].loaded
+                assert sorted(await pool._ready(name, [f"model-{i}" for i in range(MODELS)])) == sorted(held)
+                assert sum(held.values()) <= budget
+    counters = pool.residency.counters
+    held = sum(len(member.loaded) for member in pool.residency.members.values())
+    assert counters.loads >= MODELS and counters.failed == 0 and counters.unloads == counters.loads - held
+    assert held <= 4 and counters.unloads >= MODELS - 4
+    assert counters.loads + counters.hits == len(order)
+    assert len(pool.cold_seconds) == counters.loads
+    pool.close()
+
+
+async def _infer(pool: Pool, session: aiohttp.ClientSession, model: str) -> np.ndarray:
+    body = {"inputs": [{"name": "features", "shape": list(ROWS.shape), "datatype": "FP32", "data": ROWS.tolist()}]}
+    async with pool.serving(model) as url:
+        async with session.post(f"{url}/v2/models/{model}/infer", json=body) as response:
+            assert response.status == 200, await response.text()
+            (output,) = (await response.json())["outputs"]
+    return np.asarray(output["data"], dtype=np.float32)
+
+
+def _answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
