@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Mapping, get_args
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
+from kubeloop.serving.base import PoolSize
 from kubeloop.version import COMPONENTS_IMAGE
 
 TritonBackend = Literal["onnxruntime", "python"]
@@ -65,6 +66,9 @@ class OperatorConfig(BaseSettings):
     serving_backends: Names = _env("KUBELOOP_SERVING_BACKENDS", ["kubernetes"])
     """Serving backends to enable (kubernetes, kserve, local)."""
     default_serving_backend: str = _env("KUBELOOP_SERVING_BACKEND", "kubernetes")
+    serving_pools: dict[str, PoolSize] = _env("KUBELOOP_SERVING_POOLS", {})
+    """Pools of Triton servers InferenceServices may join (spec.pool), as
+    JSON: {"<name>": {"members": 2, "memoryMiB": 1024}} (local backend)."""
     registry: str = _env("KUBELOOP_REGISTRY", "mlflow")
     """mlflow, or memory (an empty in-process registry, for tests and benchmarks)."""
     tracking_uri: str | None = _env("MLFLOW_TRACKING_URI")

@@ -121,7 +121,7 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                 raise ConfigurationError("the local serving backend needs MLFLOW_TRACKING_URI")
             backends[name] = LocalServing(config.state_dir, config.tracking_uri,
                                           log_root=config.request_log or str(config.state_dir / "requests"),
-                                          targets=config.prometheus_targets)
+                                          targets=config.prometheus_targets, pools=config.serving_pools)
         else:
             raise ConfigurationError(f"unknown serving backend {name}; use kubernetes, kserve or local")
     return backends

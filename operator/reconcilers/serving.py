@@ -43,6 +43,10 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         obs = [Observation(ConditionType.DEPLOYED, "False", Reason.BACKEND_NOT_CONFIGURED,
                            f"the operator has no '{backend_name}' serving backend")]
         return Outcome(finish(status, obs, ref.generation, REQUIRED, phase="Failed"))
+    unpooled = spec.pool and backend.pool_problem(spec.pool)
+    if unpooled:
+        obs = [Observation(ConditionType.DEPLOYED, "False", Reason.BACKEND_NOT_CONFIGURED, unpooled)]
+        return Outcome(finish(status, obs, ref.generation, REQUIRED, phase="Failed"))
     try:
         retrain = advance_retraining(ref, spec, status, ports) if spec.retraining else None
         primary = _resolve(ports, spec.model)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+from kubeloop.front.memory import private_mib
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 
@@ -161,20 +162,9 @@ def _session_members(record: ProcessRecord) -> list[int]:
 
 
 def memory_mib(record: ProcessRecord) -> float:
-    """The memory of a process and its descendants (MiB, proportional set
-    size: pages they share counted once among them)."""
-    try:
-        root = psutil.Process(record.pid)
-        family = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0
-    for proc in family:
-        try:
-            total += proc.memory_full_info().pss
-        except psutil.Error:  # exited meanwhile
-            continue
-    return total / 2**20
+    """The memory of a process and its descendants that no other process
+    shares (MiB; kubeloop.front.memory says why)."""
+    return private_mib(record.pid)
 
 
 def wait_exit(record: ProcessRecord, timeout: float) -> int | None:

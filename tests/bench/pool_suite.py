@@ -28,6 +28,7 @@ from kubeloop import processes
 from kubeloop.api.signature import ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import write_repository
+from kubeloop.front.memory import private_by_process
 from kubeloop.front.pool import Pool
 from kubeloop.serving.runtime import TritonRuntime
 from tests.bench.repeat import RUNS, Figure, figures_table
@@ -74,12 +75,13 @@ def _start(root: Path, repository: Path, name: str):  # noqa: ANN202 - the proce
 
 
 async def _measure(servers: dict, models: int, requests: int, console: Console) -> dict:
-    memory = {name: (lambda record=server: processes.memory_mib(record)) for name, (server, _) in servers.items()}
-    empty = memory["dedicated"]()
+    memory = {name: (lambda record=server: private_by_process(record.pid)) for name, (server, _) in servers.items()}
+    used = {name: (lambda read=read: sum(read().values())) for name, read in memory.items()}
+    empty = used["dedicated"]()
     dedicated = Pool({"dedicated": servers["dedicated"][1]}, {"dedicated": 1e9}, lambda _n: memory["dedicated"]())
     async with dedicated.serving("model-0"):
         pass
-    one_per_model = memory["dedicated"]()  # a Triton serving one model: the server and the model
+    one_per_model = used["dedicated"]()  # a Triton serving one model: the server and the model
     async with dedicated.serving("model-1"):  # what a model adds beside another (the first loads the libraries)
         pass
     first, size = dedicated.sizes["model-0"], dedicated.sizes["model-1"]
@@ -87,7 +89,7 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
     budget = first + size * (models / 8 - 1)
     pool = Pool({name: servers[name][1] for name in ("a", "b")}, {"a": budget, "b": budget},
                 lambda name: memory[name](), estimate_mib=size)
-    bases = {name: memory[name]() for name in ("a", "b")}
+    bases = {name: used[name]() for name in ("a", "b")}
     weights = 1.0 / np.arange(1, models + 1) ** 1.1
     picks = np.random.default_rng(11).choice(models, size=requests, p=weights / weights.sum())
     peak = dict.fromkeys(bases, 0.0)
@@ -96,7 +98,7 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
             for start in range(0, requests, CALLERS):
                 await asyncio.gather(*(_through_pool(pool, session, f"model-{i}") for i in picks[start:start + CALLERS]))
                 for name in bases:
-                    peak[name] = max(peak[name], memory[name]() - bases[name])
+                    peak[name] = max(peak[name], used[name]() - bases[name])
         counters = replace(pool.residency.counters)
         with console.status("pool: a loaded model's requests, through the pool and to a dedicated Triton"):
             ratios = await _loaded_rounds(pool, session, servers["dedicated"][1])

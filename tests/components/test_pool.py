@@ -17,6 +17,7 @@ from kubeloop import processes
 from kubeloop.api.signature import ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import write_repository
+from kubeloop.front.memory import private_by_process
 from kubeloop.front.pool import Pool
 from kubeloop.serving.runtime import TritonRuntime
 from tests.support.waiting import wait_for
@@ -57,7 +58,7 @@ def members(tmp_path_factory):
 
 def test_a_pool_serves_more_models_than_it_holds_within_its_measured_budget(members):
     servers, expected = members
-    memory = {name: (lambda record=server: processes.memory_mib(record)) for name, (server, _) in servers.items()}
+    memory = {name: (lambda record=server: private_by_process(record.pid)) for name, (server, _) in servers.items()}
     asyncio.run(_probe_and_serve(servers, expected, memory))
 
 
@@ -74,7 +75,8 @@ async def _probe_and_serve(servers, expected, memory) -> None:  # noqa: ANN001
     await probe._unload("a", ["model-0", "model-1"])
     probe.close()
     # A budget is over what a member used at the pool's start, holding no model.
-    empty = {name: measure() for name, measure in memory.items()}
+    used = {name: (lambda read=read: sum(read().values())) for name, read in memory.items()}
+    empty = {name: measure() for name, measure in used.items()}
     budget = first + 1.5 * size
     pool = Pool({name: url for name, (_, url) in servers.items()}, dict.fromkeys(servers, budget),
                 lambda name: memory[name](), estimate_mib=size)
@@ -87,7 +89,7 @@ async def _probe_and_serve(servers, expected, memory) -> None:  # noqa: ANN001
             for model, answer in zip(wave, answers, strict=True):
                 assert np.allclose(answer, expected[model], atol=1e-4), f"{model} answered as another model"
             for name in servers:
-                grown = memory[name]() - empty[name]
+                grown = used[name]() - empty[name]
                 assert grown <= budget, f"member {name} grew {grown:.0f} MiB, budget {budget:.0f}"
                 held = pool.residency.members[name].loaded
                 assert sorted(await pool._ready(name, [f"model-{i}" for i in range(MODELS)])) == sorted(held)

@@ -69,7 +69,7 @@ def test_a_starting_server_is_reported_not_waited_for(serving, tmp_path):
 def test_a_server_that_never_answers_is_unavailable_after_the_timeout(serving, monkeypatch):
     """Local: the start time is the process's own, so a restarted operator judges it alike."""
     serving.ensure(request())
-    monkeypatch.setattr("kubeloop.serving.local.READY_TIMEOUT", 0.0)
+    monkeypatch.setattr("kubeloop.serving.instances.READY_TIMEOUT", 0.0)
     with pytest.raises(ServingUnavailable, match="not ready"):
         serving.ensure(request())
 

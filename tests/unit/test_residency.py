@@ -112,3 +112,12 @@ def test_a_model_larger_than_every_budget_is_refused_at_once_naming_the_fix():
     with pytest.raises(TooLarge, match="big \\(120 MiB\\) is larger than any pool member's budget \\(at most 100"):
         residency.place("big", 120)
     assert residency.counters.loads == 0
+
+
+def test_a_model_no_longer_served_is_dropped_where_it_was_loaded():
+    residency = Residency({"a": 100.0, "b": 100.0})
+    served(residency, "m1", 30)
+    served(residency, "m2", 30)
+    assert residency.forget("m1") == ["a"]
+    assert not residency.held("m1") and residency.held("m2")
+    assert residency.forget("m1") == [] and residency.counters.unloads == 1

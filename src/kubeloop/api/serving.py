@@ -251,6 +251,12 @@ class InferenceServiceSpec(KubeModel):
     InferenceService per version, where KServe is installed) or local
     (tritonserver processes on the operator's machine); omitted means the
     operator's default."""
+    pool: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """A pool of Triton servers the operator runs (its
+    KUBELOOP_SERVING_POOLS) to serve this service among many: the model is
+    loaded on its first request and unloaded, least recently used, when its
+    member needs the room. Omitted, the service gets a Triton of its own.
+    Local backend only so far."""
     runtime: ServingRuntime = Field(default_factory=ServingRuntime)
     """The model server."""
     resources: ServingResources = Field(default_factory=ServingResources)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import orjson
 
+from kubeloop.front.memory import growth
 from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
 from kubeloop.front.upstream import Upstreams
 
@@ -29,6 +31,11 @@ LOAD_TIMEOUT_SECONDS = 300.0
 """Triton answers a load once the model is ready or has failed."""
 COLD_LOADS_KEPT = 1024
 SETTLE_SECONDS = 10.0
+PEAK_SECONDS = 0.05
+"""How often a member's memory is measured while it loads a model."""
+STILL_SECONDS = 0.25
+"""A member whose memory fell by less than a MiB over this long after an
+unload has let the unloaded models' memory go."""
 HEADROOM = 0.1
 """The share of a member's budget left free when models are placed and
 unloaded: what serving grows a member by between two measurements (the
@@ -39,21 +46,30 @@ class LoadError(RuntimeError):
     """Triton could not load (or unload) a model."""
 
 
+UNSERVED = (LoadError, NoRoom)
+"""What a request to a pooled model can end with short of an answer: its
+load failed, or no member has room for it (TooLarge is a NoRoom)."""
+
+
 class Pool:
     """members: name -> Triton's URL; budgets: name -> MiB, of which
-    HEADROOM is kept free; memory: name ->
-    the member's memory now (MiB: the Triton server and its backend
-    processes); sizes: model -> known size (MiB); estimate_mib: the room a
-    model of unknown size gets until its first load is measured."""
+    HEADROOM is kept free; processes: name -> the member's memory now by
+    process (kubeloop.front.memory.private_by_process of the Triton server:
+    it and its backends' processes, the server first); sizes: model -> known
+    size (MiB); estimate_mib: the room a model of unknown size gets until
+    its first load is measured."""
 
-    def __init__(self, members: dict[str, str], budgets: dict[str, float], memory: Callable[[str], float],
-                 sizes: dict[str, float] | None = None, estimate_mib: float = 0.0):
+    def __init__(self, members: dict[str, str], budgets: dict[str, float],
+                 processes: Callable[[str], dict[int, float]], sizes: dict[str, float] | None = None,
+                 estimate_mib: float = 0.0):
         self.urls = dict(members)
         self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()})
-        self.memory = memory
-        self.empty = {name: memory(name) for name in members}
+        self.processes = processes
+        self.empty = {name: self.memory(name) for name in members}
         """Each member's memory holding no model (members start empty: explicit model control, none at start)."""
         self.sizes = dict(sizes or {})
+        self.peaks: dict[str, float] = {}
+        """Model -> the most its last load grew its member by, while it loaded."""
         self.estimate_mib = estimate_mib
         self.repository = Upstreams(limit=4, timeout=LOAD_TIMEOUT_SECONDS)
         self.locks = {name: asyncio.Lock() for name in members}
@@ -66,6 +82,29 @@ class Pool:
         """Set (and replaced) whenever a request ends: placements waiting for room retry."""
         self.cold_seconds: deque[float] = deque(maxlen=COLD_LOADS_KEPT)
         """The latest cold loads' times, from the request's arrival to the model ready."""
+        self.failures: dict[str, str] = {}
+        """Model -> why its last load failed (until one succeeds); bounded by the models served."""
+
+    def any_url(self) -> str:
+        """A member's URL, for what any member answers alike (the server's metadata)."""
+        return next(iter(self.urls.values()))
+
+    async def reload(self, model: str) -> None:
+        """The model's config or versions changed: the members holding it
+        load it again (Triton loads the new versions before it unloads the
+        old ones: requests keep being answered)."""
+        for name, member in self.residency.members.items():
+            if model in member.loaded:
+                async with self.locks[name]:
+                    await self._repository(name, model, "load")
+
+    async def forget(self, model: str) -> None:
+        """The model is served no more: unloaded where it is held."""
+        self.failures.pop(model, None)
+        self.sizes.pop(model, None)
+        self.peaks.pop(model, None)
+        for member in self.residency.forget(model):
+            await self._unload(member, [model])
 
     @asynccontextmanager
     async def serving(self, model: str) -> AsyncIterator[str]:
@@ -100,7 +139,7 @@ class Pool:
                 for member in self.urls:
                     self.residency.observe(member, self.used_mib(member))
             try:
-                return self.residency.place(model, self._size(model))
+                return self.residency.place(model, self._room(model))
             except TooLarge:
                 raise
             except NoRoom:
@@ -120,11 +159,13 @@ class Pool:
             measured = await self._load(placement, model)
         except BaseException as exc:
             self.residency.failed(placement.member, model)
+            self.failures[model] = str(exc)
             done.set_exception(exc if isinstance(exc, Exception) else LoadError("the load was cancelled"))
             raise
         finally:
             self.pending.pop(key, None)
         extra = self.residency.loaded(placement.member, model, measured)
+        self.failures.pop(model, None)
         done.set_result(None)
         if extra:
             log.info("%s measured %.0f MiB on %s, more than its room: unloading %s", model, measured,
@@ -149,6 +190,10 @@ class Pool:
                 await self._unload_locked(member, [evicted])
             self.over.discard(member)
 
+    def memory(self, member: str) -> float:
+        """The member's memory now (MiB)."""
+        return sum(self.processes(member).values())
+
     def used_mib(self, member: str) -> float:
         """The member's memory over what it used holding no model."""
         return self.memory(member) - self.empty[member]
@@ -157,12 +202,26 @@ class Pool:
         member = placement.member
         async with self.locks[member]:
             await self._unload_locked(member, placement.unload)
-            before = self.memory(member)
-            await self._repository(member, model, "load")
-            measured = max(self.memory(member) - before, 0.0)
+            before = self.processes(member)
+            peak = await self._peak_during(member, before, self._repository(member, model, "load"))
+            measured = growth(before, self.processes(member))
+        self.peaks[model] = max(peak, measured)
+        log.debug("loaded %s on %s: %.1f MiB before, peak +%.1f, settled +%.1f", model, member,
+                  sum(before.values()) - self.empty[member], peak, measured)
         size = self.sizes.get(model, measured)
         self.sizes.setdefault(model, measured)
         return size
+
+    async def _peak_during(self, member: str, before: dict[int, float], work: Awaitable[None]) -> float:
+        """Do the work, measuring the member every PEAK_SECONDS meanwhile;
+        the most it grew by since `before`."""
+        task = asyncio.ensure_future(work)
+        peak = 0.0
+        while not task.done():
+            await asyncio.wait({task}, timeout=PEAK_SECONDS)
+            peak = max(peak, growth(before, self.processes(member)))
+        await task
+        return peak
 
     async def _unload(self, member: str, models: list[str] | tuple[str, ...]) -> None:
         async with self.locks[member]:
@@ -182,8 +241,14 @@ class Pool:
         while await self._ready(member, models):
             await asyncio.sleep(0.02)
         await self._fallen(member, before - 0.5 * sum(self._size(m) for m in models))
+        log.debug("unloaded %s from %s: %.1f MiB before, %.1f after", ", ".join(models), member,
+                  before - self.empty[member], self.used_mib(member))
 
     async def _fallen(self, member: str, below: float) -> None:
+        """Wait until the member's memory has fallen below `below` (the
+        unloaded models' processes are exiting), then until it stops
+        falling (they are gone): what is left of them must not be counted
+        as free room for the next load."""
         deadline = time.monotonic() + SETTLE_SECONDS
         while self.memory(member) > below:
             if time.monotonic() > deadline:
@@ -191,6 +256,12 @@ class Pool:
                             member, self.memory(member), SETTLE_SECONDS, below)
                 return
             await asyncio.sleep(0.05)
+        now = self.memory(member)
+        while time.monotonic() < deadline:
+            await asyncio.sleep(STILL_SECONDS)
+            now, before = self.memory(member), now
+            if now > before - 1.0:
+                return
 
     async def _ready(self, member: str, models: list[str] | tuple[str, ...]) -> list[str]:
         answer = await self.repository.call(b"POST", f"{self.urls[member]}/v2/repository/index", b"{}",
@@ -209,6 +280,20 @@ class Pool:
 
     def _size(self, model: str) -> float:
         return self.sizes.get(model, self.estimate_mib)
+
+    def _room(self, model: str) -> float:
+        """The room a load of the model needs: the most its last load grew
+        the member by (a load's processes use more while they start than once
+        loaded), else its known size; for a model never loaded, the estimate
+        given, else the median of the loads measured so far. Before any
+        load is measured, the first goes alone: NoRoom (wait) while it runs."""
+        if model in self.peaks or model in self.sizes:
+            return max(self.peaks.get(model, 0.0), self.sizes.get(model, 0.0))
+        if self.estimate_mib or self.peaks:
+            return self.estimate_mib or statistics.median(self.peaks.values())
+        if self.pending:
+            raise NoRoom("the pool's first load is being measured")
+        return 0.0
 
     def close(self) -> None:
         self.repository.close()

@@ -181,6 +181,13 @@ class Residency:
         self.counters.unloads += 1
         return idle[0]
 
+    def forget(self, model: str) -> list[str]:
+        """The model is served no more: the members that held it loaded drop
+        it (counted as unloads; the caller unloads it there)."""
+        held = [m.name for m in self.members.values() if m.loaded.pop(model, None) is not None]
+        self.counters.unloads += len(held)
+        return held
+
     def over_budget(self) -> dict[str, float]:
         """Members whose measured models exceed their budget, by how much
         (a load measured larger than the room it was given)."""

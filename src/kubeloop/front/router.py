@@ -60,7 +60,10 @@ Its routes live in a JSON file that the serving backend rewrites as aliases
 move (the local backend's file, or a ConfigMap mounted into the router's Pod
 on a cluster); the router picks up changes within half a second of seeing
 them. Locally one tritonserver serves every version; on a cluster each
-version is a Triton Deployment of its own, named in `version_urls`.
+version is a Triton Deployment of its own, named in `version_urls`. A
+pooled service's router runs inside a pool's front
+(kubeloop.front.poolfront) and reaches its model through the pool
+(kubeloop.front.pool), which loads it on a member first where none holds it.
 
     python -m kubeloop.front.router --config router.json --port 8080 [--host 0.0.0.0]
 """
@@ -78,15 +81,16 @@ import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import AsyncIterator, NamedTuple
+from typing import AsyncIterator, Awaitable, Callable, NamedTuple
 
 import orjson
 import uvloop
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.front import grpcserver
@@ -96,6 +100,7 @@ from kubeloop.front.encoding import REQUEST_HEADER, BinaryOutputs, decode_reques
 from kubeloop.front.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
                                      is_entity_request, parse_rows, tensor_request)
 from kubeloop.front.httpserver import Request, Response, Server, header_lines, json_response
+from kubeloop.front.pool import UNSERVED, Pool
 from kubeloop.front.upstream import Upstreams, UpstreamError
 from kubeloop.requestlog import LogLimits, LogStoreError, ObjectStore, RequestLog, line, open_store, sampled
 from kubeloop.requestlog import position as bucket
@@ -180,7 +185,10 @@ class RouterConfig:
 
     def version_url(self, version: str) -> str:
         """The Triton model URL of a version."""
-        return f"{self.server_url(version)}/v2/models/{self.triton_model}/versions/{version}"
+        return f"{self.server_url(version)}{self.version_path(version)}"
+
+    def version_path(self, version: str) -> str:
+        return f"/v2/models/{self.triton_model}/versions/{version}"
 
     def primary(self) -> Route:
         return next(r for r in self.routes if r.role == "primary")
@@ -326,13 +334,28 @@ class Metrics:
     def forget(self) -> None:
         self._series.clear()
 
+    def drop(self, service: str) -> None:
+        """Remove a service's series: it left the pool's front that shares these metrics."""
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and "service" in metric._labelnames:
+                at = metric._labelnames.index("service")
+                for labels in [k for k in metric._metrics if k[at] == service]:
+                    metric.remove(*labels)
+        self.forget()
+
 
 class Router:
-    def __init__(self, config_path: Path):
+    """One service's routes. metrics and pool: shared with the other
+    services of a pool's front (each series carries its service)."""
+
+    def __init__(self, config_path: Path, metrics: Metrics | None = None, pool: Pool | None = None):
         self.config_path = config_path
         self.config = RouterConfig.load(config_path)
         self.mtime = config_path.stat().st_mtime
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
+        self.pool = pool
+        self._traffic: list[tuple[str, ...]] = []
+        """The traffic series this router set (a shared gauge holds others')."""
         self._show_routes()
         self.log = RequestLog(self.config.log_limits.queue_rows)
         self._store, self._store_for = None, None
@@ -354,15 +377,20 @@ class Router:
 
     # -- plumbing ------------------------------------------------------------
 
-    async def start(self) -> None:
-        self.upstream = Upstreams()
+    async def start(self, upstream: Upstreams | None = None, watch: bool = True) -> None:
+        """upstream: one shared with other routers (then theirs to close);
+        watch: whether this router reloads its routes itself (a pool's
+        front calls reload_routes for all of its routers at once)."""
+        self._owns_upstream = upstream is None
+        self.upstream = upstream or Upstreams()
         store = self._log_store()
         if isinstance(store, ObjectStore):
             # Building its client imports boto3 (about a second of CPU; no
             # network): before the first request rather than in the first
             # flush, beside requests.
             await asyncio.get_running_loop().run_in_executor(self.writing, lambda: store.client)
-        self._spawn(self._watch())
+        if watch:
+            self._spawn(self._watch())
         self._spawn(self._flush_loop())
         self._open_stores()
 
@@ -398,7 +426,8 @@ class Router:
         await self.flush_log(self._log_store())
         self.writing.shutdown(wait=True)
         self.retrieving.shutdown(wait=False, cancel_futures=True)
-        self.upstream.close()
+        if self._owns_upstream:
+            self.upstream.close()
 
     def _spawn(self, coro, tasks: set[asyncio.Task] | None = None) -> None:  # noqa: ANN001
         tasks = self.background if tasks is None else tasks
@@ -410,8 +439,7 @@ class Router:
         while True:
             await asyncio.sleep(0.5)
             try:
-                if self.reload_routes():
-                    self._open_stores()
+                self.take_up_routes()
             except Exception:  # one bad round must not end route reloads for good
                 log.exception("the router's housekeeping failed; trying again")
 
@@ -458,6 +486,13 @@ class Router:
             if removed:
                 self.metrics.log_removed.labels(c.service).inc(removed)
 
+    def take_up_routes(self) -> bool:
+        """Reload the routes file if it changed, and open the feature stores it names (True when it changed)."""
+        if self.reload_routes():
+            self._open_stores()
+            return True
+        return False
+
     def reload_routes(self) -> bool:
         """Take up the routes file if it changed (True when it did); a broken
         one keeps the routes in use."""
@@ -478,9 +513,12 @@ class Router:
     def _show_routes(self) -> None:
         c = self.config
         self.metrics.forget()
-        self.metrics.traffic.clear()
-        for route in (*c.routes, *([c.shadow] if c.shadow else [])):
-            self.metrics.traffic.labels(c.service, c.model, route.version, route.role).set(route.percent / 100)
+        for labels in self._traffic:
+            self.metrics.traffic.remove(*labels)
+        self._traffic = [(c.service, c.model, route.version, route.role)
+                         for route in (*c.routes, *([c.shadow] if c.shadow else []))]
+        for labels, route in zip(self._traffic, (*c.routes, *([c.shadow] if c.shadow else [])), strict=True):
+            self.metrics.traffic.labels(*labels).set(route.percent / 100)
         self.metrics.sample_rate.labels(c.service).set(c.sample_rate if c.request_log else 0.0)
 
     def _observe(self, version: str, outputs: list) -> None:
@@ -494,8 +532,16 @@ class Router:
             else:
                 self.metrics.series(self.metrics.scores, c.service, c.model, version).observe(row)
 
-    def _infer_url(self, version: str) -> str:
-        return f"{self.config.version_url(version)}/infer"
+    def _server(self, version: str | None) -> AbstractAsyncContextManager[str]:
+        """The base URL of a Triton serving the version while the block
+        runs: the configured one, or the pool's member holding the model
+        (loaded there first where none does). None: any server, for what
+        all answer alike (the server's metadata)."""
+        if self.pool is None:
+            return nullcontext(self.config.server_url(version or self.config.primary().version))
+        if version is None:
+            return nullcontext(self.pool.any_url())
+        return self.pool.serving(self.config.triton_model)
 
     # -- handlers ------------------------------------------------------------
 
@@ -509,7 +555,7 @@ class Router:
         if request.path == "/metrics":
             return self._get(request) or self.metrics_endpoint()
         if parts == ["v2"]:
-            return self._get(request) or await self.forward(f"{c.server_url(c.primary().version)}/v2")
+            return self._get(request) or await self.forward(None, "/v2")
         if parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("ready", "live"):
             return self._get(request) or (await self.ready(c.primary()) if parts[2] == "ready" else Response(200))
         found = model_route(parts[3:]) if parts[:2] == ["v2", "models"] and len(parts) > 2 else None
@@ -539,7 +585,8 @@ class Router:
         ""), config or stats route."""
         if action == "ready":
             return await self.ready(route)
-        return await self.forward(self.config.version_url(route.version) + (f"/{action}" if action else ""))
+        return await self.forward(route.version, self.config.version_path(route.version)
+                                  + (f"/{action}" if action else ""))
 
     async def infer(self, request: Request, named: Route | None = None) -> Response:
         """Answer an inference request by the version the split picks, or
@@ -710,9 +757,13 @@ class Router:
         """Triton's status, answer and the length of a binary answer's JSON header."""
         lines = JSON_BODY if headers is None else header_lines(headers) + NO_COMPRESSION
         try:
-            answer = await self.upstream.call(b"POST", self._infer_url(version), body, lines)
+            async with self._server(version) as server:
+                answer = await self.upstream.call(b"POST", f"{server}{self.config.version_path(version)}/infer",
+                                                  body, lines)
         except UpstreamError as exc:
             return 503, orjson.dumps({"error": f"model server unavailable: {exc}"}), None
+        except UNSERVED as exc:
+            return 503, orjson.dumps({"error": f"the pool cannot serve {self.config.model} now: {exc}"}), None
         return answer.status, answer.body, answer.headers.get(HEADER_LENGTH.lower())
 
     def _count_problems(self, problems: list) -> None:
@@ -751,9 +802,14 @@ class Router:
                                "outputs": outputs}))
 
     async def ready(self, route: Route) -> Response:
-        """Ready when the route's version is, and every version's feature store is open."""
+        """Ready when the route's version is, and every version's feature
+        store is open. A pooled model is ready unless its last load failed:
+        it is loaded by its first request, never by a readiness check."""
         if not self.stores_open():
             return Response(503, b"opening the feature stores", "text/plain")
+        if self.pool is not None:
+            failure = self.pool.failures.get(self.config.triton_model)
+            return Response(503, failure.encode(), "text/plain") if failure else Response(200)
         try:
             answer = await self.upstream.call(b"GET", f"{self.config.version_url(route.version)}/ready",
                                               headers=NO_COMPRESSION)
@@ -761,12 +817,16 @@ class Router:
             return Response(503)
         return Response(answer.status)
 
-    async def forward(self, url: str) -> Response:
-        """Triton's answer to a GET of url, as Triton gave it."""
+    async def forward(self, version: str | None, path: str) -> Response:
+        """Triton's answer to a GET of path on a server of the version (None:
+        any), as Triton gave it."""
         try:
-            answer = await self.upstream.call(b"GET", url, headers=NO_COMPRESSION)
+            async with self._server(version) as server:
+                answer = await self.upstream.call(b"GET", f"{server}{path}", headers=NO_COMPRESSION)
         except UpstreamError as exc:
             return json_response({"error": f"model server unavailable: {exc}"}, 503)
+        except UNSERVED as exc:
+            return json_response({"error": f"the pool cannot serve {self.config.model} now: {exc}"}, 503)
         return Response(answer.status, answer.body, answer.headers.get("content-type", "application/json"))
 
     def metrics_endpoint(self) -> Response:
@@ -851,30 +911,40 @@ async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0,
     way, then writes what its request log holds."""
     router = Router(config_path)
     await router.start()
-    server = Server(router.handle)
-    calls = None
+    try:
+        async with listening(router.handle, host, port, grpc_port) as (url, grpc_address):
+            yield Front(url, router, grpc_address)
+    finally:
+        await router.stop()
+
+
+@asynccontextmanager
+async def listening(handle: Callable[[Request], Awaitable[Response]], host: str, port: int,
+                    grpc_port: int | None) -> AsyncIterator[tuple[str, str | None]]:
+    """A front's handler served over HTTP and, given a port, gRPC: where
+    callers reach each. On the way out the requests under way finish."""
+    server, calls = Server(handle), None
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     try:
         bound = await server.start(host, port)
         grpc_address = None
         if grpc_port is not None:
-            calls, grpc_bound = await grpcserver.start(router.handle, host, grpc_port)
+            calls, grpc_bound = await grpcserver.start(handle, host, grpc_port)
             grpc_address = f"{shown}:{grpc_bound}"
-        yield Front(f"http://{shown}:{bound}", router, grpc_address)
+        yield f"http://{shown}:{bound}", grpc_address
     finally:
         if calls is not None:
             await calls.stop(GRPC_GRACE)
         await server.close()
-        await router.stop()
 
 
-async def serve(config_path: Path, host: str, port: int, grpc_port: int | None = None) -> None:
+async def serve(serving: AbstractAsyncContextManager) -> None:
     """Serve until SIGTERM or SIGINT."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    async with running(config_path, host, port, grpc_port):
+    async with serving:
         # What the imports and the start built lives as long as the process:
         # frozen, a full collection walks only what requests leave behind
         # (with boto3 and Feast's imports it walked 100,000 objects for 35 ms,
@@ -883,8 +953,9 @@ async def serve(config_path: Path, host: str, port: int, grpc_port: int | None =
         await stopping.wait()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m kubeloop.front.router")
+def main(prog: str = "python -m kubeloop.front.router", start: Callable = running) -> None:
+    """Run a front from its command line; start: its running() (this router's, or a pool's front's)."""
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a Pod (its own network namespace)")
@@ -893,7 +964,7 @@ def main() -> None:
     logging.basicConfig(level=os.environ.get("KUBELOOP_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.setswitchinterval(SWITCH_SECONDS)
-    uvloop.run(serve(args.config, args.host, args.port, args.grpc_port))
+    uvloop.run(serve(start(args.config, args.host, args.port, args.grpc_port)))
 
 
 if __name__ == "__main__":

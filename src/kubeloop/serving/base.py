@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.placement import PlacementDecision
@@ -19,6 +21,21 @@ def triton_name(model: str) -> str:
     """The Triton model name of a registered model (Triton's names allow
     fewer characters than MLflow's)."""
     return re.sub(r"[^A-Za-z0-9_.-]", "-", model)
+
+
+class PoolSize(BaseModel):
+    """A pool as the operator's KUBELOOP_SERVING_POOLS sizes it."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+    members: int = Field(ge=1, le=64)
+    """Triton servers in the pool."""
+    memory_mib: float = Field(gt=0, alias="memoryMiB")
+    """Each member's memory budget (MiB): the server, its backends' processes
+    and the models it holds, as measured; a tenth is kept free."""
+    estimate_mib: float = Field(default=0.0, ge=0, alias="estimateMiB")
+    """The room a model gets until its first load is measured (0: the median
+    of the sizes measured so far)."""
 
 
 class ServingUnavailable(Exception):
@@ -94,6 +111,11 @@ class ServingBackend(abc.ABC):
     @abc.abstractmethod
     def delete(self, ref: ObjectRef) -> None:
         """Stop serving the object; a no-op if nothing runs."""
+
+    def pool_problem(self, pool: str) -> str | None:
+        """Why an InferenceService cannot join the pool here (None: it can)."""
+        return (f"the {self.name} backend serves no pools yet (spec.pool {pool}): pools run on the local "
+                "backend; leave spec.pool out for Tritons of the service's own")
 
     def request_log(self, ref: ObjectRef, spec: InferenceServiceSpec) -> str | None:
         """Where the object's logged requests are (what the drift job reads)."""

@@ -20,8 +20,6 @@ import json
 import logging
 import shutil
 import sys
-import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -29,15 +27,15 @@ import requests
 
 from kubeloop.api.refs import ObjectRef
 from kubeloop import processes
-from kubeloop.files import write_atomic, write_if_changed
-from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.files import write_if_changed
+from kubeloop.serving.instances import InstanceState, answers, ensure_process
+from kubeloop.serving.base import PoolSize, ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
 from kubeloop.serving.loads import Loads
+from kubeloop.serving.pools import LocalPools
 from kubeloop.serving.repository import fetch_version, prune_versions, write_config
 from kubeloop.serving.routes import build_router_config
 from kubeloop.serving.runtime import TritonRuntime
 
-READY_TIMEOUT = 60.0
-"""How long a started process may take to answer before it counts as failed."""
 LOAD_TIMEOUT = 600.0
 """How long a load may take before it is asked for again (it runs beside the reconcile)."""
 PORTS = ("http", "grpc", "metrics", "router", "router-grpc")
@@ -45,41 +43,14 @@ PORTS = ("http", "grpc", "metrics", "router", "router-grpc")
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class InstanceState:
-    """What runs for one InferenceService."""
-
-    ports: dict[str, int]
-    processes: dict[str, dict]
-    loaded: str = ""
-    """Fingerprint of the config and versions Triton last loaded."""
-    failed: dict[str, str] | None = None
-    """Versions Triton could not load, with its reason."""
-    answering: str = ""
-    """The primary version the router last sent callers to with Triton ready."""
-
-    @classmethod
-    def read(cls, path: Path) -> "InstanceState | None":
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (FileNotFoundError, ValueError, TypeError):
-            return None
-
-    def write(self, path: Path) -> None:
-        write_atomic(path, json.dumps(self.__dict__, indent=2))
-
-    def record(self, name: str) -> processes.ProcessRecord | None:
-        data = self.processes.get(name)
-        return processes.ProcessRecord(**data) if data else None
-
-
 class LocalServing(ServingBackend):
     name = "local"
     reads_online_features = True
 
     def __init__(self, work_dir: Path, tracking_uri: str, runtime: TritonRuntime | None = None,
-                 log_root: str | None = None, targets: Path | None = None):
+                 log_root: str | None = None, targets: Path | None = None, pools: dict[str, PoolSize] | None = None):
         self.root = Path(work_dir) / "serving"
+        self.pools = LocalPools(self.root, tracking_uri, pools or {}, lambda: self.runtime)
         self.tracking_uri = tracking_uri
         self._runtime = runtime
         self.log_root = log_root
@@ -97,7 +68,20 @@ class LocalServing(ServingBackend):
     def folder(self, ref: ObjectRef) -> Path:
         return self.root / f"{ref.namespace}-{ref.name}"
 
+    def pool_problem(self, pool: str) -> str | None:
+        return self.pools.problem(pool)
+
     def ensure(self, request: ServingRequest) -> ServingState:
+        pool = request.spec.pool
+        for joined in self.pools.pools_of(request.ref):
+            if joined != pool:
+                self.pools.delete(request.ref, joined)
+        if pool:
+            self._stop_dedicated(request.ref)
+            return self.pools.ensure(request, self.request_log(request.ref, request.spec))
+        return self._ensure_dedicated(request)
+
+    def _ensure_dedicated(self, request: ServingRequest) -> ServingState:
         folder = self.folder(request.ref)
         folder.mkdir(parents=True, exist_ok=True)
         state_path = folder / "state.json"
@@ -117,7 +101,7 @@ class LocalServing(ServingBackend):
         router_port = state.ports["router"]
         url = f"http://127.0.0.1:{router_port}"
         served = partial(ServingState, url=url, grpc_address=f"127.0.0.1:{state.ports['router-grpc']}")
-        starting, died = self._ensure_process(state, state_path, "tritonserver", self.runtime.argv(
+        starting, died = ensure_process(state, state_path, "tritonserver", self.runtime.argv(
             repository, state.ports["http"], state.ports["grpc"], state.ports["metrics"]), folder, self.runtime.env(),
             ready=f"{triton}/v2/health/live")
         if starting:
@@ -143,7 +127,7 @@ class LocalServing(ServingBackend):
         rolled_back = tuple(role for role, v in wanted.items() if role != "primary" and v in failed)
         ready = {role: self._version_ready(triton, name, v) for role, v in wanted.items() if role not in rolled_back}
         self._write_routes(folder, request, name, triton, [r for r in wanted if r not in rolled_back])
-        starting, died = self._ensure_process(state, state_path, "router", [
+        starting, died = ensure_process(state, state_path, "router", [
             sys.executable, "-m", "kubeloop.front.router", "--config", str(folder / "router.json"),
             "--port", str(router_port), "--grpc-port", str(state.ports["router-grpc"])], folder, {},
             ready=f"{url}/v2/health/live")
@@ -154,7 +138,7 @@ class LocalServing(ServingBackend):
                             for role in rolled_back)
         if not ready.get("primary"):
             message = message or f"Triton is loading {model} version {primary}"
-        elif not _ok(f"{url}/v2/health/ready"):
+        elif not answers(f"{url}/v2/health/ready"):
             # The router answers entity requests only once its feature stores are open.
             ready["primary"] = False
             message = message or "the router is opening the feature store"
@@ -185,6 +169,11 @@ class LocalServing(ServingBackend):
         write_if_changed(path, json.dumps(targets))
 
     def delete(self, ref: ObjectRef) -> None:
+        for pool in self.pools.pools_of(ref):
+            self.pools.delete(ref, pool)
+        self._stop_dedicated(ref)
+
+    def _stop_dedicated(self, ref: ObjectRef) -> None:
         if self.targets:
             (self.targets / f"serving-{ref.namespace}-{ref.name}.json").unlink(missing_ok=True)
         folder = self.folder(ref)
@@ -211,30 +200,6 @@ class LocalServing(ServingBackend):
 
                 config = fetch_version(self.tracking_uri, model, version, repository, backend="python")
                 (configs / f"{version}.pbtxt").write_text(text_format.MessageToString(config))
-
-    def _ensure_process(self, state: InstanceState, state_path: Path, name: str, argv: list[str], folder: Path,
-                        env: dict[str, str], ready: str) -> tuple[str, bool]:
-        """Start the process unless it runs; "" when it answers at `ready`, else
-        what it is doing (it is never waited for here). Also whether it had
-        died: an outage, which no hysteresis may hide."""
-        record = state.record(name)
-        restarted = ""
-        if record is None or not record.running():
-            if record is not None:
-                restarted = f"{name} (pid {record.pid}) was not running: restarted it. "
-                log.warning("%s of %s", restarted.strip(), folder.name)
-            record = processes.start(name, argv, folder / "logs", env=env, cwd=folder)
-            state.processes[name] = record.to_dict()
-            state.write(state_path)
-        if _ok(ready):
-            return "", False
-        if not record.running():
-            raise ServingUnavailable(f"{name} exited:\n{processes.log_tail(record.log)}")
-        age = time.time() - record.create_time
-        if age > READY_TIMEOUT:
-            raise ServingUnavailable(f"{name} (pid {record.pid}) not ready {age:.0f} s after it started:\n"
-                                     f"{processes.log_tail(record.log)}")
-        return f"{restarted}{name} is starting (pid {record.pid})", bool(restarted)
 
     def _ensure_loaded(self, state: InstanceState, folder: Path, name: str, primary: str, versions: list[str],
                        triton: str, fingerprint: str) -> bool:
@@ -269,7 +234,7 @@ class LocalServing(ServingBackend):
         return {str(e.get("version")): e for e in entries if e.get("version")}
 
     def _version_ready(self, triton: str, name: str, version: str) -> bool:
-        return _ok(f"{triton}/v2/models/{name}/versions/{version}/ready")
+        return answers(f"{triton}/v2/models/{name}/versions/{version}/ready")
 
     def _write_routes(self, folder: Path, request: ServingRequest, name: str, triton: str, roles: list[str]) -> None:
         config = build_router_config(request, name, triton, self.request_log(request.ref, request.spec), roles)
@@ -284,10 +249,3 @@ def _load(triton: str, name: str) -> None:
         raise ServingUnavailable(f"Triton's repository API: {exc}") from exc
     if response.status_code >= 500:
         raise ServingUnavailable(f"Triton could not load {name}: {response.text}")
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False

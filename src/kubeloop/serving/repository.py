@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.api.signature import ModelSignature
+from kubeloop.files import write_if_changed
 from kubeloop.components.triton import MODEL_PY, BatchingPlan, for_device, write_repository
 from kubeloop.serving.base import triton_name
 
@@ -72,7 +73,9 @@ def write_config(repository: Path, config: mc.ModelConfig, versions: list[str]) 
     config.version_policy.specific.versions.extend(sorted(int(v) for v in versions))
     path = repository / config.name / "config.pbtxt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text_format.MessageToString(config))
+    # Atomic, and untouched when unchanged: a pool's member may be loading
+    # the model, and a half-written config reads as one naming no backend.
+    write_if_changed(path, text_format.MessageToString(config))
     return path
 
 

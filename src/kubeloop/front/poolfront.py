@@ -1,0 +1,229 @@
+"""A pool's front: one process serving every InferenceService of a pool of
+Triton servers (kubeloop.front.pool), each through a router of its own
+(kubeloop.front.router: its canary, shadow, request log and entity
+requests as a dedicated front's).
+
+Its routes are a folder of router files, one per service, that the serving
+backend writes and removes; the front takes up a new, changed or removed
+file within half a second. A request reaches the service whose model it
+names: the registered model's name where one service in the pool serves
+that model, the service's Triton name (namespace.name) always. A removed
+service's model is unloaded wherever it is loaded.
+
+Metrics on /metrics: every router's series (each carries its service), and
+the pool's, per member only: loads, unloads, hits, failed loads, cold-load
+times, memory in use and models held.
+
+    python -m kubeloop.front.poolfront --config pool.json --port 8080 [--grpc-port 8081]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, Iterator, NamedTuple
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+from kubeloop.front.memory import private_by_process
+from kubeloop.front.httpserver import Request, Response, json_response
+from kubeloop.front.pool import UNSERVED, Pool
+from kubeloop.front.router import Metrics, Router, listening, main
+from kubeloop.front.upstream import Upstreams, UpstreamError
+
+log = logging.getLogger("kubeloop.poolfront")
+WATCH_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class PoolMember:
+    url: str
+    """Triton's HTTP URL."""
+    pid: int
+    """The tritonserver's, whose memory (with its backends' processes) is measured."""
+    budget_mib: float
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    members: dict[str, PoolMember]
+    routes: Path
+    """The folder of router files, one per service."""
+    estimate_mib: float = 0.0
+    """The room a model of unknown size gets until its first load is measured."""
+
+    @classmethod
+    def load(cls, path: Path) -> "PoolConfig":
+        data = json.loads(path.read_text())
+        members = {name: PoolMember(m["url"], int(m["pid"]), float(m["budget_mib"]))
+                   for name, m in data["members"].items()}
+        return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)))
+
+
+class Serving(NamedTuple):
+    url: str
+    """Where HTTP callers reach the pool's services."""
+    grpc: str | None
+    front: "PooledFront"
+
+
+class PooledFront:
+    def __init__(self, config: PoolConfig):
+        self.config = config
+        self.metrics = Metrics()
+        self.pool = Pool({n: m.url for n, m in config.members.items()},
+                         {n: m.budget_mib for n, m in config.members.items()},
+                         lambda name: private_by_process(config.members[name].pid),
+                         estimate_mib=config.estimate_mib)
+        self.metrics.registry.register(PoolCollector(self))
+        self.routers: dict[str, Router] = {}
+        """Router file name -> its router."""
+        self.by_model: dict[str, list[Router]] = {}
+        self.upstream = Upstreams()
+        self._watching: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.sync()
+        self._watching = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._watching:
+            self._watching.cancel()
+        for router in self.routers.values():
+            await router.stop()
+        self.pool.close()
+        self.upstream.close()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            try:
+                await self.sync()
+            except Exception:  # one bad round must not end route reloads for good
+                log.exception("the pool's front could not take up its routes; trying again")
+
+    async def sync(self) -> None:
+        """Take up new, changed and removed router files."""
+        found = {p.name: p for p in self.config.routes.glob("*.json")}
+        changed = set(self.routers) != set(found)
+        for name in sorted(set(self.routers) - set(found)):
+            router = self.routers.pop(name)
+            await router.stop()
+            await self._settle(self.pool.forget(router.config.triton_model))
+            self.metrics.drop(router.config.service)
+            log.info("%s is served no more", router.config.service)
+        for name, path in sorted(found.items()):
+            router = self.routers.get(name)
+            if router is None:
+                try:
+                    router = Router(path, self.metrics, self.pool)
+                except (OSError, ValueError, KeyError) as exc:
+                    log.warning("cannot read the routes in %s: %s", name, exc)
+                    continue
+                await router.start(self.upstream, watch=False)
+                self.routers[name] = router
+                log.info("serving %s (%s)", router.config.service, router.config.triton_model)
+            elif router.take_up_routes():
+                changed = True
+                await self._settle(self.pool.reload(router.config.triton_model))
+        if changed:
+            self.by_model = index(self.routers.values())
+
+    @staticmethod
+    async def _settle(change: Awaitable[None]) -> None:
+        """A reload or an unload of a changed or removed service's model;
+        one that fails is left to the model's next request (a load) or
+        its member's next need for room (an unload)."""
+        try:
+            await change
+        except (*UNSERVED, UpstreamError) as exc:
+            log.warning("the pool could not take up a change of model: %s", exc)
+
+    async def handle(self, request: Request) -> Response:
+        parts = request.path.strip("/").split("/")
+        if request.path == "/metrics":
+            return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+        if parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("ready", "live"):
+            return Response(200)
+        if parts == ["v2"]:
+            return json_response({"name": f"kubeloop pool {self.config.name}", "extensions": []})
+        if parts[:2] != ["v2", "models"] or len(parts) < 3:
+            return json_response({"error": f"no route {request.path}"}, 404)
+        routers = self.by_model.get(parts[2], [])
+        if len(routers) > 1:
+            names = ", ".join(sorted(r.config.triton_model for r in routers))
+            return json_response({"error": f"several services in pool {self.config.name} serve {parts[2]}: "
+                                           f"name one of {names}"}, 409)
+        if not routers:
+            return json_response({"error": f"pool {self.config.name} serves no model {parts[2]}"}, 404)
+        return await routers[0].handle(request)
+
+
+def index(routers) -> dict[str, list[Router]]:  # noqa: ANN001 - routers: an iterable of Router
+    """Model name -> the routers serving it: each by its Triton name, and
+    by its registered model's name (pure)."""
+    found: dict[str, list[Router]] = {}
+    for router in routers:
+        for name in {router.config.model, router.config.triton_model}:
+            found.setdefault(name, []).append(router)
+    return found
+
+
+class PoolCollector:
+    """The pool's metrics, per member (never per model: a pool serves thousands)."""
+
+    def __init__(self, front: PooledFront):
+        self.front = front
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        pool, name = self.front.pool, self.front.config.name
+        counters = pool.residency.counters
+        for field, text in (("loads", "Models loaded on a member (cold loads)."),
+                            ("unloads", "Models unloaded to make room or no longer served."),
+                            ("hits", "Requests to a model already loaded (or loading) on a member."),
+                            ("failed", "Loads that failed.")):
+            family = CounterMetricFamily(f"kubeloop_pool_{field}", text, labels=["pool"])
+            family.add_metric([name], getattr(counters, field))
+            yield family
+        cold = list(pool.cold_seconds)
+        summary = SummaryMetricFamily("kubeloop_pool_cold_load_seconds",
+                                      "Time from a request's arrival to its model loaded, over the latest "
+                                      f"{pool.cold_seconds.maxlen} cold loads.", labels=["pool"])
+        summary.add_metric([name], len(cold), sum(cold))
+        yield summary
+        used = GaugeMetricFamily("kubeloop_pool_member_memory_mib",
+                                 "A member's measured memory over its empty self (MiB).", labels=["pool", "member"])
+        budget = GaugeMetricFamily("kubeloop_pool_member_budget_mib",
+                                   "A member's budget, less the headroom kept free (MiB).", labels=["pool", "member"])
+        held = GaugeMetricFamily("kubeloop_pool_member_models", "Models a member holds loaded.",
+                                 labels=["pool", "member"])
+        for member, state in pool.residency.members.items():
+            used.add_metric([name, member], state.observed_mib)
+            budget.add_metric([name, member], state.budget_mib)
+            held.add_metric([name, member], len(state.loaded))
+        yield from (used, budget, held)
+
+
+@asynccontextmanager
+async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0,
+                  grpc_port: int | None = None) -> AsyncIterator[Serving]:
+    front = PooledFront(PoolConfig.load(config_path))
+    await front.start()
+    try:
+        async with listening(front.handle, host, port, grpc_port) as (url, grpc_address):
+            yield Serving(url, grpc_address, front)
+    finally:
+        await front.stop()
+
+
+if __name__ == "__main__":
+    main("python -m kubeloop.front.poolfront", running)

@@ -1,0 +1,176 @@
+"""Pools on this machine: InferenceServices that name a pool (spec.pool)
+share its Triton servers (explicit model control, one repository) and one
+front (kubeloop.front.poolfront), instead of a Triton and a router each.
+
+A pool is sized by the platform engineer (the operator's
+KUBELOOP_SERVING_POOLS: members and each member's memory budget); a service
+joins one by naming it. The backend puts the service's versions into the
+pool's repository as a Triton model of the service's own
+(namespace.name), writes its routes into the pool's routes folder and
+leaves loading to the front: a model is loaded on its first request and
+unloaded when its member needs the room. Everything is recorded in the
+pool's folder, as for a dedicated service (kubeloop.serving.instances).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import requests
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from kubeloop import processes
+from kubeloop.api.refs import ObjectRef
+from kubeloop.files import write_if_changed
+from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, triton_name
+from kubeloop.serving.instances import InstanceState, ensure_process
+from kubeloop.serving.repository import fetch_version, prune_versions, write_config
+from kubeloop.serving.routes import build_router_config
+from kubeloop.serving.runtime import TritonRuntime
+
+MEMBER_PORTS = ("http", "grpc", "metrics")
+
+
+def pooled_name(ref: ObjectRef) -> str:
+    """A pooled service's Triton model: namespace.name (unique in any pool)."""
+    return triton_name(f"{ref.namespace}.{ref.name}")
+
+
+class LocalPools:
+    def __init__(self, root: Path, tracking_uri: str, sizes: dict[str, PoolSize],
+                 runtime: Callable[[], TritonRuntime]):
+        self.root = root / "pools"
+        self.tracking_uri = tracking_uri
+        self.sizes = sizes
+        self._runtime = runtime
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        """Per pool: services reconciled at once start its members once."""
+
+    def problem(self, pool: str) -> str | None:
+        """Why a service cannot join the pool (None: it can)."""
+        if pool in self.sizes:
+            return None
+        named = ", ".join(sorted(self.sizes)) or "none"
+        return (f"the operator has no pool '{pool}' (its KUBELOOP_SERVING_POOLS names {named}): set spec.pool to "
+                "one of them, or leave it out for a Triton of the service's own")
+
+    def folder(self, pool: str) -> Path:
+        return self.root / pool
+
+    def ensure(self, request: ServingRequest, request_log: str | None) -> ServingState:
+        pool = request.spec.pool
+        folder, name = self.folder(pool), pooled_name(request.ref)
+        repository, routes = folder / "repository", folder / "routes"
+        routes.mkdir(parents=True, exist_ok=True)
+        self._put_versions(request, folder, repository, name)
+        config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"))
+        write_if_changed(routes / f"{name}.json", json.dumps(config, indent=2))
+        with self._locks[pool]:
+            return self._ensure_running(folder, name, self.sizes[pool], [v.role for v in request.versions])
+
+    def _ensure_running(self, folder: Path, name: str, size: PoolSize, roles: list[str]) -> ServingState:
+        """The pool's members and front started (never waited for), and
+        whether the front answers the service's model ready."""
+        state_path = folder / "state.json"
+        state = InstanceState.read(state_path) or InstanceState(ports={}, processes={})
+        members = [f"member-{i}" for i in range(size.members)]
+        for port in [f"{m}-{p}" for m in members for p in MEMBER_PORTS] + ["front", "front-grpc"]:
+            state.ports.setdefault(port, processes.free_port())
+        state.write(state_path)
+        starting = self._ensure_members(state, state_path, folder, folder / "repository", members, size)
+        url = f"http://127.0.0.1:{state.ports['front']}"
+        served = dict(url=url, grpc_address=f"127.0.0.1:{state.ports['front-grpc']}")
+        roles = dict.fromkeys(roles, False)
+        if starting:
+            return ServingState(ready=roles, message=starting, **served)
+        starting, died = ensure_process(state, state_path, "front", [
+            sys.executable, "-m", "kubeloop.front.poolfront", "--config", str(folder / "pool.json"),
+            "--port", str(state.ports["front"]), "--grpc-port", str(state.ports["front-grpc"])], folder, {},
+            ready=f"{url}/v2/health/live")
+        if starting:
+            return ServingState(ready=roles, message=starting, failing=died, **served)
+        ready, why = _model_ready(f"{url}/v2/models/{name}/ready")
+        message = "" if ready else why or f"the pool's front is taking up {name}"
+        return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=1 if ready else 0, message=message,
+                            **served)
+
+    def _put_versions(self, request: ServingRequest, folder: Path, repository: Path, name: str) -> None:
+        """The service's versions as one Triton model of its own in the pool's repository."""
+        model = request.versions[0].model.name
+        versions = sorted({v.model.version for v in request.versions})
+        staging, configs = folder / "fetched" / name, folder / "configs" / name
+        configs.mkdir(parents=True, exist_ok=True)
+        for version in versions:
+            if not ((repository / name / version).is_dir() and (configs / f"{version}.pbtxt").exists()):
+                config = fetch_version(self.tracking_uri, model, version, staging, backend="python")
+                target = repository / name / version
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.move(staging / triton_name(model) / version, target)
+                (configs / f"{version}.pbtxt").write_text(text_format.MessageToString(config))
+        primary = request.version("primary").model.version
+        config = text_format.Parse((configs / f"{primary}.pbtxt").read_text(), mc.ModelConfig())
+        config.name = name
+        write_config(repository, config, versions)
+        prune_versions(repository, name, versions)
+
+    def _ensure_members(self, state: InstanceState, state_path: Path, folder: Path, repository: Path,
+                        members: list[str], size: PoolSize) -> str:
+        """Start the members that do not run; what they are doing ("" once all answer)."""
+        runtime = self._runtime()
+        doing = []
+        for member in members:
+            argv = runtime.argv(repository, *(state.ports[f"{member}-{p}"] for p in MEMBER_PORTS))
+            starting, _ = ensure_process(state, state_path, member, argv, folder, runtime.env(),
+                                         ready=f"http://127.0.0.1:{state.ports[f'{member}-http']}/v2/health/live")
+            if starting:
+                doing.append(starting)
+        config = {"name": folder.name, "routes": str(folder / "routes"), "estimate_mib": size.estimate_mib,
+                  "members": {m: {"url": f"http://127.0.0.1:{state.ports[f'{m}-http']}",
+                                  "pid": state.processes[m]["pid"], "budget_mib": size.memory_mib} for m in members}}
+        if write_if_changed(folder / "pool.json", json.dumps(config, indent=2)):
+            # A member started again holds nothing: the front, which thinks it
+            # holds what it loaded there, starts again too.
+            front = state.record("front")
+            if front:
+                processes.stop(front)
+        return "; ".join(doing)
+
+    def delete(self, ref: ObjectRef, pool: str) -> None:
+        """The service leaves its pool (the front unloads its model); the
+        last to leave stops the pool."""
+        folder = self.folder(pool)
+        name = pooled_name(ref)
+        (folder / "routes" / f"{name}.json").unlink(missing_ok=True)
+        for leftover in (folder / "repository" / name, folder / "configs" / name, folder / "fetched" / name):
+            shutil.rmtree(leftover, ignore_errors=True)
+        with self._locks[pool]:
+            if any((folder / "routes").glob("*.json")):
+                return
+            state = InstanceState.read(folder / "state.json")
+            for record in (state.record(n) for n in state.processes) if state else ():
+                processes.stop(record)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def pools_of(self, ref: ObjectRef) -> list[str]:
+        """The pools holding the service's routes (where its spec no longer says)."""
+        name = pooled_name(ref)
+        return [p.parent.parent.name for p in self.root.glob(f"*/routes/{name}.json")]
+
+
+def _model_ready(url: str) -> tuple[bool, str]:
+    """Whether the front answers the model ready; else why, where it says
+    (the reason its last load failed)."""
+    try:
+        answer = requests.get(url, timeout=2)
+    except requests.RequestException:
+        return False, ""
+    if answer.status_code == 200:
+        return True, ""
+    return False, answer.text if answer.status_code == 503 and answer.text else ""

@@ -1,0 +1,66 @@
+"""A pool's front (kubeloop.front.poolfront) as a caller reaches its
+services: by a registered model's name where one service serves it, by a
+service's Triton name always; a removed routes file takes its service away;
+services share the pool's metrics without clearing each other's series,
+and a removed service's series go with it.
+Unit: no Triton (a pooled model's readiness is answered without loading it);
+the pool's loads against real tritonservers are tests/components/test_pool.py,
+the whole path tests/e2e/test_serving_pools.py (local backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from kubeloop.front.httpserver import Request
+from kubeloop.front.poolfront import PoolConfig, PooledFront, PoolMember
+
+
+def routes(folder: Path, triton_model: str, model: str) -> Path:
+    path = folder / f"{triton_model}.json"
+    path.write_text(json.dumps({
+        "service": triton_model.replace(".", "/"), "model": model, "triton_model": triton_model, "triton_url": "",
+        "routes": [{"role": "primary", "version": "1", "percent": 100}]}))
+    return path
+
+
+def status(front: PooledFront, path: str) -> tuple[int, bytes]:
+    async def call() -> tuple[int, bytes]:
+        answer = await front.handle(Request("GET", path, {}, b""))
+        return answer.status, answer.body
+    return asyncio.get_event_loop().run_until_complete(call())
+
+
+def test_a_pools_front_reaches_each_service_by_its_model(tmp_path):
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    routes(folder, "ml.a", "fraud")
+    routes(folder, "ml.b", "fraud")
+    lone = routes(folder, "ml.c", "churn")
+    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    front = PooledFront(PoolConfig("shared", {"m": member}, folder))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(front.start())
+        assert status(front, "/v2/models/ml.a/ready")[0] == 200
+        assert status(front, "/v2/models/churn/ready")[0] == 200
+        code, body = status(front, "/v2/models/fraud/ready")
+        assert code == 409 and b"ml.a, ml.b" in body
+        assert status(front, "/v2/models/nothing/ready")[0] == 404
+        front.pool.failures["ml.a"] = "Triton (m) could not load ml.a: 400 bad config"
+        assert status(front, "/v2/models/ml.a/ready") == (503, b"Triton (m) could not load ml.a: 400 bad config")
+        lone.unlink()
+        loop.run_until_complete(front.sync())
+        assert status(front, "/v2/models/churn/ready")[0] == 404
+        shown = {s.labels["service"] for metric in front.metrics.registry.collect()
+                 if metric.name == "kubeloop_router_traffic_ratio" for s in metric.samples}
+        assert shown == {"ml/a", "ml/b"}, "a router keeps its series in the shared metrics, a removed one's go"
+        pool = {s.name: s.value for metric in front.metrics.registry.collect() if metric.name.startswith("kubeloop_pool")
+                for s in metric.samples if s.labels.get("pool") == "shared"}
+        assert pool["kubeloop_pool_loads_total"] == 0 and pool["kubeloop_pool_member_budget_mib"] == 90.0
+    finally:
+        loop.run_until_complete(front.stop())
+        loop.close()
