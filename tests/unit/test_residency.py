@@ -121,3 +121,17 @@ def test_a_model_no_longer_served_is_dropped_where_it_was_loaded():
     assert residency.forget("m1") == ["a"]
     assert not residency.held("m1") and residency.held("m2")
     assert residency.forget("m1") == [] and residency.counters.unloads == 1
+
+
+def test_what_the_member_was_measured_to_use_follows_its_loads_and_unloads():
+    # The first model loads the backend's libraries too: the member measures
+    # more than its models' sizes. Unloading models takes their sizes off
+    # that measure, so one over-large load unloads only what it must.
+    residency = Residency({"a": 100.0})
+    for model in ("m1", "m2", "m3"):
+        served(residency, model, 20)
+    residency.observe("a", 90.0)  # 60 of models, 30 of libraries
+    placement = residency.place("m4", 20)
+    assert placement.unload == ("m1",)
+    assert residency.loaded("a", "m4", 35) == ["m2"]
+    assert residency.members["a"].used_mib == 85.0  # 90 - 20 (m1) + 35 (m4) - 20 (m2)

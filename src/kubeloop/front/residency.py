@@ -44,6 +44,13 @@ class Member:
     def used_mib(self) -> float:
         return max(sum(self.loaded.values()), self.observed_mib) + sum(self.loading.values())
 
+    def drop(self, model: str) -> float:
+        """The model is unloaded: its size leaves the member's last measure
+        too (which held it), so that measure is not stale until the next."""
+        size = self.loaded.pop(model)
+        self.observed_mib = max(self.observed_mib - size, 0.0)
+        return size
+
     def holds(self, model: str) -> bool:
         return model in self.loaded or model in self.loading
 
@@ -100,7 +107,7 @@ class Residency:
         choice = self._room(model, size_mib)
         member, unload = self.members[choice[0]], choice[1]
         for evicted in unload:
-            del member.loaded[evicted]
+            member.drop(evicted)
         self.counters.unloads += len(unload)
         self.counters.loads += 1
         member.loading[model] = size_mib
@@ -146,11 +153,12 @@ class Residency:
         m.loading.pop(model, None)
         m.loaded[model] = measured_mib
         m.loaded.move_to_end(model)
+        m.observed_mib += measured_mib  # measured before this load
         unload = []
         for candidate in m.idle_lru():
             if m.used_mib <= m.budget_mib:
                 break
-            del m.loaded[candidate]
+            m.drop(candidate)
             unload.append(candidate)
         self.counters.unloads += len(unload)
         return unload
@@ -177,14 +185,16 @@ class Residency:
         idle = m.idle_lru()
         if not idle:
             return None
-        del m.loaded[idle[0]]
+        m.drop(idle[0])
         self.counters.unloads += 1
         return idle[0]
 
     def forget(self, model: str) -> list[str]:
         """The model is served no more: the members that held it loaded drop
         it (counted as unloads; the caller unloads it there)."""
-        held = [m.name for m in self.members.values() if m.loaded.pop(model, None) is not None]
+        held = [m.name for m in self.members.values() if model in m.loaded]
+        for name in held:
+            self.members[name].drop(model)
         self.counters.unloads += len(held)
         return held
 
