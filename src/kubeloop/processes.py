@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
-from kubeloop.front.memory import private_mib
 from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 
@@ -159,12 +158,6 @@ def _session_members(record: ProcessRecord) -> list[int]:
         except (ProcessLookupError, psutil.Error):
             continue
     return members
-
-
-def memory_mib(record: ProcessRecord) -> float:
-    """The memory of a process and its descendants that no other process
-    shares (MiB; kubeloop.front.memory says why)."""
-    return private_mib(record.pid)
 
 
 def wait_exit(record: ProcessRecord, timeout: float) -> int | None:

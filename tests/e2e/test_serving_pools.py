@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeloop import processes
 from kubeloop.api.constants import API_VERSION
+from kubeloop.front.memory import private_mib
 from kubeloop.requestlog import request_records
 from kubeloop.serving.instances import InstanceState
 from tests.support.models import N_FEATURES, register_model
@@ -73,7 +74,7 @@ class MemorySampler:
 
     def __init__(self, members: dict[str, processes.ProcessRecord]):
         self.members = members
-        self.empty = {name: processes.memory_mib(r) for name, r in members.items()}
+        self.empty = {name: private_mib(r.pid) for name, r in members.items()}
         self.peak = dict.fromkeys(members, 0.0)
         self.stop = threading.Event()
 
@@ -85,7 +86,7 @@ class MemorySampler:
     def _run(self) -> None:
         while not self.stop.wait(0.1):
             for name, record in self.members.items():
-                self.peak[name] = max(self.peak[name], processes.memory_mib(record) - self.empty[name])
+                self.peak[name] = max(self.peak[name], private_mib(record.pid) - self.empty[name])
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
