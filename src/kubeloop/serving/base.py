@@ -31,8 +31,9 @@ class PoolSize(BaseModel):
     members: int = Field(ge=1, le=64)
     """Triton servers in the pool."""
     memory_mib: float = Field(gt=0, alias="memoryMiB")
-    """Each member's memory budget (MiB): the server, its backends' processes
-    and the models it holds, as measured; a tenth is kept free."""
+    """Each member's memory budget (MiB) for the models it holds: what they
+    add to the empty server, its backends' processes included, measured as
+    memory no other process shares; a tenth is kept free."""
     estimate_mib: float = Field(default=0.0, ge=0, alias="estimateMiB")
     """The room a model gets until its first load is measured (0: the median
     of the sizes measured so far)."""
