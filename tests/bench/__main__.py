@@ -8,7 +8,7 @@
     python -m tests.bench gpu             # AMP, GPU variants, GPU memory (standalone: tests.bench.gpu_suite)
     python -m tests.bench trainjob        # TrainJobs through Kubeflow Trainer on the real node
     python -m tests.bench trainer         # the trainer backend against the local one, and a lost node
-    python -m tests.bench pool            # many models on a pool of two Tritons, against one Triton each
+    python -m tests.bench pool            # 1,000 models on a pool of four Tritons, against one Triton each
 
 Each suite measures against a baseline in the same process and reports the
 ratio; every figure is repeated (at least five runs, or interleaved rounds)

@@ -1,15 +1,15 @@
-"""Pool suite: many small models on a pool of two real tritonservers in
-explicit model-control mode (kubeloop.front.pool: loaded on first request,
+"""Pool suite: many small models (1,000; 32 quick) on a pool of real
+tritonservers (4 members; 2 quick) in explicit model-control mode (kubeloop.front.pool: loaded on first request,
 least recently used unloaded when a member's measured budget would be
 exceeded) against one Triton per model. Zipf-skewed traffic over the models
-(s = 1.1, four callers at once); each member's budget holds an eighth of
-the models. Reported: servers and memory against one Triton per model
+(s = 1.1, four callers at once); the members' budgets hold a quarter of
+the models together. Reported: servers and memory against one Triton per model
 (ratio; a dedicated Triton's memory measured with its one model loaded),
 the hit rate of the skewed traffic, the cold loads' p50/p99, the members' peak memory against
 their budgets, and a loaded model's request p99 through the pool against a
-dedicated Triton (interleaved rounds). Local: no platform; the router does
-not use pools yet, so requests go from the pool's placement straight to the
-member."""
+dedicated Triton (interleaved rounds). Local: no platform, no operator;
+requests go from the pool's placement straight to the member (the pool's
+front adds its router, as a dedicated front does)."""
 
 from __future__ import annotations
 
@@ -41,11 +41,13 @@ CALLERS = 4
 
 
 def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001 - the bench context (unused)
-    models, requests = (32, 240) if quick else (96, 800)
+    models, members, requests = (32, 2, 240) if quick else (1000, 4, 2400)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        repository = _repository(root, models)
-        servers = {name: _start(root, repository, name) for name in ("dedicated", "a", "b")}
+        with console.status(f"pool: exporting {models} models"):
+            repository = _repository(root, models)
+        names = ["dedicated", *(f"m{i}" for i in range(members))]
+        servers = {name: _start(root, repository, name) for name in names}
         try:
             results = asyncio.run(_measure(servers, models, requests, console))
         finally:
@@ -86,10 +88,11 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
         pass
     first, size = dedicated.sizes["model-0"], dedicated.sizes["model-1"]
     await dedicated._unload("dedicated", ["model-1"])
-    budget = first + size * (models / 8 - 1)
-    pool = Pool({name: servers[name][1] for name in ("a", "b")}, {"a": budget, "b": budget},
+    members = [name for name in servers if name != "dedicated"]
+    budget = first + size * (models / 4 / len(members) - 1)
+    pool = Pool({name: servers[name][1] for name in members}, dict.fromkeys(members, budget),
                 lambda name: memory[name](), estimate_mib=size)
-    bases = {name: used[name]() for name in ("a", "b")}
+    bases = {name: used[name]() for name in members}
     weights = 1.0 / np.arange(1, models + 1) ** 1.1
     picks = np.random.default_rng(11).choice(models, size=requests, p=weights / weights.sum())
     peak = dict.fromkeys(bases, 0.0)
@@ -109,7 +112,7 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
     return {
         "model_mib": round(size, 1), "first_model_mib": round(first, 1), "dedicated_triton_mib": round(one_per_model, 1), "empty_triton_mib": round(empty, 1),
         "budget_mib": round(budget, 1), "peak_over_base_mib": {k: round(v, 1) for k, v in peak.items()},
-        "servers_ratio": 2 / models, "memory_ratio": round(pool_memory / (models * one_per_model), 4),
+        "members": len(members), "servers_ratio": len(members) / models, "memory_ratio": round(pool_memory / (models * one_per_model), 4),
         "hit_rate": round(counters.hits / (counters.hits + counters.loads), 3),
         "loads": counters.loads, "unloads": counters.unloads, "failed": counters.failed,
         "cold_p50_ms": round(float(np.percentile(cold, 50)), 1), "cold_p99_ms": round(float(np.percentile(cold, 99)), 1),
@@ -150,10 +153,10 @@ async def _loaded_rounds(pool: Pool, session: aiohttp.ClientSession, dedicated: 
 
 
 def _print(console: Console, results: dict, models: int, requests: int) -> None:
-    console.print(f"pool: {models} models, {requests} Zipf requests, 2 members with {results['budget_mib']} MiB "
-                  f"each (an eighth of the models: the first {results['first_model_mib']} MiB with the backend's "
+    console.print(f"pool: {models} models, {requests} Zipf requests, {results['members']} members with "
+                  f"{results['budget_mib']} MiB each (a quarter of the models together: the first {results['first_model_mib']} MiB with the backend's "
                   f"libraries, then {results['model_mib']} MiB a model, measured on load)")
-    console.print(f"  servers {2} against {models} (ratio {results['servers_ratio']:.3f}); memory "
+    console.print(f"  servers {results['members']} against {models} (ratio {results['servers_ratio']:.3f}); memory "
                   f"{results['memory_ratio']:.3f}x of one Triton per model ({results['dedicated_triton_mib']} MiB "
                   f"each, {results['empty_triton_mib']} MiB with no model)")
     console.print(f"  hit rate {results['hit_rate']}, {results['loads']} loads, {results['unloads']} unloads, "

@@ -2,7 +2,9 @@
 model control) serving more models than their budgets hold
 (kubeloop.front.pool): every request is answered by its own model, each
 member's measured memory stays within its budget, and loads and unloads
-are counted. Local backend's runtime; no control plane, no router yet."""
+are counted; a hot model is copied onto a second member and its requests
+spread over both. Local backend's runtime; no control plane, no router
+(the pool's front is proven in tests/e2e/test_serving_pools.py)."""
 
 from __future__ import annotations
 
@@ -103,9 +105,40 @@ async def _probe_and_serve(servers, expected, memory) -> None:  # noqa: ANN001
     pool.close()
 
 
-async def _infer(pool: Pool, session: aiohttp.ClientSession, model: str) -> np.ndarray:
+def test_a_hot_model_is_copied_onto_the_other_member_and_its_requests_spread_over_both(members):
+    servers, expected = members
+    memory = {name: (lambda record=server: private_by_process(record.pid)) for name, (server, _) in servers.items()}
+    asyncio.run(_spread(servers, expected, memory))
+
+
+async def _spread(servers, expected, memory) -> None:  # noqa: ANN001
+    urls = {name: url for name, (_, url) in servers.items()}
+    pool = Pool(urls, dict.fromkeys(servers, 1e9), lambda name: memory[name](), spread_at=2)
+    models = [f"model-{i}" for i in range(MODELS)]
+    for name in servers:  # what the test before left loaded
+        await pool._unload(name, await pool._ready(name, models))
+    async with aiohttp.ClientSession() as session:
+        await _infer(pool, session, "model-5")
+        (holder,) = [name for name, member in pool.residency.members.items() if "model-5" in member.loaded]
+        for _ in range(2):  # eight callers at once: the model is hot from the second
+            answers = await asyncio.gather(*(_infer(pool, session, "model-5") for _ in range(8)))
+            assert all(np.allclose(answer, expected["model-5"], atol=1e-4) for answer in answers)
+            await asyncio.gather(*pool.copies)
+        for name in servers:
+            assert await pool._ready(name, ["model-5"]) == ["model-5"], f"{name} does not hold a copy"
+        assert pool.residency.counters.spreads == 1 and pool.residency.counters.failed == 0
+        seen = []
+        answers = await asyncio.gather(*(_infer(pool, session, "model-5", seen) for _ in range(8)))
+        assert all(np.allclose(answer, expected["model-5"], atol=1e-4) for answer in answers)
+        assert set(seen) == set(urls.values()), f"all of them went to {seen[0]}, {holder} holding it first"
+    pool.close()
+
+
+async def _infer(pool: Pool, session: aiohttp.ClientSession, model: str, seen: list | None = None) -> np.ndarray:
     body = {"inputs": [{"name": "features", "shape": list(ROWS.shape), "datatype": "FP32", "data": ROWS.tolist()}]}
     async with pool.serving(model) as url:
+        if seen is not None:
+            seen.append(url)
         async with session.post(f"{url}/v2/models/{model}/infer", json=body) as response:
             assert response.status == 200, await response.text()
             (output,) = (await response.json())["outputs"]

@@ -3,7 +3,10 @@ share two tritonservers in explicit model control and one front. With a
 budget that holds a quarter of the models, traffic to every service loads
 and unloads models; every answer is its own service's model's, each
 member's measured memory stays within its budget, loads and unloads are
-counted, and request logs stay per service. Also: a pool the operator does
+counted, a hot service's model is copied onto the other member, request
+counters stay per service while histograms beyond the pool's limit are
+shared, `kubeloop placement plan` packs the services by the sizes the
+pool measured, and request logs stay per service. Also: a pool the operator does
 not run is refused by a condition, and a deleted service's model leaves
 the pool. Local backend only (pools are not on the cluster path yet).
 
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeloop import processes
 from kubeloop.api.constants import API_VERSION
+from kubeloop.cli.placement import render_text
 from kubeloop.front.memory import private_mib
 from kubeloop.requestlog import request_records
 from kubeloop.serving.instances import InstanceState
@@ -42,19 +48,21 @@ libraries with it) and for each one after (measured: the pool benchmark)."""
 HOLDS = max(2, SERVICES // 8)
 """Models each member's budget holds: a quarter of the services in all."""
 BUDGET_MIB = (FIRST_MIB + NEXT_MIB * (HOLDS - 1)) / 0.9 + NEXT_MIB / 2
+DETAILED = 8
+"""Services whose histograms are their own (the pool's detailedMetrics)."""
 ROWS = np.random.default_rng(5).normal(0, 1, (3, N_FEATURES)).astype(np.float32)
 
 
 @pytest.fixture
 def operator(platform, namespace, start_operator, tmp_path):
     env = platform.env()
-    pools = {"shared": {"members": 2, "memoryMiB": BUDGET_MIB}}
+    pools = {"shared": {"members": 2, "memoryMiB": BUDGET_MIB, "spreadAt": 3, "detailedMetrics": DETAILED}}
     op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
                         KUBELOOP_SERVING_BACKENDS="local", KUBELOOP_SERVING_BACKEND="local",
                         KUBELOOP_SERVING_POOLS=json.dumps(pools), KUBELOOP_REQUEST_LOG=str(tmp_path / "requests"),
                         KUBELOOP_WORK_DIR=str(tmp_path / "work"))
     op.wait_for_log("Initial authentication has finished")
-    op.requests, op.work = tmp_path / "requests", tmp_path / "work"
+    op.requests, op.work, op.pools = tmp_path / "requests", tmp_path / "work", json.dumps(pools)
     return op
 
 
@@ -99,6 +107,42 @@ def pool_metrics(url: str) -> dict[tuple[str, tuple], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def assert_metrics_bounded(metrics: dict, namespace: str, names: list[str], hot: str) -> None:
+    """Requests counted per service; latency histograms of DETAILED services
+    their own, the rest's shared as _other (together: every request)."""
+    requests_by = {dict(labels)["service"]: value for (name, labels), value in metrics.items()
+                   if name == "kubeloop_inference_requests_total"}
+    assert requests_by == {f"{namespace}/{n}": 2 + 24 * (n == hot) for n in names}, requests_by
+    timed = {dict(labels)["service"]: value for (name, labels), value in metrics.items()
+             if name == "kubeloop_inference_request_duration_seconds_count"}
+    assert len(timed) == DETAILED + 1 and "_other" in timed, sorted(timed)
+    assert sum(timed.values()) == sum(requests_by.values())
+
+
+def placement_plan(platform, namespace: str, pools: str) -> dict:  # noqa: ANN001
+    env = {**os.environ, **platform.env(), "KUBELOOP_SERVING_POOLS": pools}
+    done = subprocess.run([sys.executable, "-m", "kubeloop.cli", "placement", "plan", "-n", namespace, "-o", "json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def assert_packed_by_measure(plan: dict, namespace: str, names: list[str]) -> int:
+    """Every service was loaded, so every size is the pool's measure; the
+    members hold some at once within their budgets, the rest on demand."""
+    pools = {pool["name"]: pool for pool in plan["pools"]}
+    assert "no pool 'elsewhere'" in pools["elsewhere"]["error"]
+    shared = pools["shared"]
+    sources = {m["model"]: m["source"] for m in shared["models"]}
+    assert sources == {f"{namespace}.{n}": "measured" for n in names}, sources
+    held = shared["held"]
+    assert all(h["usedMib"] <= shared["budgetMib"] for h in held.values()), held
+    at_once = sum(len(h["models"]) for h in held.values())
+    assert at_once >= 2 and at_once + len(shared["onDemand"]) == len(names), shared
+    assert next(s for s in plan["services"] if s["name"] == f"{namespace}/{names[0]}")["pool"] == "shared"
+    return at_once
+
+
 def test_a_pool_serves_every_service_within_its_members_budgets(platform, kube, namespace, operator):
     uri = platform.env()["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)
@@ -133,6 +177,10 @@ def test_a_pool_serves_every_service_within_its_members_budgets(platform, kube, 
             body = answer.json()
             assert body["model_name"] == f"{namespace}.{name}", body
             answers.setdefault(name, []).append(body["outputs"][0]["data"])
+        hot = names[SERVICES // 2]  # eight callers at once, three times: hot from the third request under way
+        for _ in range(3):
+            for answer in ThreadPoolExecutor(8).map(lambda _: infer(url, f"{namespace}.{hot}"), range(8)):
+                assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == answers[hot][0]
     for model in range(MODELS):
         served = {json.dumps(a) for name in names[model::MODELS] for a in answers[name]}
         assert len(served) == 1, f"services of {models[model]} answered differently: {served}"
@@ -144,8 +192,15 @@ def test_a_pool_serves_every_service_within_its_members_budgets(platform, kube, 
     unloads = metrics[("kubeloop_pool_unloads_total", (("pool", "shared"),))]
     assert loads >= SERVICES and unloads >= loads - 2 * HOLDS - 2, (loads, unloads)
     assert metrics[("kubeloop_pool_failed_total", (("pool", "shared"),))] == 0
+    assert metrics[("kubeloop_pool_spreads_total", (("pool", "shared"),))] >= 1, "the hot model was not copied"
+    assert_metrics_bounded(metrics, namespace, names, hot)
+    plan = placement_plan(platform, namespace, operator.pools)
+    at_once = assert_packed_by_measure(plan, namespace, names)
+    print(render_text({**plan, "services": [], "layouts": []}))
+    spread = metrics[("kubeloop_pool_spreads_total", (("pool", "shared"),))]
     print(f"pool e2e: {SERVICES} services, budget {BUDGET_MIB:.0f} MiB per member, {loads:.0f} loads, "
-          f"{unloads:.0f} unloads, peaks {', '.join(f'{v:.0f}' for v in memory.peak.values())} MiB")
+          f"{unloads:.0f} unloads, {spread:.0f} spread, {at_once} held at once by the plan, peaks "
+          f"{', '.join(f'{v:.0f}' for v in memory.peak.values())} MiB")
 
     # A registered model's name reaches its service where only one service serves it.
     lone = f"{namespace}-lone"

@@ -37,3 +37,39 @@ def test_the_text_fits_an_80_column_terminal():
     reason_lines = [line for line in lines if line.startswith("    ")]
     assert sum(len(line) for line in reason_lines) / len(reason_lines) > 30
     assert "ml/m60  auto  61440 MiB  -> fits after a relayout" in text
+
+
+def pooled(name: str, pool: str = "shared") -> dict:
+    return {"metadata": {"name": name, "namespace": "ml"},
+            "spec": {"model": {"name": "fraud", "alias": "champion"}, "pool": pool}}
+
+
+def test_a_pools_models_are_packed_by_measured_size_then_estimate_the_rest_loaded_on_demand():
+    from kubeloop.serving.base import PoolSize
+
+    objects = [pooled(f"s{i}") for i in range(6)] + [pooled("elsewhere", pool="gone")]
+    sizes = {"shared": PoolSize(members=2, memoryMiB=90.0, estimateMiB=20.0)}
+    measured = {"shared": {"ml.s0": 50.0, "ml.s1": 40.0, "ml.s2": 30.0, "ml.s3": 95.0}}
+    report = build_report(objects, fleet(), None, "default", sizes, measured)
+    gone, shared = report["pools"]
+    assert gone == {"name": "gone", "error": "no pool 'gone' in KUBELOOP_SERVING_POOLS (named: shared)"}
+    assert shared["budgetMib"] == 81.0
+    assert {m["model"]: (m["sizeMib"], m["source"]) for m in shared["models"]} == {
+        "ml.s0": (50.0, "measured"), "ml.s1": (40.0, "measured"), "ml.s2": (30.0, "measured"),
+        "ml.s3": (95.0, "measured"), "ml.s4": (20.0, "estimate"), "ml.s5": (20.0, "estimate")}
+    # Largest first onto the member with most room: 50 | 40, 30 | then 20 beside 50; the last 20 fits nowhere.
+    assert shared["held"] == {"member-0": {"models": ["ml.s0", "ml.s4"], "usedMib": 70.0},
+                              "member-1": {"models": ["ml.s1", "ml.s2"], "usedMib": 70.0}}
+    assert shared["onDemand"] == ["ml.s5"] and shared["tooLarge"] == ["ml.s3"] and shared["unknown"] == []
+    text = render_text(report, 80)
+    assert "ml/s0  cpu  -  -> pool shared" in text
+    assert "pool shared: 2 members x 90 MiB (81 MiB for models after 10% headroom); 6\nmodels" in text
+    assert "loaded on demand (least recently used unloaded): 1: ml.s5" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_pool_with_no_estimate_leaves_models_never_loaded_unknown():
+    from kubeloop.gpu.pools import PooledModel, pack
+
+    plan = pack([PooledModel("a", 10.0, "measured"), PooledModel("b", None, "unknown")], 1, 50.0, 0.1)
+    assert plan.members[0].models == ("a",) and plan.unknown == ("b",) and plan.budget_mib == 45.0

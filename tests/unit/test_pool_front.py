@@ -2,7 +2,8 @@
 services: by a registered model's name where one service serves it, by a
 service's Triton name always; a removed routes file takes its service away;
 services share the pool's metrics without clearing each other's series,
-and a removed service's series go with it.
+a removed service's series go with it, and histograms are a service's own
+only up to the pool's limit (or in a rollout).
 Unit: no Triton (a pooled model's readiness is answered without loading it);
 the pool's loads against real tritonservers are tests/components/test_pool.py,
 the whole path tests/e2e/test_serving_pools.py (local backend)."""
@@ -18,11 +19,13 @@ from kubeloop.front.httpserver import Request
 from kubeloop.front.poolfront import PoolConfig, PooledFront, PoolMember
 
 
-def routes(folder: Path, triton_model: str, model: str) -> Path:
+def routes(folder: Path, triton_model: str, model: str, canary: int = 0) -> Path:
     path = folder / f"{triton_model}.json"
+    split = [{"role": "primary", "version": "1", "percent": 100 - canary}]
+    split += [{"role": "canary", "version": "2", "percent": canary}] if canary else []
     path.write_text(json.dumps({
         "service": triton_model.replace(".", "/"), "model": model, "triton_model": triton_model, "triton_url": "",
-        "routes": [{"role": "primary", "version": "1", "percent": 100}]}))
+        "routes": split}))
     return path
 
 
@@ -61,6 +64,35 @@ def test_a_pools_front_reaches_each_service_by_its_model(tmp_path):
         pool = {s.name: s.value for metric in front.metrics.registry.collect() if metric.name.startswith("kubeloop_pool")
                 for s in metric.samples if s.labels.get("pool") == "shared"}
         assert pool["kubeloop_pool_loads_total"] == 0 and pool["kubeloop_pool_member_budget_mib"] == 90.0
+    finally:
+        loop.run_until_complete(front.stop())
+        loop.close()
+
+
+def test_histograms_beyond_the_pools_limit_are_shared_but_a_rollouts_stay_its_own(tmp_path):
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    for name in ("ml.a", "ml.b", "ml.c"):
+        routes(folder, name, name)
+    rolling = routes(folder, "ml.d", "ml.d", canary=10)
+    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    front = PooledFront(PoolConfig("shared", {"m": member}, folder, detailed_metrics=1))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(front.start())
+        for router in front.routers.values():
+            router._observe("1", [0.7, 0.2])
+        def scored() -> dict[str, float]:
+            return {s.labels["service"]: s.value for metric in front.metrics.registry.collect()
+                    if metric.name == "kubeloop_prediction_score" for s in metric.samples
+                    if s.name.endswith("_count")}
+        assert scored() == {"ml/a": 2, "ml/d": 2, "_other": 4}, "ml/a took the one place, ml/d is in a rollout"
+        routes(folder, "ml.d", "ml.d")  # its rollout is over: beyond the limit, its histograms are shared
+        os.utime(rolling, (1, 1))
+        assert front.routers["ml.d.json"].take_up_routes()
+        front.routers["ml.d.json"]._observe("1", [0.5])
+        assert scored() == {"ml/a": 2, "_other": 5}
     finally:
         loop.run_until_complete(front.stop())
         loop.close()

@@ -135,3 +135,56 @@ def test_what_the_member_was_measured_to_use_follows_its_loads_and_unloads():
     assert placement.unload == ("m1",)
     assert residency.loaded("a", "m4", 35) == ["m2"]
     assert residency.members["a"].used_mib == 85.0  # 90 - 20 (m1) + 35 (m4) - 20 (m2)
+
+
+def test_a_hot_model_is_copied_onto_another_member_with_room_and_its_requests_stay_where_it_is_loaded():
+    residency = Residency({"a": 100.0, "b": 100.0}, spread_at=2)
+    served(residency, "hot", 40)
+    first = residency.place("hot", 40)
+    assert first == Placement("a", load=False)  # one request under way: not hot yet
+    second = residency.place("hot", 40)
+    assert second.member == "a" and not second.load and second.spread == Placement("b", load=True)
+    assert residency.members["b"].loading == {"hot": 40}
+    third = residency.place("hot", 40)  # the copy is loading: requests still go where the model is loaded
+    assert third.member == "a" and third.spread is None  # b holds it (loading) with nothing under way there
+    residency.loaded("b", "hot", 40)
+    residency.done("b", "hot")  # the copy's load is over
+    assert residency.place("hot", 40).member == "b"  # now the least busy member holding it
+    counters = residency.counters
+    assert (counters.loads, counters.spreads, counters.hits) == (2, 1, 4)
+    assert residency.forget("hot") == ["a", "b"]
+
+
+def test_a_hot_model_is_not_copied_where_no_other_member_has_room_or_spreading_is_off():
+    residency = Residency({"a": 100.0, "b": 50.0}, spread_at=1)
+    served(residency, "hot", 60)
+    busy = residency.place("other", 40)
+    assert busy.member == "b"
+    assert residency.place("hot", 60).spread is None  # b's budget cannot hold it
+    residency.done("b", "other")
+    off = Residency({"a": 100.0, "b": 100.0})
+    served(off, "hot", 40)
+    assert [off.place("hot", 40).spread for _ in range(5)] == [None] * 5
+
+
+def test_a_copy_unloads_only_idle_models_least_recently_used_first():
+    residency = Residency({"a": 100.0, "b": 100.0}, spread_at=1)
+    served(residency, "hot", 60)
+    for model in ("b1", "b2"):
+        served(residency, model, 30)  # b2 lands on b beside b1 (a has 40 left: b1 fits there)
+    where = {m: name for name, member in residency.members.items() for m in member.loaded}
+    assert where == {"hot": "a", "b1": "b", "b2": "b"}
+    copy = residency.place("hot", 60).spread
+    assert copy == Placement("b", load=True, unload=("b1",))
+
+
+def test_a_call_carrying_joined_requests_counts_each_of_them_toward_a_hot_model():
+    residency = Residency({"a": 100.0, "b": 100.0}, spread_at=4)
+    served(residency, "hot", 40)
+    joined = residency.place("hot", 40, requests=4)
+    assert joined.spread == Placement("b", load=True)
+    residency.done("a", "hot", requests=4)
+    assert residency.members["a"].in_use == {}
+    assert residency.copies("hot") == 1  # b's copy is loading
+    residency.loaded("b", "hot", 40)
+    assert residency.copies("hot") == 2

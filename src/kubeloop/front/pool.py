@@ -61,9 +61,9 @@ class Pool:
 
     def __init__(self, members: dict[str, str], budgets: dict[str, float],
                  processes: Callable[[str], dict[int, float]], sizes: dict[str, float] | None = None,
-                 estimate_mib: float = 0.0):
+                 estimate_mib: float = 0.0, spread_at: int = 0):
         self.urls = dict(members)
-        self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()})
+        self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()}, spread_at)
         self.processes = processes
         self.empty = {name: self.memory(name) for name in members}
         """Each member's memory holding no model (members start empty: explicit model control, none at start)."""
@@ -84,6 +84,8 @@ class Pool:
         """The latest cold loads' times, from the request's arrival to the model ready."""
         self.failures: dict[str, str] = {}
         """Model -> why its last load failed (until one succeeds); bounded by the models served."""
+        self.copies: set[asyncio.Task] = set()
+        """Hot models' copies loading on further members (at most one per member and model)."""
 
     def any_url(self) -> str:
         """A member's URL, for what any member answers alike (the server's metadata)."""
@@ -107,11 +109,15 @@ class Pool:
             await self._unload(member, [model])
 
     @asynccontextmanager
-    async def serving(self, model: str) -> AsyncIterator[str]:
+    async def serving(self, model: str, requests: int = 1) -> AsyncIterator[str]:
         """The URL of a member holding the model (loaded first if none did);
-        the model stays loaded while the block runs."""
+        the model stays loaded while the block runs. requests: the callers'
+        requests the block's call carries (joined ones count each: what
+        makes a model hot)."""
         started = time.perf_counter()
-        placement = await self._place(model)
+        placement = await self._place(model, requests)
+        if placement.spread:
+            self._copy(placement.spread, model)
         key = (placement.member, model)
         try:
             if placement.load:
@@ -121,15 +127,34 @@ class Pool:
                 await asyncio.shield(self.pending[key])
             yield self.urls[placement.member]
         finally:
-            self.residency.done(placement.member, model)
-            self._released.set()
-            self._released = asyncio.Event()
             # A model's first inference grows its member too (the backend's
             # buffers): measured again once that request is over.
-            if placement.load or placement.member in self.over:
-                await self._within_budget(placement.member)
+            await self._end(placement, model, requests)
 
-    async def _place(self, model: str) -> Placement:
+    async def _end(self, placement: Placement, model: str, requests: int = 1) -> None:
+        self.residency.done(placement.member, model, requests)
+        self._released.set()
+        self._released = asyncio.Event()
+        if placement.load or placement.member in self.over:
+            await self._within_budget(placement.member)
+
+    def _copy(self, placement: Placement, model: str) -> None:
+        """Load a hot model's copy on another member, in the background: its
+        requests go where it is loaded meanwhile."""
+        async def load() -> None:
+            try:
+                await self._cold(placement, model, (placement.member, model))
+            except Exception as exc:  # the model is still served where it was loaded
+                self.failures.pop(model, None)
+                log.warning("a copy of hot model %s could not be loaded on %s: %s", model, placement.member, exc)
+            finally:
+                await self._end(placement, model)
+
+        task = asyncio.create_task(load())
+        self.copies.add(task)
+        task.add_done_callback(self.copies.discard)
+
+    async def _place(self, model: str, requests: int) -> Placement:
         """Where the model's request goes; where no member has room because
         what they hold is in use, wait for a request to end (at most
         LOAD_TIMEOUT_SECONDS)."""
@@ -139,7 +164,7 @@ class Pool:
                 for member in self.urls:
                     self.residency.observe(member, self.used_mib(member))
             try:
-                return self.residency.place(model, self._room(model))
+                return self.residency.place(model, self._room(model), requests)
             except TooLarge:
                 raise
             except NoRoom:
@@ -278,6 +303,10 @@ class Pool:
             raise LoadError(f"Triton ({member}) could not {action} {model}: {answer.status} "
                             f"{answer.body[:300].decode(errors='replace')}")
 
+    def measured(self) -> dict[str, float]:
+        """Model -> the room its next load gets, for every model loaded once."""
+        return {model: self._room(model) for model in self.sizes.keys() | self.peaks.keys()}
+
     def _size(self, model: str) -> float:
         return self.sizes.get(model, self.estimate_mib)
 
@@ -296,4 +325,6 @@ class Pool:
         return 0.0
 
     def close(self) -> None:
+        for task in self.copies:
+            task.cancel()
         self.repository.close()

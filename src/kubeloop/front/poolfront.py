@@ -57,13 +57,18 @@ class PoolConfig:
     """The folder of router files, one per service."""
     estimate_mib: float = 0.0
     """The room a model of unknown size gets until its first load is measured."""
+    spread_at: int = 0
+    """Requests under way to a model on each member holding it from which it is copied to another (0: never)."""
+    detailed_metrics: int | None = None
+    """Services whose histograms are their own (Metrics.detailed_limit)."""
 
     @classmethod
     def load(cls, path: Path) -> "PoolConfig":
         data = json.loads(path.read_text())
         members = {name: PoolMember(m["url"], int(m["pid"]), float(m["budget_mib"]))
                    for name, m in data["members"].items()}
-        return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)))
+        return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)),
+                   int(data.get("spread_at", 0)), data.get("detailed_metrics"))
 
 
 class Serving(NamedTuple):
@@ -76,11 +81,11 @@ class Serving(NamedTuple):
 class PooledFront:
     def __init__(self, config: PoolConfig):
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = Metrics(detailed_limit=config.detailed_metrics)
         self.pool = Pool({n: m.url for n, m in config.members.items()},
                          {n: m.budget_mib for n, m in config.members.items()},
                          lambda name: private_by_process(config.members[name].pid),
-                         estimate_mib=config.estimate_mib)
+                         estimate_mib=config.estimate_mib, spread_at=config.spread_at)
         self.metrics.registry.register(PoolCollector(self))
         self.routers: dict[str, Router] = {}
         """Router file name -> its router."""
@@ -145,10 +150,20 @@ class PooledFront:
         except (*UNSERVED, UpstreamError) as exc:
             log.warning("the pool could not take up a change of model: %s", exc)
 
+    def describe(self) -> dict:
+        """What `kubeloop placement plan` reads: each model's measured size
+        (MiB; models never loaded are absent) and what each member holds."""
+        members = self.pool.residency.members
+        return {"name": self.config.name, "sizesMiB": {m: round(v, 1) for m, v in self.pool.measured().items()},
+                "members": {name: {"budgetMiB": round(m.budget_mib, 1), "usedMiB": round(m.used_mib, 1),
+                                   "models": list(m.loaded)} for name, m in members.items()}}
+
     async def handle(self, request: Request) -> Response:
         parts = request.path.strip("/").split("/")
         if request.path == "/metrics":
             return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+        if request.path == "/pool":
+            return json_response(self.describe())
         if parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("ready", "live"):
             return Response(200)
         if parts == ["v2"]:
@@ -190,6 +205,7 @@ class PoolCollector:
         for field, text in (("loads", "Models loaded on a member (cold loads)."),
                             ("unloads", "Models unloaded to make room or no longer served."),
                             ("hits", "Requests to a model already loaded (or loading) on a member."),
+                            ("spreads", "Loads of a hot model's copy on a further member (in loads too)."),
                             ("failed", "Loads that failed.")):
             family = CounterMetricFamily(f"kubeloop_pool_{field}", text, labels=["pool"])
             family.add_metric([name], getattr(counters, field))

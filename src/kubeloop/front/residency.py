@@ -9,6 +9,12 @@ OptimizedModel's footprint, or what the member grew by when it loaded the
 model); until a model's first load is measured, the caller gives an estimate,
 and a load measured larger than its room makes the member unload idle models
 until it is within its budget again.
+
+A hot model is spread: where every member holding it has `spread_at` of its
+requests under way, the next request also starts a copy's load on another
+member with room (requests keep going to the members that hold it loaded
+meanwhile); the copy is unloaded like any other once it is idle and room
+is needed.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ class Member:
     loading: dict[str, float] = field(default_factory=dict)
     """Models being loaded -> the size they were given room for."""
     in_use: dict[str, int] = field(default_factory=dict)
-    """Model -> requests under way (such a model is never unloaded)."""
+    """Model -> callers' requests under way (such a model is never unloaded;
+    a call carrying several joined requests counts each)."""
     observed_mib: float = 0.0
     """What the member was last measured to use over its empty self: more
     than its models' sizes where they share memory no one size holds (the
@@ -68,6 +75,9 @@ class Placement:
     """The member must load the model first (a cold load)."""
     unload: tuple[str, ...] = ()
     """Models the member unloads first, to make room."""
+    spread: "Placement | None" = None
+    """A copy of the (hot) model to load on another member meanwhile; its
+    room is reserved and it is in use until the load ends (done())."""
 
 
 @dataclass
@@ -79,48 +89,84 @@ class Counters:
     failed: int = 0
     """Loads that failed."""
     unloads: int = 0
+    spreads: int = 0
+    """Loads of a hot model's copy on another member (counted in loads too)."""
 
 
 class Residency:
     """The pool's members and what each holds."""
 
-    def __init__(self, budgets: dict[str, float]):
+    def __init__(self, budgets: dict[str, float], spread_at: int = 0):
         if not budgets:
             raise ValueError("a pool needs at least one member")
         self.members = {name: Member(name, budget) for name, budget in budgets.items()}
         self.counters = Counters()
+        self.spread_at = spread_at
+        """Requests under way to a model on each member holding it from which it is spread (0: never)."""
 
-    def place(self, model: str, size_mib: float) -> Placement:
+    def place(self, model: str, size_mib: float, requests: int = 1) -> Placement:
         """The member for a request to model: the least busy member holding
-        it, else the one that must unload the least to make room (then the
+        it loaded (or loading, where none has it loaded yet; a hot model's
+        copy may start loading elsewhere: spread), else the one that must unload the least to make room (then the
         one with most room left). size_mib: its measured size, or an
         estimate until its first load is measured (loaded() corrects it).
         The placement takes effect at once (room reserved, models to unload
         dropped), so concurrent requests see it; a cold one finishes with
-        loaded() or failed(), and every one with done()."""
+        loaded() or failed(), and every one with done(). requests: the
+        callers' requests the call carries."""
         holders = [m for m in self.members.values() if m.holds(model)]
         if holders:
-            member = min(holders, key=lambda m: sum(m.in_use.values()))
+            ready = [m for m in holders if model in m.loaded]
+            member = min(ready or holders, key=lambda m: sum(m.in_use.values()))
             self.counters.hits += 1
-            self._use(member, model)
-            return Placement(member.name, load=False)
-        choice = self._room(model, size_mib)
-        member, unload = self.members[choice[0]], choice[1]
+            self._use(member, model, requests)
+            return Placement(member.name, load=False, spread=self._spread(model, size_mib, holders))
+        name, unload = self._room(model, size_mib)
+        return self._reserve(self.members[name], model, size_mib, unload, requests)
+
+    def _reserve(self, member: Member, model: str, size_mib: float, unload: list[str],
+                 requests: int = 1) -> Placement:
         for evicted in unload:
             member.drop(evicted)
         self.counters.unloads += len(unload)
         self.counters.loads += 1
         member.loading[model] = size_mib
-        self._use(member, model)
+        self._use(member, model, requests)
         return Placement(member.name, load=True, unload=tuple(unload))
+
+    def _spread(self, model: str, size_mib: float, holders: list[Member]) -> Placement | None:
+        """A copy of the model on another member, where every member holding
+        it has spread_at of its requests under way (this one counted) and
+        another member has room (unloading idle models only)."""
+        if not self.spread_at or any(m.in_use.get(model, 0) < self.spread_at for m in holders):
+            return None
+        names = {m.name for m in holders}
+        options = self._options(size_mib, [m for m in self.members.values() if m.name not in names])
+        if not options:
+            return None
+        _, _, name, unload = min(options, key=lambda option: option[:3])
+        self.counters.spreads += 1
+        return self._reserve(self.members[name], model, size_mib, unload)
 
     def _room(self, model: str, size_mib: float) -> tuple[str, list[str]]:
         largest = max(m.budget_mib for m in self.members.values())
         if size_mib > largest:
             raise TooLarge(f"{model} ({size_mib:.0f} MiB) is larger than any pool member's budget (at most "
                            f"{largest:.0f} MiB): give the pool larger members, or serve it on its own")
+        options = self._options(size_mib, list(self.members.values()))
+        if not options:
+            budgets = ", ".join(f"{m.name} {m.budget_mib:.0f} MiB" for m in self.members.values())
+            raise NoRoom(f"no pool member has room for {model} ({size_mib:.0f} MiB): budgets {budgets}, "
+                         "less what requests under way use")
+        _, _, name, unload = min(options, key=lambda option: option[:3])
+        return name, unload
+
+    @staticmethod
+    def _options(size_mib: float, members: list[Member]) -> list[tuple[int, float, str, list[str]]]:
+        """The members with room for a model of size_mib once they unload idle
+        models (least recently used first): (models unloaded, -room left, name, those models)."""
         options = []
-        for member in self.members.values():
+        for member in members:
             free, unload = member.budget_mib - member.used_mib, []
             for candidate in member.idle_lru():
                 if free >= size_mib:
@@ -129,12 +175,11 @@ class Residency:
                 unload.append(candidate)
             if free >= size_mib:
                 options.append((len(unload), -free, member.name, unload))
-        if not options:
-            budgets = ", ".join(f"{m.name} {m.budget_mib:.0f} MiB" for m in self.members.values())
-            raise NoRoom(f"no pool member has room for {model} ({size_mib:.0f} MiB): budgets {budgets}, "
-                         "less what requests under way use")
-        _, _, name, unload = min(options, key=lambda option: option[:3])
-        return name, unload
+        return options
+
+    def copies(self, model: str) -> int:
+        """Members holding the model loaded."""
+        return sum(model in m.loaded for m in self.members.values())
 
     def held(self, model: str) -> bool:
         """Whether a member holds (or is loading) the model."""
@@ -169,10 +214,10 @@ class Residency:
         self.members[member].loading.pop(model, None)
         self.counters.failed += 1
 
-    def done(self, member: str, model: str) -> None:
-        """A request to the model on the member is over."""
+    def done(self, member: str, model: str, requests: int = 1) -> None:
+        """A call to the model on the member is over (carrying `requests`)."""
         m = self.members[member]
-        left = m.in_use.get(model, 0) - 1
+        left = m.in_use.get(model, 0) - requests
         if left > 0:
             m.in_use[model] = left
         else:
@@ -203,7 +248,7 @@ class Residency:
         (a load measured larger than the room it was given)."""
         return {m.name: m.used_mib - m.budget_mib for m in self.members.values() if m.used_mib > m.budget_mib}
 
-    def _use(self, member: Member, model: str) -> None:
-        member.in_use[model] = member.in_use.get(model, 0) + 1
+    def _use(self, member: Member, model: str, requests: int = 1) -> None:
+        member.in_use[model] = member.in_use.get(model, 0) + requests
         if model in member.loaded:
             member.loaded.move_to_end(model)

@@ -234,6 +234,10 @@ def route_at(routes: tuple[Route, ...], position: float) -> Route:
     return routes[0]
 
 
+OTHER = "_other"
+"""The service, model and version of histograms aggregated beyond Metrics.detailed_limit."""
+
+
 # Regression values have no known scale or sign: buckets at 1 and 3 per
 # decade, both signs, from 0.01 to 100,000. With negative buckets Prometheus
 # exposes no _sum (OpenMetrics): quantiles come from the buckets.
@@ -248,7 +252,14 @@ class Metrics:
     kubeloop_prediction_value."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    detailed_limit: int | None = None
+    """Services (of a pool's front) whose histograms (latency, predictions,
+    feature retrieval, joined calls) are their own; those beyond it share
+    series labelled OTHER, except services in a rollout (a canary or a
+    shadow), which a rollout's analysis reads. Counters stay per service.
+    None: no limit."""
     _series: dict = field(default_factory=dict)
+    _detailed: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         labels = ["service", "model", "version", "role"]
@@ -318,6 +329,8 @@ class Metrics:
         self.triton_refused = Counter("kubeloop_triton_refused_total",
                                       "Requests refused (503) because too many waited for Triton.", ["service"],
                                       registry=self.registry)
+        self.histograms = (self.latency, self.scores, self.classes, self.values, self.retrieval, self.triton_calls)
+        """What a service beyond detailed_limit shares under OTHER."""
         self.log_removed = Counter("kubeloop_request_log_files_removed_total",
                                    "Request-log files removed by retention or the size limit.", ["service"],
                                    registry=self.registry)
@@ -334,13 +347,26 @@ class Metrics:
     def forget(self) -> None:
         self._series.clear()
 
-    def drop(self, service: str) -> None:
-        """Remove a service's series: it left the pool's front that shares these metrics."""
-        for metric in vars(self).values():
+    def detailed(self, service: str, rollout: bool) -> bool:
+        """Whether the service's histograms are its own (see detailed_limit);
+        the first services to ask take the places, until they leave (drop)."""
+        if self.detailed_limit is None or rollout or service in self._detailed:
+            return True
+        if len(self._detailed) < self.detailed_limit:
+            self._detailed.add(service)
+            return True
+        return False
+
+    def drop(self, service: str, metrics: tuple | None = None) -> None:
+        """Remove a service's series (of `metrics`; all where None: it left
+        the pool's front that shares these metrics)."""
+        for metric in metrics or vars(self).values():
             if isinstance(metric, MetricWrapperBase) and "service" in metric._labelnames:
                 at = metric._labelnames.index("service")
                 for labels in [k for k in metric._metrics if k[at] == service]:
                     metric.remove(*labels)
+        if metrics is None:
+            self._detailed.discard(service)
         self.forget()
 
 
@@ -356,6 +382,8 @@ class Router:
         self.pool = pool
         self._traffic: list[tuple[str, ...]] = []
         """The traffic series this router set (a shared gauge holds others')."""
+        self._own = True
+        """Whether this service's histograms are its own (Metrics.detailed)."""
         self._show_routes()
         self.log = RequestLog(self.config.log_limits.queue_rows)
         self._store, self._store_for = None, None
@@ -519,29 +547,40 @@ class Router:
                          for route in (*c.routes, *([c.shadow] if c.shadow else []))]
         for labels, route in zip(self._traffic, (*c.routes, *([c.shadow] if c.shadow else [])), strict=True):
             self.metrics.traffic.labels(*labels).set(route.percent / 100)
+        own = self.metrics.detailed(c.service, rollout=len(c.routes) > 1 or c.shadow is not None)
+        if self._own and not own:  # a rollout ended beyond the limit: its series stop
+            self.metrics.drop(c.service, self.metrics.histograms)
+        self._own = own
         self.metrics.sample_rate.labels(c.service).set(c.sample_rate if c.request_log else 0.0)
 
     def _observe(self, version: str, outputs: list) -> None:
         """The predictions' metric, by task (per row: a float, or class probabilities)."""
-        c = self.config
+        c, labels = self.config, self._detail(version)
         for row in outputs:
             if c.task == "multiclass":
-                self.metrics.series(self.metrics.classes, c.service, c.model, version, c.label(_argmax(row))).inc()
+                self.metrics.series(self.metrics.classes, *labels, c.label(_argmax(row))).inc()
             elif c.task == "regression":
-                self.metrics.series(self.metrics.values, c.service, c.model, version).observe(row)
+                self.metrics.series(self.metrics.values, *labels).observe(row)
             else:
-                self.metrics.series(self.metrics.scores, c.service, c.model, version).observe(row)
+                self.metrics.series(self.metrics.scores, *labels).observe(row)
 
-    def _server(self, version: str | None) -> AbstractAsyncContextManager[str]:
+    def _detail(self, version: str = "", *more: str) -> tuple[str, ...]:
+        """A histogram's service, model and version labels (then `more`):
+        this service's own, or OTHER's where the metrics' limit left it none."""
+        c = self.config
+        return (c.service, c.model, version, *more) if self._own else (OTHER, OTHER, OTHER, *more)
+
+    def _server(self, version: str | None, requests: int = 1) -> AbstractAsyncContextManager[str]:
         """The base URL of a Triton serving the version while the block
         runs: the configured one, or the pool's member holding the model
-        (loaded there first where none does). None: any server, for what
-        all answer alike (the server's metadata)."""
+        (loaded there first where none does; requests: the callers' the
+        call carries). None: any server, for what all answer alike (the
+        server's metadata)."""
         if self.pool is None:
             return nullcontext(self.config.server_url(version or self.config.primary().version))
         if version is None:
             return nullcontext(self.pool.any_url())
-        return self.pool.serving(self.config.triton_model)
+        return self.pool.serving(self.config.triton_model, requests)
 
     # -- handlers ------------------------------------------------------------
 
@@ -637,7 +676,7 @@ class Router:
         vectors."""
         c = self.config
         labels = (c.service, c.model, route.version, route.role)
-        self.metrics.series(self.metrics.latency, *labels).observe(elapsed)
+        self.metrics.series(self.metrics.latency, *self._detail(route.version, route.role)).observe(elapsed)
         self.metrics.series(self.metrics.requests, *labels, str(status)).inc()
         columns, vectors = sent
         outputs = parse_outputs(answer, c) if status == 200 else None
@@ -694,7 +733,7 @@ class Router:
             if count:
                 self._count_problems(exc.problems)
             raise
-        self.metrics.retrieval.labels(c.service).observe(time.perf_counter() - started)
+        self.metrics.series(self.metrics.retrieval, self._detail()[0]).observe(time.perf_counter() - started)
         if count:
             self._count_problems(assembled.problems)
         request = tensor_request(assembled.vectors, request_id=payload.get("id"))
@@ -725,6 +764,8 @@ class Router:
                 lambda items: self._post_joined(version, items), rows=lambda item: item[0].count,
                 kind=lambda item: item[0].kind, waiting_for="Triton", max_rows=MAX_REQUEST_ROWS, max_calls=TRITON_CALLS,
                 on_refused=lambda: self.metrics.triton_refused.labels(service).inc())
+        if self.pool is not None:  # one call at a time to each member holding the model
+            upstream.max_calls = max(TRITON_CALLS, self.pool.residency.copies(self.config.triton_model))
         if upstream.idle and mirror:
             return (await self._post_joined(version, [(None, body)]))[0]
         if upstream.idle:  # it goes alone, as sent: whether it could join others does not matter
@@ -737,12 +778,12 @@ class Router:
 
     async def _post_joined(self, version: str, items: list[tuple[Rows | None, bytes]]) -> list[tuple[int, bytes]]:
         """One call for the waiting requests: a lone one as it was sent."""
-        self.metrics.series(self.metrics.triton_calls, self.config.service).observe(len(items))
+        self.metrics.series(self.metrics.triton_calls, self._detail()[0]).observe(len(items))
         if len(items) == 1:
             return [(await self._post(version, items[0][1]))[:2]]
         batch = [rows for rows, _ in items]
         body, headers = join(batch)
-        status, answer, header_length = await self._post(version, body, headers)
+        status, answer, header_length = await self._post(version, body, headers, len(items))
         if status != 200:
             return [(status, answer)] * len(items)
         answers = split(answer, header_length, batch)
@@ -752,12 +793,13 @@ class Router:
             return [(502, failed)] * len(items)
         return [(200, own) for own in answers]
 
-    async def _post(self, version: str, body: bytes,
-                    headers: dict[str, str] | None = None) -> tuple[int, bytes, str | None]:
-        """Triton's status, answer and the length of a binary answer's JSON header."""
+    async def _post(self, version: str, body: bytes, headers: dict[str, str] | None = None,
+                    requests: int = 1) -> tuple[int, bytes, str | None]:
+        """Triton's status, answer and the length of a binary answer's JSON
+        header; requests: the callers' the body joins."""
         lines = JSON_BODY if headers is None else header_lines(headers) + NO_COMPRESSION
         try:
-            async with self._server(version) as server:
+            async with self._server(version, requests) as server:
                 answer = await self.upstream.call(b"POST", f"{server}{self.config.version_path(version)}/infer",
                                                   body, lines)
         except UpstreamError as exc:
@@ -788,7 +830,8 @@ class Router:
         except RequestError as exc:
             self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
             return
-        self.metrics.series(self.metrics.latency, *labels).observe(time.perf_counter() - started)
+        self.metrics.series(self.metrics.latency, *self._detail(to.version, role)).observe(
+            time.perf_counter() - started)
         self.metrics.series(self.metrics.requests, *labels, str(status)).inc()
         outputs = parse_outputs(answer, c) if status == 200 else None
         if outputs and answered and len(outputs) == len(answered):

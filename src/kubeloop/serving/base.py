@@ -37,6 +37,13 @@ class PoolSize(BaseModel):
     estimate_mib: float = Field(default=0.0, ge=0, alias="estimateMiB")
     """The room a model gets until its first load is measured (0: the median
     of the sizes measured so far)."""
+    spread_at: int = Field(default=4, ge=0, alias="spreadAt")
+    """Requests under way to one model on every member holding it from which
+    the model is loaded on another member with room too (0: never)."""
+    detailed_metrics: int = Field(default=100, ge=0, alias="detailedMetrics")
+    """Services whose latency and prediction histograms are their own; the
+    rest share series labelled _other (services in a rollout keep their own:
+    its analysis reads them). Request counters stay per service."""
 
 
 class ServingUnavailable(Exception):
