@@ -18,6 +18,7 @@ from kubeloop.api.constants import FINALIZER, GROUP, VERSION
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
 from kubeloop.operator.converging import ObjectLocks, Reconciler, converge
+from kubeloop.operator.pacing import ResyncPace
 from kubeloop.operator.reconcilers import deletion
 from kubeloop.operator.reconcilers.common import Outcome
 from kubeloop.operator.reconcilers.optimization import reconcile_optimized_model
@@ -45,6 +46,16 @@ def _unfinished(status: dict, **_: Any) -> bool:
     if status.get("phase") == "Succeeded":
         return any(c.get("status") == "Unknown" for c in status.get("conditions", []))
     return status.get("phase") != "Failed"
+
+
+def _steady_service(status: dict) -> bool:
+    """Ready, serving one version, no rollout or retrain under way: its
+    timer may come round less often (kubeloop.operator.pacing)."""
+    rollout = (status.get("rollout") or {}).get("phase")
+    retraining = (status.get("retraining") or {}).get("state")
+    return (status.get("phase") == "Ready" and not status.get("canaryVersion")
+            and rollout not in ("Progressing", "Paused")
+            and retraining not in ("Training", "Optimizing", "Gating", "Canary"))
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -88,12 +99,13 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     locks = ObjectLocks()
     """One reconcile or delete of an object at a time: kopf runs timers beside change handlers."""
-    for kind, reconciler, timer_when in (
-        (TRAINING_JOB, reconcile_training_job, _unfinished),
-        (OPTIMIZED_MODEL, reconcile_optimized_model, _unfinished),
-        (INFERENCE_SERVICE, reconcile_inference_service, None),
+    pace = ResyncPace(config.resync_seconds, config.resync_per_second)
+    for kind, reconciler, timer_when, steady in (
+        (TRAINING_JOB, reconcile_training_job, _unfinished, None),
+        (OPTIMIZED_MODEL, reconcile_optimized_model, _unfinished, None),
+        (INFERENCE_SERVICE, reconcile_inference_service, None, _steady_service),
     ):
-        _register(registry, config, locks, kind, reconciler, timer_when)
+        _register(registry, config, locks, kind, reconciler, timer_when, (pace, steady))
 
     @kopf.on.delete(GROUP, VERSION, TRAINING_JOB.plural, id="cancel-run", registry=registry)
     @kopf.on.delete(GROUP, VERSION, OPTIMIZED_MODEL.plural, id="cancel-run", registry=registry)
@@ -105,25 +117,37 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     def stop_serving(meta: dict, spec: dict, memo: kopf.Memo, **_: Any) -> None:
         with locks.last(meta["uid"]):
             deletion.stop_serving(ObjectRef.from_meta(INFERENCE_SERVICE.kind, meta), spec, memo.ports)
+        pace.forget(meta["uid"])
 
     return registry
 
 
 def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, locks: ObjectLocks, kind: Kind,
-              reconciler: Reconciler, timer_when: Callable[..., bool] | None) -> None:
+              reconciler: Reconciler, timer_when: Callable[..., bool] | None,
+              pacing: tuple[ResyncPace, Callable[[dict], bool] | None]) -> None:
+    """pacing: the pace steady objects' timers keep, and what makes one of
+    this kind steady (None: never; its timer reconciles every time)."""
     resource = (GROUP, VERSION, kind.plural)
+    pace, steady = pacing
 
     def handler(meta: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
         if meta.get("deletionTimestamp"):
             return  # the delete handlers own it now
         outcome = converge(kind, reconciler, meta, memo.ports, locks, retry)
+        if steady is not None:
+            pace.reconciled(meta["uid"])
         if outcome is not None:
             post_outcome(outcome, body)
+
+    def resync(meta: dict, status: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
+        if steady is None or pace.due(meta["uid"], steady(status or {})):
+            handler(meta, body, memo, retry)
 
     handler.__name__ = f"reconcile_{kind.singular}"
     kopf.on.create(*resource, id="reconcile", registry=registry)(handler)
     # Any change but status: the spec, and the annotations webhooks write.
     kopf.on.update(*resource, id="reconcile", registry=registry)(handler)
     kopf.on.resume(*resource, id="reconcile", registry=registry)(handler)
+    resync.__name__ = f"resync_{kind.singular}"
     kopf.timer(*resource, id="resync", interval=config.resync_seconds, initial_delay=config.resync_seconds,
-               when=timer_when, registry=registry)(handler)
+               when=timer_when, registry=registry)(resync)

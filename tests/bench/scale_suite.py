@@ -1,0 +1,143 @@
+"""Scale suite: one operator keeping N InferenceServices (kubernetes backend,
+CPU, on the platform's fake fleet) converged. Reported: the operator's
+share of a core in steady state (its process's CPU time over windows, once
+every service has been reconciled), and how long a spec change takes to
+reach the service's child (a patch of spec.resources.cpu, until the
+predictor Deployment's container requests it), p50 and p99 over changes
+made one at a time (KUBELOOP_BENCH_SCALE_SERVICES sets N; 5,000 by
+default, 100 quick). Baseline, in the same run: the API server's own round
+trip for the same kind of change (a patch of a Deployment, read back).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+from kubeloop.api.constants import API_VERSION
+from kubeloop.polling import wait_for
+from tests.bench.fleet_suite import _model
+from tests.bench.operator_suite import percentile
+from tests.bench.repeat import Figure, figures_table
+from tests.support.operator import OperatorProcess
+
+WINDOWS = 5
+CHANGES = 40
+
+
+def _isvc(namespace: str, name: str, model: str) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "InferenceService", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"name": model, "alias": "champion"}, "backend": "kubernetes",
+                     "resources": {"cpu": "10m", "memory": "32Mi"}}}
+
+
+def _requested_cpu(deployment: dict | None) -> str | None:
+    if not deployment:
+        return None
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "triton")
+    return container["resources"]["requests"].get("cpu")
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def measure(platform, count: int, workdir: Path, window: float, console: Console) -> dict:  # noqa: ANN001
+    kube = platform.kube()
+    namespace = f"scale-{uuid.uuid4().hex[:6]}"
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    model = _model(platform, namespace)
+    op = OperatorProcess(platform.kubeconfig, workdir / "operator", {
+        "KUBELOOP_REGISTRY": "mlflow", "MLFLOW_TRACKING_URI": platform.env()["MLFLOW_TRACKING_URI"],
+        "KUBELOOP_SERVING_BACKENDS": "kubernetes", "KUBELOOP_SERVING_BACKEND": "kubernetes",
+        "KUBELOOP_PIPELINE_BACKENDS": "noop", "KUBELOOP_PIPELINE_BACKEND": "noop",
+        "KUBELOOP_WORK_DIR": str(workdir / "work")}, [namespace]).start()
+    names = [f"svc-{i:05d}" for i in range(count)]
+    try:
+        op.wait_for_log("Initial authentication has finished", timeout=60)
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as creating:
+            list(creating.map(lambda n: kube.create(_isvc(namespace, n, model)), names))
+
+        def reconciled() -> int:
+            return sum(1 for o in kube.list(API_VERSION, "InferenceService", namespace)
+                       if (o.get("status") or {}).get("observedGeneration") == o["metadata"].get("generation"))
+
+        with console.status(f"scale: {count} InferenceServices being reconciled"):
+            wait_for(lambda: reconciled() == count, timeout=max(600, count), interval=5,
+                     what=f"all {count} InferenceServices reconciled", seen=lambda: f"{reconciled()} reconciled")
+        converged = time.monotonic() - started
+
+        def ready() -> int:
+            return sum(1 for o in kube.list(API_VERSION, "InferenceService", namespace)
+                       if (o.get("status") or {}).get("phase") == "Ready")
+
+        with console.status(f"scale: {count} InferenceServices' Pods starting on the fake fleet"):
+            try:  # steady state is Ready: the Deployments' Pods running
+                wait_for(lambda: ready() == count, timeout=max(600, count / 4), interval=10,
+                         what=f"all {count} InferenceServices Ready", seen=lambda: f"{ready()} Ready")
+            except TimeoutError as exc:
+                console.print(f"scale: measuring anyway: {exc}")
+        phases = Counter((o.get("status") or {}).get("phase") for o in kube.list(API_VERSION, "InferenceService", namespace))
+        process = psutil.Process(op.pid)
+        shares = []
+        with console.status(f"scale: steady state, {WINDOWS} windows of {window:.0f} s"):
+            for _ in range(WINDOWS):
+                before, at = _cpu_seconds(process), time.monotonic()
+                time.sleep(window)
+                shares.append((_cpu_seconds(process) - before) / (time.monotonic() - at))
+        with console.status(f"scale: {CHANGES} spec changes, one at a time"):
+            changes, round_trips = _changes(kube, namespace, names)
+    finally:
+        op.stop()
+        kube.delete("v1", "Namespace", namespace)
+    return {"services": count, "converged_seconds": round(converged, 1), "phases": dict(phases),
+            "core_share": Figure("operator's share of a core, steady state", shares, " core"),
+            "change_p50_s": round(percentile(changes, 50), 3), "change_p99_s": round(percentile(changes, 99), 3),
+            "api_round_trip_p50_s": round(percentile(round_trips, 50), 4),
+            "change_p50_vs_api": round(percentile(changes, 50) / statistics.median(round_trips), 1)}
+
+
+def _changes(kube, namespace: str, names: list[str]) -> tuple[list[float], list[float]]:  # noqa: ANN001
+    """Spec changes reflected in the child (seconds), and the API server's
+    own patch-and-read of a Deployment, interleaved."""
+    changes, round_trips = [], []
+    step = max(1, len(names) // CHANGES)
+    for i, name in enumerate(names[::step][:CHANGES]):
+        cpu = f"{20 + i}m"
+        child = f"{name}-predictor"
+        at = time.monotonic()
+        kube.merge_patch(API_VERSION, "InferenceService", name, {"spec": {"resources": {"cpu": cpu}}}, namespace)
+        wait_for(lambda child=child, cpu=cpu: _requested_cpu(kube.get("apps/v1", "Deployment", child, namespace)) == cpu,
+                 timeout=120, interval=0.02, what=f"{child} requesting {cpu}")
+        changes.append(time.monotonic() - at)
+        at = time.monotonic()
+        kube.merge_patch("apps/v1", "Deployment", child, {"metadata": {"annotations": {"kubeloop.dev/bench": cpu}}},
+                   namespace)
+        kube.get("apps/v1", "Deployment", child, namespace)
+        round_trips.append(time.monotonic() - at)
+    return changes, round_trips
+
+
+def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001
+    count, window = (100, 30.0) if quick else (int(os.environ.get("KUBELOOP_BENCH_SCALE_SERVICES", "5000")), 100.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = measure(context.platform, count, Path(tmp), window, console)
+    share: Figure = results["core_share"]
+    console.print(f"scale: {results['services']} InferenceServices reconciled in {results['converged_seconds']} s "
+                  f"({', '.join(f'{n} {phase}' for phase, n in results['phases'].items())}); "
+                  f"a spec change reached its Deployment in p50 {results['change_p50_s']} s, p99 "
+                  f"{results['change_p99_s']} s (the API server's own patch and read: p50 "
+                  f"{results['api_round_trip_p50_s']} s; {results['change_p50_vs_api']}x)")
+    console.print(figures_table("scale: the operator in steady state", [share]))
+    return {**results, "core_share": share.to_json()}
