@@ -24,6 +24,7 @@ import psutil
 from rich.console import Console
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.dev.fleet import NodeSpec, build_node, load_fleet
 from kubeloop.polling import wait_for
 from tests.bench.fleet_suite import _model
 from tests.bench.operator_suite import percentile
@@ -57,6 +58,11 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     model = _model(platform, namespace)
+    # The fleet's CPU node takes 110 Pods, as a kubelet's default does: one
+    # fake node of the bench's own takes every service's Pod.
+    node = build_node(NodeSpec(name=f"{namespace}-cpu", cpu=count, memory=f"{count}Gi", pods=count + 10),
+                      load_fleet(platform.fleet_file))
+    kube.create(node)
     op = OperatorProcess(platform.kubeconfig, workdir / "operator", {
         "KUBELOOP_REGISTRY": "mlflow", "MLFLOW_TRACKING_URI": platform.env()["MLFLOW_TRACKING_URI"],
         "KUBELOOP_SERVING_BACKENDS": "kubernetes", "KUBELOOP_SERVING_BACKEND": "kubernetes",
@@ -101,6 +107,7 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
     finally:
         op.stop()
         kube.delete("v1", "Namespace", namespace)
+        kube.delete("v1", "Node", node["metadata"]["name"])
     return {"services": count, "converged_seconds": round(converged, 1), "phases": dict(phases),
             "core_share": Figure("operator's share of a core, steady state", shares, " core"),
             "change_p50_s": round(percentile(changes, 50), 3), "change_p99_s": round(percentile(changes, 99), 3),
