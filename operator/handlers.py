@@ -9,6 +9,7 @@ state it finds. Delete handlers call the reconcilers' deletion path.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable
 
@@ -139,9 +140,13 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, locks: Ob
         if outcome is not None:
             post_outcome(outcome, body)
 
-    def resync(meta: dict, status: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
+    async def resync(meta: dict, status: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0,
+                     **_: Any) -> None:
+        # Deciding to skip needs no thread, and a reconcile runs on the
+        # event loop's own threads: with thousands of objects, timers never
+        # queue ahead of a change on the threads kopf runs change handlers on.
         if steady is None or pace.due(meta["uid"], steady(status or {})):
-            handler(meta, body, memo, retry)
+            await asyncio.to_thread(handler, meta, body, memo, retry)
 
     handler.__name__ = f"reconcile_{kind.singular}"
     kopf.on.create(*resource, id="reconcile", registry=registry)(handler)
