@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 import textwrap
 from enum import Enum
 from pathlib import Path
@@ -233,9 +234,7 @@ def _pool_lines(pool: dict, wrapped) -> None:  # noqa: ANN001 - render_text's wr
     if "error" in pool:
         wrapped(f"pool {pool['name']}: {pool['error']}", indent="")
         return
-    sources = {}
-    for model in pool["models"]:
-        sources[model["source"]] = sources.get(model["source"], 0) + 1
+    sources = Counter(model["source"] for model in pool["models"])
     wrapped(f"pool {pool['name']}: {pool['members']} members x {round(pool['memoryMib'], 1):g} MiB ({pool['budgetMib']:g} "
             f"MiB for models after {pool['headroom']:.0%} headroom); {len(pool['models'])} models, sizes "
             + ", ".join(f"{n} {source}" for source, n in sorted(sources.items())), indent="")

@@ -121,7 +121,11 @@ class Pool:
         key = (placement.member, model)
         try:
             if placement.load:
-                await self._cold(placement, model, key)
+                try:
+                    await self._cold(placement, model, key)
+                except BaseException as exc:
+                    self.failures[model] = str(exc)  # the service is unready with it (a copy's failure is not)
+                    raise
                 self.cold_seconds.append(time.perf_counter() - started)
             elif key in self.pending:
                 await asyncio.shield(self.pending[key])
@@ -145,7 +149,6 @@ class Pool:
             try:
                 await self._cold(placement, model, (placement.member, model))
             except Exception as exc:  # the model is still served where it was loaded
-                self.failures.pop(model, None)
                 log.warning("a copy of hot model %s could not be loaded on %s: %s", model, placement.member, exc)
             finally:
                 await self._end(placement, model)
@@ -184,7 +187,6 @@ class Pool:
             measured = await self._load(placement, model)
         except BaseException as exc:
             self.residency.failed(placement.member, model)
-            self.failures[model] = str(exc)
             done.set_exception(exc if isinstance(exc, Exception) else LoadError("the load was cancelled"))
             raise
         finally:

@@ -141,30 +141,29 @@ class Residency:
         if not self.spread_at or any(m.in_use.get(model, 0) < self.spread_at for m in holders):
             return None
         names = {m.name for m in holders}
-        options = self._options(size_mib, [m for m in self.members.values() if m.name not in names])
-        if not options:
+        best = self._best(size_mib, [m for m in self.members.values() if m.name not in names])
+        if best is None:
             return None
-        _, _, name, unload = min(options, key=lambda option: option[:3])
         self.counters.spreads += 1
-        return self._reserve(self.members[name], model, size_mib, unload)
+        return self._reserve(self.members[best[0]], model, size_mib, best[1])
 
     def _room(self, model: str, size_mib: float) -> tuple[str, list[str]]:
         largest = max(m.budget_mib for m in self.members.values())
         if size_mib > largest:
             raise TooLarge(f"{model} ({size_mib:.0f} MiB) is larger than any pool member's budget (at most "
                            f"{largest:.0f} MiB): give the pool larger members, or serve it on its own")
-        options = self._options(size_mib, list(self.members.values()))
-        if not options:
+        best = self._best(size_mib, list(self.members.values()))
+        if best is None:
             budgets = ", ".join(f"{m.name} {m.budget_mib:.0f} MiB" for m in self.members.values())
             raise NoRoom(f"no pool member has room for {model} ({size_mib:.0f} MiB): budgets {budgets}, "
                          "less what requests under way use")
-        _, _, name, unload = min(options, key=lambda option: option[:3])
-        return name, unload
+        return best
 
     @staticmethod
-    def _options(size_mib: float, members: list[Member]) -> list[tuple[int, float, str, list[str]]]:
-        """The members with room for a model of size_mib once they unload idle
-        models (least recently used first): (models unloaded, -room left, name, those models)."""
+    def _best(size_mib: float, members: list[Member]) -> tuple[str, list[str]] | None:
+        """Of the members with room for a model of size_mib once they unload
+        idle models (least recently used first), the one that unloads the
+        fewest, then keeps the most room: its name and those models."""
         options = []
         for member in members:
             free, unload = member.budget_mib - member.used_mib, []
@@ -175,7 +174,10 @@ class Residency:
                 unload.append(candidate)
             if free >= size_mib:
                 options.append((len(unload), -free, member.name, unload))
-        return options
+        if not options:
+            return None
+        _, _, name, unload = min(options, key=lambda option: option[:3])
+        return name, unload
 
     def copies(self, model: str) -> int:
         """Members holding the model loaded."""
