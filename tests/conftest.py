@@ -6,12 +6,12 @@ then left running)."""
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
 
 from kubeloop.dev.platform import Platform
+from tests.support.namespaces import create_namespace, delete_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,6 @@ def kube(platform: Platform):
 @pytest.fixture
 def namespace(kube) -> str:
     """A fresh namespace per test, so tests never see each other's objects."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    name = create_namespace(kube)
     yield name
-    kube.delete("v1", "Namespace", name)
+    delete_namespace(kube, name)

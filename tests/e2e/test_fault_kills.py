@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import random
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from kubeloop.operator.converging import status_changes
 from kubeloop.registry.mlflow import MlflowRegistry
 from kubeloop.registry.promotion import audit_trail
 from tests.support.faults import served_processes, status_of, training_job
+from tests.support.namespaces import create_namespace, delete_namespace
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -63,10 +63,9 @@ def examples(namespace: str, own_model: bool = True) -> tuple[dict, dict, dict]:
 
 @pytest.fixture
 def undisturbed_namespace(kube):
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    name = create_namespace(kube)
     yield name
-    kube.delete("v1", "Namespace", name)
+    delete_namespace(kube, name)
 
 
 def test_the_operator_killed_at_random_points_converges_without_duplicates(platform, kube, namespace,

@@ -23,6 +23,7 @@ from kubeloop.serving.local import InstanceState
 from tests.support.faults import (
     condition, infer, inference_service, registered_model, run_state, served_processes, status_of, training_job,
 )
+from tests.support.forked import forked_steps, held
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -43,11 +44,8 @@ def test_one_run_through_a_graceful_restart_an_api_server_restart_and_two_mlflow
        promotion completes once MLflow is back, with one audit entry.
     """
     op = local_operator()
-    # Enough epochs for the train step to outlast the restarts of parts 1 and
-    # 2 (about a minute): with the steps forked warm, sixty epochs took 20 s
-    # and the run had finished before part 3 began.
     job = training_job(namespace, "faults")
-    job["spec"]["hyperparameters"]["epochs"] = 240
+    job["spec"]["hyperparameters"]["epochs"] = 20
     job["spec"]["promotion"] = {"registerAs": "challenger", "promoteTo": "champion",
                                 "gates": {"metrics": [{"metric": "auc", "min": 0.5}]}}
     model = job["spec"]["modelName"]
@@ -59,22 +57,27 @@ def test_one_run_through_a_graceful_restart_an_api_server_restart_and_two_mlflow
     def progress() -> str:
         return run_state(op.work, job_status()).get("progress") or ""
 
-    # 1. A graceful restart while the run trains.
+    # The train step is held (SIGSTOP) through parts 1 and 2, so that it
+    # outlasts them on any machine: sixty epochs had ended before part 3 on a
+    # fast one, and 240 had not reached part 3 in seven minutes on a slow one.
     wait_for(lambda: "step train" in progress(), timeout=300, interval=0.5, what="the run in its train step")
     run_id = job_status()["runId"]
-    op.stop()
-    assert op.proc.returncode is not None
-    op.start().wait_for_log("Initial authentication has finished", timeout=60)
+    train = wait_for(lambda: forked_steps(platform.dir), timeout=60, interval=0.2, what="the train step forked")
+    with held(train):
+        # 1. A graceful restart while the run trains.
+        op.stop()
+        assert op.proc.returncode is not None
+        op.start().wait_for_log("Initial authentication has finished", timeout=60)
 
-    # 2. The API server restarted mid-training and mid-serving.
-    served_model = registered_model(platform, namespace, "served")
-    kube.create(inference_service(namespace, served_model))
-    wait_for(lambda: "starting" in condition(status_of(kube, "InferenceService", namespace, "fraud"),
-                                             "Deployed").get("message", ""),
-             timeout=120, interval=0.2, what="Triton starting")
-    assert run_state(op.work, job_status()).get("phase") == "Running"
-    platform.restart_process("kube-apiserver")
-    wait_for(kube.healthy, timeout=60, what="the API server back")
+        # 2. The API server restarted mid-training and mid-serving.
+        served_model = registered_model(platform, namespace, "served")
+        kube.create(inference_service(namespace, served_model))
+        wait_for(lambda: "starting" in condition(status_of(kube, "InferenceService", namespace, "fraud"),
+                                                 "Deployed").get("message", ""),
+                 timeout=120, interval=0.2, what="Triton starting")
+        assert run_state(op.work, job_status()).get("phase") == "Running"
+        platform.restart_process("kube-apiserver")
+        wait_for(kube.healthy, timeout=60, what="the API server back")
 
     # 3. MLflow stopped while the steps write to it.
     wait_for(lambda: "step evaluate" in progress() or "step register" in progress(), timeout=400, interval=0.2,

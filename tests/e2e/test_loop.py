@@ -19,7 +19,7 @@ from kubeloop.story.loop import Loop, wait_until
 
 from tests.support.alerts import post_alert
 from tests.support.forked import ForkLog
-from tests.support.stories import story_inputs
+from tests.support.stories import story_inputs, timed_steps
 
 pytestmark = pytest.mark.e2e
 
@@ -42,8 +42,8 @@ def retrain_jobs(story: Loop) -> list[str]:
 @pytest.mark.timeout(1800)  # the story's own waits (scaled for slow machines) should speak first
 def test_drift_retrains_gates_canaries_and_promotes(loop, platform):
     fork_log = ForkLog(platform.dir)
-    for title, step in loop.steps():
-        print(f"{title}: {step()}")
+    for _ in timed_steps(loop):
+        pass
     facts = loop.facts
     # Local path: the steps and the drift checks were forked from the
     # platform's warm interpreter, and ended well there.

@@ -78,7 +78,8 @@ def test_killed_midway_the_operator_converges_without_duplicates(platform, kube,
         kube.create({**_training_job(f"job-{name}"), "metadata": {"name": f"job-{name}", "namespace": namespace}})
 
     op = start_operator([namespace], **env)
-    wait_for(lambda: kube.list("apps/v1", "Deployment", namespace), timeout=30, interval=0.02,
+    # The operator's own start (imports, caches) comes first: a minute and more on a loaded two-core machine.
+    wait_for(lambda: kube.list("apps/v1", "Deployment", namespace), timeout=180, interval=0.02,
              what="the first Deployment")
     op.kill()
     partial = len(kube.list("apps/v1", "Deployment", namespace))
@@ -93,7 +94,7 @@ def test_killed_midway_the_operator_converges_without_duplicates(platform, kube,
             j.get("status", {}).get("phase") == "Succeeded" for j in jobs)
         return (services, jobs) if ok else None
 
-    services, jobs = wait_for(converged, timeout=90, what="every object converged")
+    services, jobs = wait_for(converged, timeout=300, what="every object converged")
 
     deployments = kube.list("apps/v1", "Deployment", namespace)
     svcs = kube.list("v1", "Service", namespace)

@@ -5,7 +5,6 @@ condition with nothing registered."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
 import yaml
@@ -13,6 +12,7 @@ from mlflow import MlflowClient
 
 from kubeloop.api.constants import API_VERSION
 from tests.support.faults import training_job
+from tests.support.namespaces import create_namespace, delete_namespace
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
@@ -23,8 +23,7 @@ OM_EXAMPLE = yaml.safe_load(open(__file__.replace("tests/e2e/test_optimization.p
 @pytest.fixture(scope="module")
 def trained(platform, kube, tmp_path_factory):
     """A namespace, an operator, and a model its TrainingJob registered."""
-    namespace = f"t-{uuid.uuid4().hex[:8]}"
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    namespace = create_namespace(kube)
     env = platform.env()
     work = tmp_path_factory.mktemp("operator")
     op = OperatorProcess(platform.kubeconfig, work, {
@@ -44,7 +43,7 @@ def trained(platform, kube, tmp_path_factory):
            "version": done["status"]["model"]["version"], "operator": op,
            "client": MlflowClient(env["MLFLOW_TRACKING_URI"])}
     op.stop()
-    kube.delete("v1", "Namespace", namespace)
+    delete_namespace(kube, namespace)
 
 
 def optimized_model(trained, name: str, **spec) -> dict:

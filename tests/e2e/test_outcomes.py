@@ -15,7 +15,7 @@ from kubeloop.api.times import epoch
 from kubeloop.registry.mlflow import MlflowRegistry
 from kubeloop.registry.promotion import audit_trail
 from kubeloop.story.outcomes import OutcomeLoop, outcome_docs
-from tests.support.stories import story_inputs
+from tests.support.stories import story_inputs, timed_steps
 
 pytestmark = pytest.mark.e2e
 
@@ -32,8 +32,8 @@ def story(platform, kube, namespace, start_operator, tmp_path):
 
 @pytest.mark.timeout(2400)  # the story's own waits (scaled for slow machines) should speak first
 def test_concept_drift_is_caught_by_outcomes_retrained_rolled_out_and_a_worse_challenger_aborted(story):
-    for title, step in story.steps():
-        print(f"{title}: {step()}")
+    for _ in timed_steps(story):
+        pass
     facts = story.facts
 
     # The inputs stayed put while the labels moved, and the outcomes said so.

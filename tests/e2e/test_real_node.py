@@ -40,7 +40,7 @@ from tests.e2e.conftest import _delete_inference_services
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_model, synthetic
 from tests.support.operator import OperatorProcess
-from tests.support.stories import quick_optimisation
+from tests.support.stories import quick_optimisation, timed_steps
 from tests.support.waiting import wait_for
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kubeloop"
@@ -165,8 +165,11 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
     fresh_boto3_session(monkeypatch)
     path = prepare_cluster(real.platform, namespace, tmp_path / "featurestore")
     chart = ChartOperator(real.platform, namespace)
+    # Drift checks and materialisations are Jobs here, each a Pod that imports Evidently or Feast: at the
+    # local story's 15 s and 10 s one of each ran all the time on the node's two cores.
+    timings = Timings(schedule="30s", materialize_every="30s")
     docs = on_the_real_node(quick_optimisation(prepare(load_examples(repo_root() / "examples"), namespace,
-                                                       f"{namespace}-fraud", Timings()), retrain=False))
+                                                       f"{namespace}-fraud", timings), retrain=False))
     registry = MlflowRegistry(env["MLFLOW_TRACKING_URI"])
     story = Loop(real.kube, registry, env, docs, path.repo, scale=2.0, reach=Endpoints(real.kube), entities=True,
                  publish=lambda: upload_sources(path.repo, path.sources))
@@ -174,8 +177,7 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
         image = chart.install(path.settings)
         first = chart.wait_answering()
         assert first["spec"]["containers"][0]["image"] == image and first["spec"]["nodeName"] == NODE_NAME
-        for title, step in story.steps():
-            print(f"{title}: {step()}")
+        for step in timed_steps(story):
             if step == story.retrain_started:
                 faults = _faults_while_the_retrain_runs(real, chart, first, story.facts["retrain_job"])
                 second = faults["operator"]

@@ -60,10 +60,10 @@ def test_the_webhook_moves_the_service_without_waiting_for_a_resync(platform, ku
                         KUBELOOP_MLFLOW_WEBHOOK_URL=env["KUBELOOP_MLFLOW_WEBHOOK_URL"])
     op.wait_for_log("Initial authentication has finished")
     kube.create(isvc(namespace, name))
-    wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
+    wait_for(lambda: serving(kube, namespace) == "1", timeout=120, what="serving version 1")
     client.set_registered_model_alias(name, "champion", "2")
-    # Resyncs are 600 s apart: only the webhook can move it within 20 s.
-    wait_for(lambda: serving(kube, namespace) == "2", timeout=20, interval=0.2, what="following the alias")
+    # Resyncs are 600 s apart: only the webhook can move it within a minute.
+    wait_for(lambda: serving(kube, namespace) == "2", timeout=60, interval=0.2, what="following the alias")
     event = kube.get(API_VERSION, "InferenceService", "follow", namespace)["metadata"]["annotations"]
     assert event["signals.kubeloop.dev/registry-event"].startswith("champion=2@")
     deployment = kube.get("apps/v1", "Deployment", "follow-predictor", namespace)
@@ -83,7 +83,7 @@ def test_without_the_webhook_the_resync_finds_the_move(platform, kube, namespace
                         KUBELOOP_SERVING_BACKENDS="kubernetes", KUBELOOP_RESYNC_SECONDS="3")
     op.wait_for_log("Initial authentication has finished")
     kube.create(isvc(namespace, name))
-    wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
+    wait_for(lambda: serving(kube, namespace) == "1", timeout=120, what="serving version 1")
     client.set_registered_model_alias(name, "champion", "2")
     wait_for(lambda: serving(kube, namespace) == "2", timeout=20, what="the resync following the alias")
     assert "signals.kubeloop.dev/registry-event" not in (
@@ -112,7 +112,7 @@ def test_rotated_webhook_secrets_take_effect_without_a_restart(platform, kube, n
                         KUBELOOP_MLFLOW_WEBHOOK_URL=env["KUBELOOP_MLFLOW_WEBHOOK_URL"])
     op.wait_for_log("MLflow webhook registered", timeout=60)
     kube.create(isvc(namespace, name))
-    wait_for(lambda: serving(kube, namespace) == "1", timeout=30, what="serving version 1")
+    wait_for(lambda: serving(kube, namespace) == "1", timeout=120, what="serving version 1")
     alert = {"fingerprint": "rot", "startsAt": "2027-01-15T08:00:00Z",
              "labels": {"alertname": "KubeloopDataDrift", "namespace": namespace, "inferenceservice": "follow"}}
     url = f"http://127.0.0.1:{port}/hooks/alertmanager"

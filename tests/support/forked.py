@@ -3,7 +3,9 @@ the operators that tests start share the session platform's server."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 class ForkLog:
@@ -15,3 +17,29 @@ class ForkLog:
 
     def since(self) -> str:
         return self.path.read_bytes()[self.start:].decode() if self.path.exists() else ""
+
+
+def forked_steps(platform_dir: Path) -> list:
+    """What the platform's fork server runs now (its children), as psutil Processes."""
+    import psutil
+
+    socket = str(Path(platform_dir) / "forkserver" / "server.sock")
+    servers = [p for p in psutil.process_iter(["cmdline"]) if socket in (p.info["cmdline"] or ())]
+    return [child for server in servers for child in server.children(recursive=True)]
+
+
+@contextmanager
+def held(processes: list) -> Iterator[None]:
+    """Stop the processes (SIGSTOP) for the block, and let them go on after it."""
+    import psutil
+
+    for process in processes:
+        process.suspend()
+    try:
+        yield
+    finally:
+        for process in processes:
+            try:
+                process.resume()
+            except psutil.NoSuchProcess:
+                pass

@@ -4,7 +4,9 @@ the story's settings, and the example objects for this run."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 from kubeloop.cli.demo import load_examples
 from kubeloop.featurestore.generate import Scenario, default_start
@@ -35,3 +37,14 @@ def quick_optimisation(docs: list[dict], retrain: bool = True) -> list[dict]:
         elif doc["kind"] == "InferenceService" and not retrain:
             doc["spec"].get("retraining", {}).pop("optimization", None)
     return docs
+
+
+def timed_steps(story) -> Iterator[Callable[[], str]]:  # noqa: ANN001 - a kubeloop.story Loop
+    """Run the story's hops in order, printing what each showed and how long
+    it took (a failure's report then says where the minutes went); yields
+    each hop once it has run."""
+    for title, step in story.steps():
+        started = time.monotonic()
+        shown = step()
+        print(f"{title} ({time.monotonic() - started:.0f} s): {shown}")
+        yield step

@@ -42,6 +42,7 @@ def test_containerd_keeps_everything_under_the_state_dir_and_restricts_oom_score
 
 def test_kubelet_accepts_cgroup_v1_and_binds_only_the_node_address_and_loopback():
     config = build_kubelet_config(PATHS, Pki(Path("/state/pki")))
+    assert config["syncFrequency"] == "10s"  # routes in a ConfigMap volume reach router Pods soon
     assert config["failCgroupV1"] is False and config["cgroupDriver"] == "cgroupfs"
     assert (config["address"], config["healthzBindAddress"], config["readOnlyPort"]) == (NODE_IP, "127.0.0.1", 0)
     assert config["authentication"]["anonymous"]["enabled"] is False
