@@ -158,6 +158,7 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
     from kubeloop.story.cluster import Endpoints, client_env, on_the_real_node, prepare_cluster
     from kubeloop.story.loop import Loop, Timings, prepare
 
+    started = time.monotonic()
     namespace = real.namespace()
     env = real.platform.env()
     for name, value in client_env(env).items():  # this process writes the published store, as the demo does
@@ -177,12 +178,15 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
         image = chart.install(path.settings)
         first = chart.wait_answering()
         assert first["spec"]["containers"][0]["image"] == image and first["spec"]["nodeName"] == NODE_NAME
+        print(f"the store published and the chart's operator answering ({time.monotonic() - started:.0f} s)")
         for step in timed_steps(story):
             if step == story.retrain_started:
+                at = time.monotonic()
                 faults = _faults_while_the_retrain_runs(real, chart, first, story.facts["retrain_job"])
                 second = faults["operator"]
                 print(f"the operator's Pod {first['metadata']['name']} deleted and the kubelet restarted: "
-                      f"{second['metadata']['name']} answers; the retrain's node Pod {faults['victim']} killed")
+                      f"{second['metadata']['name']} answers; the retrain's node Pod {faults['victim']} killed "
+                      f"({time.monotonic() - at:.0f} s)")
         facts = story.facts
         name = story.service["metadata"]["name"]
         # Both versions trained in TrainJobs, two node Pods each, their lineage naming them; the store the
