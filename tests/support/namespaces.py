@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 from kubeloop.api.constants import API_VERSION
+from kubeloop.kube import KubeError
 
 KINDS = ("TrainingJob", "OptimizedModel", "InferenceService")
 
@@ -27,5 +28,10 @@ def delete_namespace(kube, name: str) -> None:  # noqa: ANN001
     kube.delete("v1", "Namespace", name)
     for kind in KINDS:
         for item in kube.list(API_VERSION, kind, name):
-            if item["metadata"].get("finalizers"):
+            if not item["metadata"].get("finalizers"):
+                continue
+            try:
                 kube.merge_patch(API_VERSION, kind, item["metadata"]["name"], {"metadata": {"finalizers": None}}, name)
+            except KubeError as exc:
+                if exc.status != 404:  # gone already: nothing to release
+                    raise
