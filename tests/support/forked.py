@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from kubeloop.processes import RECORD_SUFFIX, ProcessRecord
+
 
 class ForkLog:
     """The server's log from the moment this was made."""
@@ -23,9 +25,10 @@ def forked_steps(platform_dir: Path) -> list:
     """What the platform's fork server runs now (its children), as psutil Processes."""
     import psutil
 
-    socket = str(Path(platform_dir) / "forkserver" / "server.sock")
-    servers = [p for p in psutil.process_iter(["cmdline"]) if socket in (p.info["cmdline"] or ())]
-    return [child for server in servers for child in server.children(recursive=True)]
+    record = ProcessRecord.read(Path(platform_dir) / "forkserver" / f"server{RECORD_SUFFIX}")
+    if record is None or not record.running():
+        return []
+    return psutil.Process(record.pid).children(recursive=True)
 
 
 @contextmanager
