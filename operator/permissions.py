@@ -58,6 +58,10 @@ class Permissions:
     are materialised by Jobs (KUBELOOP_MATERIALIZER=kubernetes)."""
     trainer: tuple[Rule, ...]
     """Namespaced rules of the trainer pipeline backend (a TrainJob per training run)."""
+    pools: tuple[Rule, ...]
+    """Rules in the operator's own namespace, needed only with pools on the
+    kubernetes backend (KUBELOOP_SERVING_POOLS): each pool's Pod, Service
+    and ConfigMaps run there, owned by no InferenceService."""
 
     def to_wire(self) -> dict:
         return {scope: [r.policy() for r in rules]
@@ -65,7 +69,7 @@ class Permissions:
                                      ("gateway", self.gateway), ("kserve", self.kserve),
                                      ("kserveCluster", self.kserve_cluster), ("dra", self.dra),
                                      ("draCluster", self.dra_cluster), ("materialize", self.materialize),
-                                     ("trainer", self.trainer))}
+                                     ("trainer", self.trainer), ("pools", self.pools))}
 
 
 def _group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
@@ -129,6 +133,11 @@ def operator_permissions() -> Permissions:
                     "its spec changed or its OptimizedModel was deleted"),
                Rule("", ("events",), ("list",), "trainer pipeline backend: why a TrainJob or Job runs nothing yet "
                                                 "(Trainer and the Job controller say so only in Events)"))
+    pools = (Rule("apps", ("deployments",), ("get", "delete", *APPLY), "pools: each pool's Pod (a Deployment of one)"),
+             Rule("", ("services", "configmaps"), ("list", "delete", *APPLY),
+                  "pools: each pool's Service, its config, and its routes (a key per pooled InferenceService)"),
+             Rule("", ("services/proxy",), ("get",),
+                  "pools: whether the pool's front answers a pooled InferenceService's model ready"))
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
                        kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster, materialize=materialize,
-                       trainer=trainer)
+                       trainer=trainer, pools=pools)

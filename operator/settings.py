@@ -68,7 +68,9 @@ class OperatorConfig(BaseSettings):
     default_serving_backend: str = _env("KUBELOOP_SERVING_BACKEND", "kubernetes")
     serving_pools: dict[str, PoolSize] = _env("KUBELOOP_SERVING_POOLS", {})
     """Pools of Triton servers InferenceServices may join (spec.pool), as
-    JSON: {"<name>": {"members": 2, "memoryMiB": 1024}} (local backend)."""
+    JSON: {"<name>": {"members": 2, "memoryMiB": 1024}}: processes on the
+    local backend, a Pod in KUBELOOP_OPERATOR_NAMESPACE on the kubernetes
+    backend (which needs KUBELOOP_ROUTER_IMAGE for the pool's front)."""
     registry: str = _env("KUBELOOP_REGISTRY", "mlflow")
     """mlflow, or memory (an empty in-process registry, for tests and benchmarks)."""
     tracking_uri: str | None = _env("MLFLOW_TRACKING_URI")

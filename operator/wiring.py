@@ -112,8 +112,9 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
                 gateway_domain=config.gateway_domain, router=config.router_image, request_log=config.request_log,
                 object_store_secret=config.object_store_secret, object_store_endpoint=config.object_store_endpoint,
             )
+            materialized = config.materializer == "kubernetes"
             backends[name] = (KubernetesServing if name == "kubernetes" else KServeServing)(
-                kube, images, materialized=config.materializer == "kubernetes")
+                kube, images, materialized, config.serving_pools, config.operator_namespace)
         elif name == "local":
             from kubeloop.serving.local import LocalServing
 

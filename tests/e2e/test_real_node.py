@@ -34,7 +34,7 @@ from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_i
 from kubeloop.dev.pki import NODE_NAME
 from kubeloop.dev.platform import NodeBusy, Platform
 from kubeloop.serving.base import triton_name
-from kubeloop.serving.builders.kserve import GRPC_PORT as KSERVE_GRPC_PORT, RUNTIME_API, STORAGE_CONTAINER
+from kubeloop.serving.builders.kserve import GRPC_PORT as KSERVE_GRPC_PORT, KSERVE_API, RUNTIME_API, STORAGE_CONTAINER
 from kubeloop.serving.builders.workloads import GRPC_PORT
 from tests.e2e.conftest import _delete_inference_services
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
@@ -1031,6 +1031,137 @@ def test_materialisation_jobs_keep_a_published_online_store_fresh_for_router_pod
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
+
+
+POOLED_SERVICES = 50
+POOL_HOLDS = 12
+"""Models each member's budget holds (python backend: about 60 MiB for the
+first, 28 MiB for each one after, as tests/e2e/test_serving_pools.py measures)."""
+POOL_BUDGET_MIB = (60.0 + 28.0 * (POOL_HOLDS - 1)) / 0.9 + 14.0
+
+# Every service once, then a fifth of them again (most find their model
+# unloaded by then), shuffled, four callers at once (both members load at
+# once); answers compared with the expected probabilities; then the pool's
+# own account of itself (its /pool and counters).
+POOL_CLIENT = """
+import json, random, re, sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+url, names, body, expected = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].encode(), json.loads(sys.argv[4])
+rng = random.Random(7)
+order = rng.sample(names, len(names)) + rng.sample(names, len(names) // 5)
+
+def call(name):
+    started = time.monotonic()
+    for attempt in range(10):
+        try:
+            request = urllib.request.Request(f"{url}/v2/models/{name}/infer", body, {"Content-Type": "application/json"})
+            got = json.loads(urllib.request.urlopen(request, timeout=300).read())["outputs"][0]["data"]
+            break
+        except OSError:
+            time.sleep(1)
+    else:
+        return name, None, 0.0
+    right = len(got) == len(expected) and all(abs(a - b) <= 1e-4 for a, b in zip(got, expected))
+    return name, right, time.monotonic() - started
+
+answers = list(ThreadPoolExecutor(4).map(call, order))
+pool = json.loads(urllib.request.urlopen(url + "/pool", timeout=10).read())
+metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+counts = {k: sum(float(v) for v in re.findall("kubeloop_pool_" + k + "_total[{][^}]*[}] ([0-9.e+]+)", metrics))
+          for k in ("loads", "unloads", "hits", "failed")}
+members = {m: {"used": v["usedMiB"], "budget": v["budgetMiB"], "models": len(v["models"])}
+           for m, v in pool["members"].items()}
+open("/dev/termination-log", "w").write(json.dumps({
+    "requests": len(order), "wrong": [n for n, right, _ in answers if right is False][:10],
+    "failed": sum(right is None for _, right, _ in answers), "slowest": max(s for *_, s in answers),
+    "counts": counts, "members": members}))
+"""
+
+
+def expected_probabilities(uri: str, model: str, version: str, rows: list[list[float]]) -> list[float]:
+    """What the registered version's ONNX export answers for the rows, run here."""
+    import mlflow
+    import numpy as np
+    import onnxruntime as ort
+    from mlflow import MlflowClient
+
+    run_id = MlflowClient(uri).get_model_version(model, version).run_id
+    mlflow.set_tracking_uri(uri)
+    path = mlflow.artifacts.download_artifacts(f"runs:/{run_id}/exported/model.onnx")
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: np.array(rows, dtype=np.float32)})[0].reshape(-1).tolist()
+
+
+@pytest.mark.timeout(1200)
+def test_a_pool_pod_serves_fifty_inference_services_within_its_members_budgets_on_the_real_node(real, tmp_path):
+    """Cluster path (kubernetes backend, the real node): fifty
+    InferenceServices name one pool of two Triton members whose budgets hold
+    twelve models each, one of them on the kserve backend (served by the
+    same pool: KServe's Standard mode has one model per predictor). The
+    operator runs one pool Pod for them all (front,
+    members, repository container) instead of fifty Deployments; every
+    service is Ready once the pool's front answers its model ready, and its
+    status names the pool's Service. Traffic to every service (then to a
+    fifth of them again), four callers at once, gets the registered
+    version's own answers; models are
+    loaded on first request and unloaded to make room (counted), and each
+    member's memory, sampled on this host from the Pod's processes, stays
+    within its budget. The last service to leave takes the pool with it."""
+    from kubeloop.front.memory import server_on_port
+    from kubeloop.serving.builders.pools import MEMBER_PORT, pool_name
+    from mlflow import MlflowClient
+    from tests.support.poolmemory import MemorySampler
+
+    namespace, env = real.namespace(), real.platform.env()
+    uri = env["MLFLOW_TRACKING_URI"]
+    model = f"{namespace}-pooled"
+    version = register_model(uri, model, seed=4)
+    MlflowClient(uri).set_registered_model_alias(model, "champion", version)
+    pools = {"shared": {"members": 2, "memoryMiB": POOL_BUDGET_MIB}}
+    kserve.install(real.platform)
+    operator = serving_operator(real, namespace, tmp_path, front=True, KUBELOOP_SERVING_POOLS=json.dumps(pools),
+                                KUBELOOP_OPERATOR_NAMESPACE=namespace, KUBELOOP_RESYNC_SECONDS="10",
+                                KUBELOOP_SERVING_BACKENDS="kubernetes,kserve,local")
+    names = [f"pooled-{i:02d}" for i in range(POOLED_SERVICES)]
+    try:
+        created = time.monotonic()
+        for name in names:  # the last on the kserve backend: the same pool serves it
+            backend = {"backend": "kserve"} if name == names[-1] else {}
+            real.kube.create(inference_service(namespace, name, model, pool="shared", **backend))
+        wait_for(lambda: all(isvc_status(real.kube, namespace, n).get("phase") == "Ready" for n in names),
+                 timeout=600, interval=2, what=f"{POOLED_SERVICES} pooled InferenceServices Ready")
+        print(f"{POOLED_SERVICES} pooled InferenceServices create -> Ready: {time.monotonic() - created:.0f} s")
+        urls = {isvc_status(real.kube, namespace, n)["url"] for n in names}
+        assert urls == {f"http://{pool_name('shared')}.{namespace}.svc.cluster.local"}, urls
+        deployments = real.kube.list("apps/v1", "Deployment", namespace)
+        assert [d["metadata"]["name"] for d in deployments] == [pool_name("shared")]
+        assert real.kube.list(KSERVE_API, "InferenceService", namespace) == []
+        members = {f"member-{i}": server_on_port(MEMBER_PORT + 10 * i) for i in range(2)}
+        assert all(members.values()), f"the pool Pod's tritonservers: {members}"
+        rows = [[round(float(v), 4) for v in row] for row in synthetic(rows=3, seed=11)[0]]
+        expected = expected_probabilities(uri, model, version, rows)
+        service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
+        with MemorySampler(members) as memory:
+            report = client_pod_answer(real, namespace, POOL_CLIENT, [
+                f"http://{service['spec']['clusterIP']}", json.dumps([f"{namespace}.{n}" for n in names]),
+                json.dumps(v2_body(rows)), json.dumps(expected)], timeout=900)
+        print(f"pool on the real node: {report}; members' peaks over their empty selves "
+              f"{ {m: round(v) for m, v in memory.peak.items()} } MiB (empty: "
+              f"{ {m: round(v) for m, v in memory.empty.items()} } MiB), budget {POOL_BUDGET_MIB:.0f} MiB")
+        assert report["failed"] == 0 and report["wrong"] == [], report
+        counts = report["counts"]
+        assert counts["loads"] >= POOLED_SERVICES and counts["unloads"] >= POOLED_SERVICES - 2 * POOL_HOLDS, counts
+        assert counts["failed"] == 0 and counts["loads"] + counts["hits"] >= report["requests"], counts
+        assert all(m["models"] <= POOL_HOLDS + 1 and m["used"] <= m["budget"] for m in report["members"].values())
+        for member, peak in memory.peak.items():
+            assert peak <= POOL_BUDGET_MIB, f"{member} peaked at {peak:.0f} MiB, budget {POOL_BUDGET_MIB:.0f}"
+        pods = real.kube.list("v1", "Pod", namespace, "kubeloop.dev/pool=shared")
+        assert [c.get("restartCount", 0) for p in pods for c in p["status"]["containerStatuses"]] == [0] * 4
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
+    assert real.kube.get("apps/v1", "Deployment", pool_name("shared"), namespace) is None
+    assert real.kube.get("v1", "ConfigMap", f"{pool_name('shared')}-routes", namespace) is None
 
 
 def test_kserve_predictors_claim_their_gpu_slice_through_dra_from_the_real_scheduler(real, tmp_path):

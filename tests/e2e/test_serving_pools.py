@@ -8,7 +8,8 @@ counters stay per service while histograms beyond the pool's limit are
 shared, `kubeloop placement plan` packs the services by the sizes the
 pool measured, and request logs stay per service. Also: a pool the operator does
 not run is refused by a condition, and a deleted service's model leaves
-the pool. Local backend only (pools are not on the cluster path yet).
+the pool. Local backend only (the cluster path's pool, a Pod on the real
+node: tests/e2e/test_real_node.py).
 
 KUBELOOP_POOL_E2E_SERVICES sets how many services (24 in make test; the
 issue's 200 is the same test with 200)."""
@@ -19,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -28,13 +28,12 @@ import requests
 from mlflow import MlflowClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeloop import processes
 from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.placement import render_text
-from kubeloop.front.memory import private_mib
 from kubeloop.requestlog import request_records
 from kubeloop.serving.instances import InstanceState
 from tests.support.models import N_FEATURES, register_model
+from tests.support.poolmemory import MemorySampler
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -75,30 +74,6 @@ def infer(url: str, model: str) -> requests.Response:
     body = {"inputs": [{"name": "features", "shape": list(ROWS.shape), "datatype": "FP32", "data": ROWS.tolist()}]}
     return requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=120,
                          headers={"X-Request-Key": "k"})
-
-
-class MemorySampler:
-    """Each member's memory over its empty self, every 100 ms, on a thread of its own."""
-
-    def __init__(self, members: dict[str, processes.ProcessRecord]):
-        self.members = members
-        self.empty = {name: private_mib(r.pid) for name, r in members.items()}
-        self.peak = dict.fromkeys(members, 0.0)
-        self.stop = threading.Event()
-
-    def __enter__(self) -> "MemorySampler":
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.1):
-            for name, record in self.members.items():
-                self.peak[name] = max(self.peak[name], private_mib(record.pid) - self.empty[name])
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def pool_metrics(url: str) -> dict[tuple[str, tuple], float]:
@@ -167,7 +142,7 @@ def test_a_pool_serves_every_service_within_its_members_budgets(platform, kube, 
     assert len(urls) == 1, f"a pool has one front, the services name {urls}"
     url = urls.pop()
     state = InstanceState.read(operator.work / "serving" / "pools" / "shared" / "state.json")
-    members = {name: state.record(name) for name in ("member-0", "member-1")}
+    members = {name: state.record(name).pid for name in ("member-0", "member-1")}
     answers: dict[str, list] = {}
     with MemorySampler(members) as memory, ThreadPoolExecutor(4) as calls:
         # Two rounds in different orders: the second finds most models unloaded again.

@@ -458,3 +458,23 @@ def test_the_images_use_pinned_bases_and_run_as_a_numeric_non_root_user():
     for target in ("operator", "runtime", "components", "training", "triton"):
         user = stages[target]["user"]
         assert user and re.match(r"^\d+(:\d+)?$", user) and int(user.split(":")[0]) != 0, (target, user)
+
+
+def test_pools_reach_the_operator_as_sized_with_their_rules_in_the_releases_namespace_only():
+    """Cluster path (chart): serving.pools becomes the operator's
+    KUBELOOP_SERVING_POOLS (read by its settings as written) and a Role in
+    the release's namespace with the pools' rules; without pools, no such
+    Role and no variable."""
+    from kubeloop.operator.settings import OperatorConfig
+
+    wanted = operator_permissions()
+    pools = {"shared": {"members": 2, "memoryMiB": 4096, "spreadAt": 3}}
+    docs = render("--set-json", f"serving.pools={json.dumps(pools)}")
+    env = {e["name"]: e.get("value") for e in _pod_specs(docs)[0]["containers"][0]["env"]}
+    assert json.loads(env["KUBELOOP_SERVING_POOLS"]) == pools
+    sized = OperatorConfig.from_env({"KUBELOOP_SERVING_POOLS": env["KUBELOOP_SERVING_POOLS"]}).serving_pools
+    assert sized["shared"].members == 2 and sized["shared"].memory_mib == 4096 and sized["shared"].spread_at == 3
+    assert _rules(docs, "Role")["kubeloop-system/kubeloop-pools"] == [r.policy() for r in wanted.pools]
+    plain = render()
+    assert "kubeloop-system/kubeloop-pools" not in _rules(plain, "Role")
+    assert "KUBELOOP_SERVING_POOLS" not in {e["name"] for e in _pod_specs(plain)[0]["containers"][0]["env"]}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from kubeloop.front.memory import growth, private_by_process, private_mib
+from kubeloop.front.memory import growth, private_by_process, private_mib, server_on_port
 
 
 def test_a_load_grows_by_its_new_process_whatever_the_others_do():
@@ -26,3 +26,19 @@ def test_this_process_has_private_memory():
     readings = private_by_process(os.getpid())
     assert next(iter(readings)) == os.getpid() and readings[os.getpid()] > 1
     assert private_mib(os.getpid()) >= readings[os.getpid()]
+
+
+def test_a_server_is_found_by_its_http_port_and_not_by_another_port():
+    """A pool Pod's front finds each member's tritonserver among the Pod's
+    processes by the --http-port it was started with (a real process here)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--http-port=47001"])
+    try:
+        assert server_on_port(47001) == proc.pid
+        assert server_on_port(47002) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert server_on_port(47001) is None

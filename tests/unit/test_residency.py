@@ -188,3 +188,16 @@ def test_a_call_carrying_joined_requests_counts_each_of_them_toward_a_hot_model(
     assert residency.copies("hot") == 1  # b's copy is loading
     residency.loaded("b", "hot", 40)
     assert residency.copies("hot") == 2
+
+
+def test_a_member_that_started_again_holds_nothing_and_its_models_load_again():
+    """A pool Pod's member container restarted (kubeloop.front.poolfront
+    finds its server under a new pid): what it held is loaded again on the
+    next request, with no unload counted and its room free again."""
+    residency = Residency({"a": 100.0})
+    for model in ("m1", "m2"):
+        served(residency, model, 40)
+    assert residency.emptied("a") == ["m1", "m2"]
+    assert residency.members["a"].used_mib == 0 and not residency.held("m1")
+    assert served(residency, "m1", 40) == Placement("a", load=True)
+    assert (residency.counters.loads, residency.counters.unloads) == (3, 0)

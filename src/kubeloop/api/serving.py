@@ -256,7 +256,8 @@ class InferenceServiceSpec(KubeModel):
     KUBELOOP_SERVING_POOLS) to serve this service among many: the model is
     loaded on its first request and unloaded, least recently used, when its
     member needs the room. Omitted, the service gets a Triton of its own.
-    Local backend only so far."""
+    Local backend: processes; kubernetes and kserve backends: one Pod in
+    the operator's namespace."""
     runtime: ServingRuntime = Field(default_factory=ServingRuntime)
     """The model server."""
     resources: ServingResources = Field(default_factory=ServingResources)

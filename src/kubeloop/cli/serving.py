@@ -78,3 +78,23 @@ def skew(
         console.print(f"no entity-request rows in {log}")
     if not reports or not all(r.matches for r in reports):
         raise typer.Exit(1)
+
+
+@app.command("pool-sync")
+def pool_sync(
+    routes: Annotated[Path, typer.Option(help="The pool's routes as the operator writes them (its ConfigMap).")],
+    served: Annotated[Path, typer.Option(help="Where the routes go once their versions are fetched (the front reads it).")],
+    repository: Annotated[Path, typer.Option(help="The Triton model repository the pool's members share.")],
+    work: Annotated[Path, typer.Option(help="A folder for fetched files and each version's config.")],
+    tracking_uri: Annotated[str, typer.Option(envvar="MLFLOW_TRACKING_URI", help="The MLflow server.")],
+    backend: Annotated[str, typer.Option(help="Triton backend the repository is for: onnxruntime or python.")]
+    = "onnxruntime",
+) -> None:
+    """Keep a pool Pod's repository in step with its routes, for ever: what
+    the pool's repository container runs (kubeloop.serving.poolsync)."""
+    import logging
+
+    from kubeloop.serving.poolsync import PoolFolders, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    run(PoolFolders(routes, served, repository, work), tracking_uri, backend)

@@ -26,6 +26,18 @@ def private_by_process(pid: int) -> dict[int, float]:
     return found
 
 
+def server_on_port(port: int) -> int | None:
+    """The Triton server started with --http-port=port on this machine (a
+    pool Pod's containers share their process namespace), the outermost
+    where a launcher passed its arguments on; None while none runs."""
+    flag = f"--http-port={port}"
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        if flag in (proc.info["cmdline"] or ()):
+            found[proc.pid] = proc.info["ppid"]
+    return next((pid for pid, parent in sorted(found.items()) if parent not in found), None)
+
+
 def private_mib(pid: int) -> float:
     """private_by_process's total."""
     return sum(private_by_process(pid).values())

@@ -217,6 +217,13 @@ class Pool:
                 await self._unload_locked(member, [evicted])
             self.over.discard(member)
 
+    def restarted(self, member: str, empty_mib: float) -> None:
+        """The member's server started again (its container restarted):
+        it holds nothing, and uses empty_mib holding nothing."""
+        gone = self.residency.emptied(member)
+        self.empty[member] = empty_mib
+        log.warning("pool member %s started again: it holds none of the %d models it held", member, len(gone))
+
     def memory(self, member: str) -> float:
         """The member's memory now (MiB)."""
         return sum(self.processes(member).values())

@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import AsyncIterator, Awaitable, Iterator, NamedTuple
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
-from kubeloop.front.memory import private_by_process
+from kubeloop.front.memory import private_by_process, server_on_port
 from kubeloop.front.httpserver import Request, Response, json_response
 from kubeloop.front.pool import UNSERVED, Pool
 from kubeloop.front.router import Metrics, Router, listening, main
@@ -38,14 +40,16 @@ from kubeloop.front.upstream import Upstreams, UpstreamError
 
 log = logging.getLogger("kubeloop.poolfront")
 WATCH_SECONDS = 0.5
+MEMBERS_UP_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
 class PoolMember:
     url: str
     """Triton's HTTP URL."""
-    pid: int
-    """The tritonserver's, whose memory (with its backends' processes) is measured."""
+    pid: int | None
+    """The tritonserver's, whose memory (with its backends' processes) is
+    measured; None: found by its URL's port (kubeloop.front.memory.server_on_port)."""
     budget_mib: float
 
 
@@ -65,7 +69,7 @@ class PoolConfig:
     @classmethod
     def load(cls, path: Path) -> "PoolConfig":
         data = json.loads(path.read_text())
-        members = {name: PoolMember(m["url"], int(m["pid"]), float(m["budget_mib"]))
+        members = {name: PoolMember(m["url"], int(m["pid"]) if m.get("pid") else None, float(m["budget_mib"]))
                    for name, m in data["members"].items()}
         return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)),
                    int(data.get("spread_at", 0)), data.get("detailed_metrics"))
@@ -82,9 +86,11 @@ class PooledFront:
     def __init__(self, config: PoolConfig):
         self.config = config
         self.metrics = Metrics(detailed_limit=config.detailed_metrics)
+        self.pids = {n: m.pid for n, m in config.members.items()}
+        self.pool: Pool | None = None
+        """None while the pool measures its members holding nothing."""
         self.pool = Pool({n: m.url for n, m in config.members.items()},
-                         {n: m.budget_mib for n, m in config.members.items()},
-                         lambda name: private_by_process(config.members[name].pid),
+                         {n: m.budget_mib for n, m in config.members.items()}, self.processes,
                          estimate_mib=config.estimate_mib, spread_at=config.spread_at)
         self.metrics.registry.register(PoolCollector(self))
         self.routers: dict[str, Router] = {}
@@ -92,6 +98,19 @@ class PooledFront:
         self.by_model: dict[str, list[Router]] = {}
         self.upstream = Upstreams()
         self._watching: asyncio.Task | None = None
+
+    def processes(self, member: str) -> dict[int, float]:
+        """The member's memory by process; a member named by its port is
+        looked up again once its process has gone: its container restarted,
+        and the pool learns that it holds nothing now."""
+        before = self.pids[member]
+        found = private_by_process(before) if before else {}
+        if not found and self.config.members[member].pid is None:
+            self.pids[member] = server_on_port(urlsplit(self.config.members[member].url).port)
+            found = private_by_process(self.pids[member]) if self.pids[member] else {}
+            if found and before and self.pool is not None:
+                self.pool.restarted(member, sum(found.values()))
+        return found
 
     async def start(self) -> None:
         await self.sync()
@@ -229,10 +248,35 @@ class PoolCollector:
         yield from (used, budget, held)
 
 
+async def members_up(config: PoolConfig) -> None:
+    """Wait until every member answers live and its process is found: a
+    member's memory holding no model is measured when the front starts
+    (a pool Pod starts its front and its members together)."""
+    upstream = Upstreams(timeout=5)
+    deadline = time.monotonic() + MEMBERS_UP_SECONDS
+    try:
+        for name, member in config.members.items():
+            while True:
+                try:
+                    live = (await upstream.call(b"GET", f"{member.url}/v2/health/live")).status == 200
+                except UpstreamError:
+                    live = False
+                if live and (member.pid or server_on_port(urlsplit(member.url).port)):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"pool member {name} ({member.url}) did not come up "
+                                       f"in {MEMBERS_UP_SECONDS:.0f} s")
+                await asyncio.sleep(0.5)
+    finally:
+        upstream.close()
+
+
 @asynccontextmanager
 async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0,
                   grpc_port: int | None = None) -> AsyncIterator[Serving]:
-    front = PooledFront(PoolConfig.load(config_path))
+    config = PoolConfig.load(config_path)
+    await members_up(config)
+    front = PooledFront(config)
     await front.start()
     try:
         async with listening(front.handle, host, port, grpc_port) as (url, grpc_address):

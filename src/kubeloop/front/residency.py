@@ -245,6 +245,16 @@ class Residency:
         self.counters.unloads += len(held)
         return held
 
+    def emptied(self, member: str) -> list[str]:
+        """The member started again and holds nothing: the models it held
+        are loaded again where they are next requested (not counted as
+        unloads: nobody unloaded them)."""
+        m = self.members[member]
+        gone = list(m.loaded)
+        m.loaded.clear()
+        m.observed_mib = 0.0
+        return gone
+
     def over_budget(self) -> dict[str, float]:
         """Members whose measured models exceed their budget, by how much
         (a load measured larger than the room it was given)."""

@@ -46,6 +46,15 @@ class PoolSize(BaseModel):
     its analysis reads them). Request counters stay per service."""
 
 
+def unknown_pool(pool: str, sizes: dict[str, PoolSize]) -> str | None:
+    """Why a service cannot join the pool its spec names (None: the operator sizes it)."""
+    if pool in sizes:
+        return None
+    named = ", ".join(sorted(sizes)) or "none"
+    return (f"the operator has no pool '{pool}' (its KUBELOOP_SERVING_POOLS names {named}): set spec.pool to "
+            "one of them, or leave it out for a Triton of the service's own")
+
+
 class ServingUnavailable(Exception):
     """The serving backend cannot act right now (retry with backoff)."""
 
@@ -122,8 +131,9 @@ class ServingBackend(abc.ABC):
 
     def pool_problem(self, pool: str) -> str | None:
         """Why an InferenceService cannot join the pool here (None: it can)."""
-        return (f"the {self.name} backend serves no pools yet (spec.pool {pool}): pools run on the local "
-                "backend; leave spec.pool out for Tritons of the service's own")
+        return (f"the {self.name} backend serves no pools (spec.pool {pool}): pools run on the local, "
+                "kubernetes and kserve backends; set spec.backend to one of them, or leave spec.pool out for Tritons of the "
+                "service's own")
 
     def request_log(self, ref: ObjectRef, spec: InferenceServiceSpec) -> str | None:
         """Where the object's logged requests are (what the drift job reads)."""

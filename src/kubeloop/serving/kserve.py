@@ -18,7 +18,8 @@ from kubeloop.serving.builders.workloads import (
     ServingImages, build_router, build_service, grpc_address, router_name, service_name,
 )
 from kubeloop.kube import Kube, KubeError
-from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable
+from kubeloop.serving.base import PoolSize, ServingBackend, ServingRequest, ServingState, ServingUnavailable
+from kubeloop.serving.clusterpools import ClusterPools
 from kubeloop.serving.kubernetes import (
     CLAIM_TEMPLATES, OWNED, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
 )
@@ -30,37 +31,49 @@ class KServeServing(ServingBackend):
     name = "kserve"
     published_stores_only = True
 
-    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False):
+    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False,
+                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None):
         """materialized: the operator keeps the stores the router Pods read
-        fresh (materialisation Jobs); only with a router image."""
+        fresh (materialisation Jobs); only with a router image. pools: as
+        the kubernetes backend's, served by the same pool Pods (KServe's
+        Standard mode serves one model per predictor)."""
         self.kube = kube
         self.images = images
         self.reads_online_features = materialized and images.router is not None
         self._storage_container_applied = False
+        self.pools = ClusterPools(kube, images, pools or {}, pool_namespace)
+
+    def pool_problem(self, pool: str) -> str | None:
+        return self.pools.problem(pool)
 
     def ensure(self, request: ServingRequest) -> ServingState:
-        ref = request.ref
-        versions = {v.role: (v.model, v.percent) for v in request.versions}
         try:
-            # KServe makes the canary's predictor Deployment; kubeloop owns its KServe InferenceService.
-            rolled_back = roll_back_stuck_canary(self.kube, request, predictor_name(ref, "canary"),
-                                                 (KSERVE_API, "InferenceService", kserve_name(ref, "canary")))
-            if rolled_back:
-                versions.pop("canary")
-            self._ensure_runtime(ref.namespace)
-            desired = build_inference_services(ref, request.spec, versions, request.placement, self.images)
-            if self.images.router is not None:
-                config = cluster_router_config(request, versions, self.request_log(ref, request.spec),
-                                               predictor_urls(ref, versions))
-                desired += build_router(ref, request.spec, config, self.images) + [build_service(ref, "router")]
-            for obj in desired:
-                self.kube.apply(obj)
-            self._delete_unwanted(ref, desired)
-            ready, available, messages, failing = self._observe(ref, list(versions))
+            return self.pools.serve(request, self.request_log(request.ref, request.spec), self._ensure_own,
+                                    lambda ref: self._delete_unwanted(ref, []))
         except KubeError as exc:
             if exc.transient:
                 raise ServingUnavailable(str(exc)) from exc
             raise
+
+    def _ensure_own(self, request: ServingRequest) -> ServingState:
+        """A KServe InferenceService per version (and the front before them)."""
+        ref = request.ref
+        versions = {v.role: (v.model, v.percent) for v in request.versions}
+        # KServe makes the canary's predictor Deployment; kubeloop owns its KServe InferenceService.
+        rolled_back = roll_back_stuck_canary(self.kube, request, predictor_name(ref, "canary"),
+                                             (KSERVE_API, "InferenceService", kserve_name(ref, "canary")))
+        if rolled_back:
+            versions.pop("canary")
+        self._ensure_runtime(ref.namespace)
+        desired = build_inference_services(ref, request.spec, versions, request.placement, self.images)
+        if self.images.router is not None:
+            config = cluster_router_config(request, versions, self.request_log(ref, request.spec),
+                                           predictor_urls(ref, versions))
+            desired += build_router(ref, request.spec, config, self.images) + [build_service(ref, "router")]
+        for obj in desired:
+            self.kube.apply(obj)
+        self._delete_unwanted(ref, desired)
+        ready, available, messages, failing = self._observe(ref, list(versions))
         if rolled_back:
             messages.insert(0, f"canary rolled back: {rolled_back}")
         grpc = grpc_address(ref) if self.images.router is not None else None
@@ -92,8 +105,10 @@ class KServeServing(ServingBackend):
         return front_request_log(self.images, ref, spec)
 
     def delete(self, ref: ObjectRef) -> None:
-        # ownerReferences make the garbage collector remove every child.
-        return None
+        # ownerReferences make the garbage collector remove every child; a
+        # pool belongs to no service, and a service leaves it here.
+        if self.pools.serving:
+            self.pools.leave(ref)
 
     def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
         """Delete what the InferenceService owns and no longer wants. KServe

@@ -15,7 +15,10 @@ from kubeloop.serving.builders.workloads import (
     rollout_failed, service_name, version_urls,
 )
 from kubeloop.kube import FIELD_MANAGER, Kube, KubeError
-from kubeloop.serving.base import ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name
+from kubeloop.serving.base import (
+    PoolSize, ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name,
+)
+from kubeloop.serving.clusterpools import ClusterPools
 from kubeloop.serving.routes import build_router_config
 
 # Kinds an InferenceService may own; children of these kinds that the
@@ -33,32 +36,43 @@ class KubernetesServing(ServingBackend):
     name = "kubernetes"
     published_stores_only = True
 
-    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False):
+    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False,
+                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None):
         """materialized: the operator keeps the stores the router Pods read
-        fresh (materialisation Jobs); only with a router image."""
+        fresh (materialisation Jobs); only with a router image. pools: the
+        operator's sizes; their Pods run in pool_namespace (kubeloop.serving.clusterpools)."""
         self.kube = kube
         self.images = images
         self.reads_online_features = materialized and images.router is not None
+        self.pools = ClusterPools(kube, images, pools or {}, pool_namespace)
+
+    def pool_problem(self, pool: str) -> str | None:
+        return self.pools.problem(pool)
 
     def ensure(self, request: ServingRequest) -> ServingState:
-        versions = {v.role: (v.model, v.percent) for v in request.versions}
         try:
-            ref = request.ref
-            rolled_back = roll_back_stuck_canary(self.kube, request, deployment_name(ref, "canary"),
-                                                 ("apps/v1", "Deployment", deployment_name(ref, "canary")))
-            if rolled_back:
-                versions.pop("canary")
-            desired = build_children(request.ref, request.spec, versions, request.placement, self.images,
-                                     self._router_config(request, versions))
-            for obj in desired:
-                self._hand_over_replicas(obj)
-                self.kube.apply(obj)
-            self._delete_unwanted(request.ref, desired)
-            ready, available, wanted, messages, failing = self._observe(request.ref, desired)
+            return self.pools.serve(request, self.request_log(request.ref, request.spec), self._ensure_own,
+                                    lambda ref: self._delete_unwanted(ref, []))
         except KubeError as exc:
             if exc.transient:
                 raise ServingUnavailable(str(exc)) from exc
             raise
+
+    def _ensure_own(self, request: ServingRequest) -> ServingState:
+        """Deployments of the service's own."""
+        versions = {v.role: (v.model, v.percent) for v in request.versions}
+        ref = request.ref
+        rolled_back = roll_back_stuck_canary(self.kube, request, deployment_name(ref, "canary"),
+                                             ("apps/v1", "Deployment", deployment_name(ref, "canary")))
+        if rolled_back:
+            versions.pop("canary")
+        desired = build_children(request.ref, request.spec, versions, request.placement, self.images,
+                                 self._router_config(request, versions))
+        for obj in desired:
+            self._hand_over_replicas(obj)
+            self.kube.apply(obj)
+        self._delete_unwanted(request.ref, desired)
+        ready, available, wanted, messages, failing = self._observe(request.ref, desired)
         if rolled_back:
             messages.insert(0, f"canary rolled back: {rolled_back}")
         url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
@@ -105,8 +119,10 @@ class KubernetesServing(ServingBackend):
                              "spec": {"replicas": live["spec"]["replicas"]}}, field_manager=HANDOVER_MANAGER)
 
     def delete(self, ref: ObjectRef) -> None:
-        # ownerReferences make the garbage collector remove every child.
-        return None
+        # ownerReferences make the garbage collector remove every child; a
+        # pool belongs to no service, and a service leaves it here.
+        if self.pools.serving:
+            self.pools.leave(ref)
 
     def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}

@@ -23,15 +23,13 @@ from pathlib import Path
 from typing import Callable
 
 import requests
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop import processes
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_if_changed
-from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, triton_name
+from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, triton_name, unknown_pool
 from kubeloop.serving.instances import InstanceState, ensure_process
-from kubeloop.serving.repository import fetch_version, prune_versions, write_config
+from kubeloop.serving.repository import put_pooled, remove_pooled
 from kubeloop.serving.routes import build_router_config
 from kubeloop.serving.runtime import TritonRuntime
 
@@ -55,11 +53,7 @@ class LocalPools:
 
     def problem(self, pool: str) -> str | None:
         """Why a service cannot join the pool (None: it can)."""
-        if pool in self.sizes:
-            return None
-        named = ", ".join(sorted(self.sizes)) or "none"
-        return (f"the operator has no pool '{pool}' (its KUBELOOP_SERVING_POOLS names {named}): set spec.pool to "
-                "one of them, or leave it out for a Triton of the service's own")
+        return unknown_pool(pool, self.sizes)
 
     def folder(self, pool: str) -> Path:
         return self.root / pool
@@ -69,7 +63,8 @@ class LocalPools:
         folder, name = self.folder(pool), pooled_name(request.ref)
         repository, routes = folder / "repository", folder / "routes"
         routes.mkdir(parents=True, exist_ok=True)
-        self._put_versions(request, folder, repository, name)
+        put_pooled(self.tracking_uri, request.versions[0].model.name, [v.model.version for v in request.versions],
+                   request.version("primary").model.version, name, repository, folder)
         config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"))
         write_if_changed(routes / f"{name}.json", json.dumps(config, indent=2))
         with self._locks[pool]:
@@ -101,25 +96,6 @@ class LocalPools:
         return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=1 if ready else 0, message=message,
                             **served)
 
-    def _put_versions(self, request: ServingRequest, folder: Path, repository: Path, name: str) -> None:
-        """The service's versions as one Triton model of its own in the pool's repository."""
-        model = request.versions[0].model.name
-        versions = sorted({v.model.version for v in request.versions})
-        staging, configs = folder / "fetched" / name, folder / "configs" / name
-        configs.mkdir(parents=True, exist_ok=True)
-        for version in versions:
-            if not ((repository / name / version).is_dir() and (configs / f"{version}.pbtxt").exists()):
-                config = fetch_version(self.tracking_uri, model, version, staging, backend="python")
-                target = repository / name / version
-                shutil.rmtree(target, ignore_errors=True)
-                shutil.move(staging / triton_name(model) / version, target)
-                (configs / f"{version}.pbtxt").write_text(text_format.MessageToString(config))
-        primary = request.version("primary").model.version
-        config = text_format.Parse((configs / f"{primary}.pbtxt").read_text(), mc.ModelConfig())
-        config.name = name
-        write_config(repository, config, versions)
-        prune_versions(repository, name, versions)
-
     def _ensure_members(self, state: InstanceState, state_path: Path, folder: Path, repository: Path,
                         members: list[str], size: PoolSize) -> str:
         """Start the members that do not run; what they are doing ("" once all answer)."""
@@ -149,8 +125,7 @@ class LocalPools:
         folder = self.folder(pool)
         name = pooled_name(ref)
         (folder / "routes" / f"{name}.json").unlink(missing_ok=True)
-        for leftover in (folder / "repository" / name, folder / "configs" / name, folder / "fetched" / name):
-            shutil.rmtree(leftover, ignore_errors=True)
+        remove_pooled(name, folder / "repository", folder)
         with self._locks[pool]:
             if any((folder / "routes").glob("*.json")):
                 return

@@ -11,6 +11,7 @@ the config's version policy plus a reload through the repository API.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -85,6 +86,81 @@ def prune_versions(repository: Path, name: str, keep: list[str]) -> None:
     for child in folder.iterdir() if folder.exists() else []:
         if child.is_dir() and child.name.isdigit() and child.name not in keep:
             shutil.rmtree(child)
+
+
+FETCHED_KEPT = 64
+"""Registered versions a pool keeps fetched for the services that join it
+later (the most recently used): a thousand services of one version fetch
+it once."""
+
+
+def put_pooled(tracking_uri: str, model: str, versions: list[str], primary: str, name: str, repository: Path,
+               work: Path, backend: str = "python") -> None:
+    """A pooled service's versions as one Triton model of its own (name, not
+    the registered model's: a pool's repository holds many services of one
+    model) in a shared repository. Versions already there are not fetched
+    again; each version's own config is kept in work, and the model's
+    config is the primary's, serving exactly these versions."""
+    configs = work / "configs" / name
+    configs.mkdir(parents=True, exist_ok=True)
+    for version in sorted(set(versions)):
+        if not ((repository / name / version).is_dir() and (configs / f"{version}.pbtxt").exists()):
+            fetched = _fetched(tracking_uri, model, version, work, backend)
+            target = repository / name / version
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(fetched / "files", target, copy_function=_link_or_copy)
+            shutil.copyfile(fetched / "config.pbtxt", configs / f"{version}.pbtxt")
+    config = text_format.Parse((configs / f"{primary}.pbtxt").read_text(), mc.ModelConfig())
+    config.name = name
+    write_config(repository, config, sorted(set(versions)))
+    prune_versions(repository, name, sorted(set(versions)))
+
+
+def _fetched(tracking_uri: str, model: str, version: str, work: Path, backend: str) -> Path:
+    """work/registry/<model>/<version>: the version's files and its config,
+    fetched from the registry the first time a service of the pool serves
+    it. Services reconciled at once may fetch it together: each into a
+    folder of its own, the first to finish kept."""
+    cached = work / "registry" / triton_name(model) / version
+    if not (cached / "config.pbtxt").exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=cached.parent, prefix=f".{version}-"))
+        try:
+            config = fetch_version(tracking_uri, model, version, staging / "repository", backend=backend)
+            shutil.move(staging / "repository" / triton_name(model) / version, staging / "files")
+            (staging / "config.pbtxt").write_text(text_format.MessageToString(config))
+            shutil.rmtree(staging / "repository")
+            try:
+                staging.rename(cached)
+            except OSError:  # another service's fetch finished first
+                pass
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        _keep_newest(work / "registry", FETCHED_KEPT)
+    cached.touch()
+    return cached
+
+
+def _keep_newest(root: Path, kept: int) -> None:
+    """Fetched versions beyond the kept most recently used go."""
+    fetched = sorted((p for p in root.glob("*/*") if not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
+    for old in fetched[:-kept]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """A fetched file in a service's model: linked where both are on one
+    file system (nothing copied), else copied."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def remove_pooled(name: str, repository: Path, work: Path) -> None:
+    """What put_pooled wrote for a service that left its pool."""
+    for leftover in (repository / name, work / "configs" / name):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def fetch_for_kubernetes(model_uri: str, repository: Path, tracking_uri: str, backend: str = "onnxruntime",

@@ -1,0 +1,180 @@
+"""A pool on the cluster (pure): one Pod holding the pool's front, its
+Triton members and the container that fills their shared repository.
+
+The Pod's containers share one process namespace (the front measures each
+member's memory by its process, as on one machine) and one model
+repository (an emptyDir). The operator writes each pooled service's router
+file as a key of the pool's routes ConfigMap, under a field manager of the
+service's own (server-side apply: services join and leave one key each,
+never writing over another's); the repository container fetches the
+versions a file names and only then hands the file to the front
+(kubeloop.serving.poolsync). A ConfigMap holds at most 1 MiB: a few
+hundred services per pool (a router file is 2 to 3 KiB).
+
+One replica, recreated rather than rolled: the front knows what each
+member holds because it loaded it there, so two fronts on one member set
+would each count the other's models as free room.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kubeloop.api.children import content_hash, dns_name, restricted, with_input_hash
+from kubeloop.api.constants import LABEL_MANAGED_BY, LABEL_PART_OF, MANAGER
+from kubeloop.serving.base import PoolSize
+from kubeloop.serving.builders.workloads import MODEL_REPOSITORY, ROUTER_GRPC_PORT, ROUTER_PORT, GRPC_PORT, ServingImages
+
+LABEL_POOL = "kubeloop.dev/pool"
+LABEL_POOL_PART = "kubeloop.dev/pool-part"
+ROUTES_DIR = "/etc/kubeloop/routes"
+CONFIG_DIR = "/etc/kubeloop/pool"
+SERVED_DIR = "/var/run/kubeloop/served"
+WORK_DIR = "/var/run/kubeloop/work"
+MEMBER_PORT = 9000
+"""Member i listens on MEMBER_PORT + 10 i (HTTP), + 1 (gRPC), + 2 (metrics)."""
+EMPTY_MEMBER_MIB = 512
+"""A member's own memory beside its budget (the server holding no model), in its container's limit."""
+
+
+def pool_name(pool: str) -> str:
+    return dns_name("kubeloop-pool", pool)
+
+
+def routes_name(pool: str) -> str:
+    return dns_name("kubeloop-pool", pool, "routes")
+
+
+def route_manager(service: str) -> str:
+    """The field manager that owns one service's key of a routes ConfigMap."""
+    return f"kubeloop-pool/{service}"[:128]
+
+
+def url(pool: str, namespace: str) -> str:
+    return f"http://{pool_name(pool)}.{namespace}.svc.cluster.local"
+
+
+def grpc_address(pool: str, namespace: str) -> str:
+    return f"{pool_name(pool)}.{namespace}.svc.cluster.local:{GRPC_PORT}"
+
+
+def _metadata(pool: str, namespace: str, name: str, part: str) -> dict:
+    return {"name": name, "namespace": namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_PART_OF: "kubeloop", LABEL_POOL: pool, LABEL_POOL_PART: part}}
+
+
+def build_routes(pool: str, namespace: str, key: str, config: dict | None) -> dict:
+    """One service's key of the pool's routes ConfigMap, applied under
+    route_manager (config None: the key as it leaves)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(pool, namespace, routes_name(pool), "routes"),
+            **({"data": {key: json.dumps(config, indent=2, sort_keys=True)}} if config is not None else {})}
+
+
+def member_names(size: PoolSize) -> list[str]:
+    return [f"member-{i}" for i in range(size.members)]
+
+
+def front_config(pool: str, size: PoolSize) -> dict:
+    """The pool front's pool.json: members by port (found among the Pod's
+    processes), routes from the folder the repository container fills."""
+    return {"name": pool, "routes": SERVED_DIR, "estimate_mib": size.estimate_mib, "spread_at": size.spread_at,
+            "detailed_metrics": size.detailed_metrics,
+            "members": {m: {"url": f"http://127.0.0.1:{MEMBER_PORT + 10 * i}", "budget_mib": size.memory_mib}
+                        for i, m in enumerate(member_names(size))}}
+
+
+def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages) -> list[dict]:
+    """The pool's config, Deployment and Service."""
+    config = front_config(pool, size)
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(pool, namespace, pool_name(pool), "config"),
+                  "data": {"pool.json": json.dumps(config, indent=2, sort_keys=True)}}
+    labels = {LABEL_POOL: pool, LABEL_POOL_PART: "pod", "app.kubernetes.io/name": "kubeloop-pool"}
+    volumes = [{"name": "routes", "configMap": {"name": routes_name(pool), "optional": True}},
+               {"name": "config", "configMap": {"name": pool_name(pool)}},
+               *({"name": name, "emptyDir": {}} for name in ("models", "served", "work", "tmp")),
+               {"name": "shm", "emptyDir": {"medium": "Memory"}}]
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {**_metadata(pool, namespace, pool_name(pool), "pod")},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {LABEL_POOL: pool, LABEL_POOL_PART: "pod"}},
+            "strategy": {"type": "Recreate"},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(ROUTER_PORT),
+                    # A change of members or budgets starts the pool again:
+                    # its members then hold nothing, and the front knows it.
+                    "kubeloop.dev/pool-hash": content_hash(config)}},
+                "spec": {
+                    "automountServiceAccountToken": False, "shareProcessNamespace": True,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                        "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [_front(images), _repository(images),
+                                   *(_member(images, size, i) for i in range(size.members))],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(pool, namespace, pool_name(pool), "service"),
+               "spec": {"selector": {LABEL_POOL: pool, LABEL_POOL_PART: "pod"},
+                        "ports": [{"name": "http", "port": 80, "targetPort": "http"},
+                                  {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}]}}
+    return [config_map, with_input_hash(deployment), service]
+
+
+def _front(images: ServingImages) -> dict:
+    container = restricted({
+        "name": "front", "image": images.router,
+        "command": ["python", "-m", "kubeloop.front.poolfront", "--config", f"{CONFIG_DIR}/pool.json",
+                    "--port", str(ROUTER_PORT), "--grpc-port", str(ROUTER_GRPC_PORT), "--host", "0.0.0.0"],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT}, {"name": "grpc", "containerPort": ROUTER_GRPC_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 2},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
+                          "failureThreshold": 6, "initialDelaySeconds": 30},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "env": ([{"name": name, "value": images.object_store_endpoint}
+                 for name in ("AWS_ENDPOINT_URL_S3", "FEAST_S3_ENDPOINT_URL")]
+                if images.object_store_endpoint else []),
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "served", "mountPath": SERVED_DIR, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    })
+    if images.object_store_secret:
+        container["envFrom"] = [{"secretRef": {"name": images.object_store_secret}}]
+    return container
+
+
+def _repository(images: ServingImages) -> dict:
+    container = restricted({
+        "name": "repository", "image": images.puller,
+        "command": ["kubeloop", "serving", "pool-sync", "--routes", ROUTES_DIR, "--served", SERVED_DIR,
+                    "--repository", MODEL_REPOSITORY, "--work", WORK_DIR, "--backend", images.triton_backend],
+        "env": [{"name": "MLFLOW_TRACKING_URI", "value": images.tracking_uri}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [{"name": "routes", "mountPath": ROUTES_DIR, "readOnly": True},
+                         {"name": "served", "mountPath": SERVED_DIR}, {"name": "models", "mountPath": MODEL_REPOSITORY},
+                         {"name": "work", "mountPath": WORK_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+    })
+    if images.registry_secret:
+        container["envFrom"] = [{"secretRef": {"name": images.registry_secret}}]
+    return container
+
+
+def _member(images: ServingImages, size: PoolSize, index: int) -> dict:
+    http = MEMBER_PORT + 10 * index
+    return restricted({
+        "name": f"member-{index}", "image": images.triton,
+        "args": ["tritonserver", f"--model-repository={MODEL_REPOSITORY}", "--model-control-mode=explicit",
+                 "--strict-readiness=true", "--exit-on-error=false",
+                 f"--http-port={http}", f"--grpc-port={http + 1}", f"--metrics-port={http + 2}"],
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": http},
+                          "periodSeconds": 10, "failureThreshold": 6, "initialDelaySeconds": 30},
+        # The front keeps the models within the budget; the limit is the
+        # kernel's backstop above the empty server and the budget.
+        "resources": {"requests": {"cpu": "100m", "memory": f"{EMPTY_MEMBER_MIB}Mi"},
+                      "limits": {"memory": f"{int(size.memory_mib) + EMPTY_MEMBER_MIB}Mi"}},
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_REPOSITORY, "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
+    })

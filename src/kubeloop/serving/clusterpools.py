@@ -1,0 +1,132 @@
+"""Pools on the cluster (the kubernetes backend): InferenceServices that name
+a pool share one Pod of Triton members and a front in the operator's
+namespace (kubeloop.serving.builders.pools), instead of Deployments of
+their own.
+
+The pool's objects belong to no service: the first to join creates them,
+each keeps them as the pool's size says, and the last to leave deletes
+them. A pooled service is Ready once the pool's front answers its model
+ready (asked through the API server's proxy to the pool's Service, which
+works wherever the operator runs): the front has its routes and its
+versions are in the repository. The model itself is loaded on its first
+request, as in a local pool.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kubeloop.api.constants import ANNOTATION_INPUT_HASH
+from kubeloop.api.refs import ObjectRef
+from kubeloop.kube import Kube, KubeError
+from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, unknown_pool
+from kubeloop.serving.builders.pools import (
+    LABEL_POOL, LABEL_POOL_PART, build_pool, build_routes, grpc_address, pool_name, route_manager, routes_name, url,
+)
+from kubeloop.serving.builders.workloads import ServingImages, container_troubles
+from kubeloop.serving.pools import pooled_name
+from kubeloop.serving.routes import build_router_config
+
+
+class ClusterPools:
+    def __init__(self, kube: Kube, images: ServingImages, sizes: dict[str, PoolSize], namespace: str | None):
+        self.kube = kube
+        self.images = images
+        self.sizes = sizes
+        self.namespace = namespace
+
+    @property
+    def serving(self) -> bool:
+        """Whether services may be in pools here (else none is looked for:
+        the operator has no rights on ConfigMaps in its namespace then)."""
+        return bool(self.sizes and self.namespace)
+
+    def problem(self, pool: str) -> str | None:
+        if self.images.router is None:
+            return (f"spec.pool {pool}: pools on the kubernetes backend are served by kubeloop's front: set the "
+                    "operator's KUBELOOP_ROUTER_IMAGE, or leave spec.pool out")
+        if not self.namespace:
+            return (f"spec.pool {pool}: pools run in the operator's namespace: set its KUBELOOP_OPERATOR_NAMESPACE, "
+                    "or leave spec.pool out")
+        return unknown_pool(pool, self.sizes)
+
+    def serve(self, request: ServingRequest, request_log: str | None, own: Callable[[ServingRequest], ServingState],
+              drop_own: Callable[[ObjectRef], None]) -> ServingState:
+        """A service that names a pool joins it (what it ran of its own goes:
+        drop_own); one that does not leaves any pool it was in and runs its own (own)."""
+        if request.spec.pool:
+            drop_own(request.ref)
+            return self.ensure(request, request_log)
+        if self.serving:
+            self.leave(request.ref)
+        return own(request)
+
+    def ensure(self, request: ServingRequest, request_log: str | None) -> ServingState:
+        pool, ref = request.spec.pool, request.ref
+        name = pooled_name(ref)
+        config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"),
+                                     published_stores_only=True)
+        held = self._routes_holding(ref)
+        self.leave(ref, keep=pool, held=held)
+        if held.get(pool) != build_routes(pool, self.namespace, f"{name}.json", config)["data"][f"{name}.json"]:
+            self.kube.apply(build_routes(pool, self.namespace, f"{name}.json", config),
+                            field_manager=route_manager(name))
+        deployment = self._ensure_pool(pool)
+        return self._observe(pool, name, deployment, [v.role for v in request.versions])
+
+    def _ensure_pool(self, pool: str) -> dict:
+        """The pool's objects as its size says (applied only when the live
+        Deployment was built from other inputs); the live Deployment."""
+        desired = build_pool(pool, self.sizes[pool], self.namespace, self.images)
+        wanted = next(o for o in desired if o["kind"] == "Deployment")
+        live = self.kube.get("apps/v1", "Deployment", pool_name(pool), self.namespace)
+        hash_of = (lambda o: (o or {}).get("metadata", {}).get("annotations", {}).get(ANNOTATION_INPUT_HASH))
+        if live is None or hash_of(live) != hash_of(wanted):
+            applied = [self.kube.apply(obj) for obj in desired]
+            live = next(o for o in applied if o["kind"] == "Deployment")
+        return live
+
+    def _observe(self, pool: str, name: str, deployment: dict, roles: list[str]) -> ServingState:
+        served = dict(url=url(pool, self.namespace), grpc_address=grpc_address(pool, self.namespace))
+        status = deployment.get("status", {})
+        current = deployment.get("metadata", {}).get("generation") == status.get("observedGeneration")
+        troubles = container_troubles(self.kube.list("v1", "Pod", self.namespace, f"{LABEL_POOL}={pool}"))
+        if not (current and status.get("availableReplicas", 0) >= 1):
+            return ServingState(ready=dict.fromkeys(roles, False), message="; ".join([f"pool {pool}: its Pod is starting",
+                                                                             *troubles]),
+                                failing=bool(troubles), **served)
+        ready, why = self._model_ready(pool, name)
+        message = "; ".join(([] if ready else [why]) + troubles)
+        return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=1 if ready else 0, message=message, **served)
+
+    def _model_ready(self, pool: str, name: str) -> tuple[bool, str]:
+        path = (f"/api/v1/namespaces/{self.namespace}/services/{pool_name(pool)}:http/proxy"
+                f"/v2/models/{name}/ready")
+        try:
+            self.kube.request("GET", path, timeout=10)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False, f"pool {pool}: its front is taking up {name} (its versions are being fetched)"
+            return False, f"pool {pool}: {name} is not ready: {exc}"
+        return True, ""
+
+    def _routes_holding(self, ref: ObjectRef) -> dict[str, str]:
+        """Pool -> the service's router file there, for each pool holding one."""
+        key = f"{pooled_name(ref)}.json"
+        found = self.kube.list("v1", "ConfigMap", self.namespace, f"{LABEL_POOL_PART}=routes") if self.namespace else []
+        return {cm["metadata"]["labels"][LABEL_POOL]: cm["data"][key] for cm in found if key in (cm.get("data") or {})}
+
+    def leave(self, ref: ObjectRef, keep: str | None = None, held: dict[str, str] | None = None) -> None:
+        """The service out of every pool but keep; a pool it was the last
+        one in goes. A service joining at that moment finds the pool gone
+        on its next reconcile and creates it again."""
+        name = pooled_name(ref)
+        for pool in sorted(set(self._routes_holding(ref) if held is None else held) - {keep}):
+            left = self.kube.apply(build_routes(pool, self.namespace, f"{name}.json", None),
+                                   field_manager=route_manager(name))
+            if not (left or {}).get("data"):
+                for api_version, kind, obj in (("apps/v1", "Deployment", pool_name(pool)),
+                                               ("v1", "Service", pool_name(pool)),
+                                               ("v1", "ConfigMap", pool_name(pool)),
+                                               ("v1", "ConfigMap", routes_name(pool))):
+                    self.kube.delete(api_version, kind, obj, self.namespace)
