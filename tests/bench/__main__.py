@@ -9,6 +9,7 @@
     python -m tests.bench trainjob        # TrainJobs through Kubeflow Trainer on the real node
     python -m tests.bench trainer         # the trainer backend against the local one, and a lost node
     python -m tests.bench pool            # 1,000 models on a pool of four Tritons, against one Triton each
+    python -m tests.bench pooled          # 1,000 pooled InferenceServices through the operator and the pool's front
     python -m tests.bench scale           # one operator keeping 5,000 InferenceServices converged
 
 Each suite measures against a baseline in the same process and reports the
@@ -44,6 +45,7 @@ from tests.bench import (  # noqa: E402
     optimization_suite,
     outcomes_suite,
     pool_suite,
+    pooled_services_suite,
     scale_suite,
     repeatability_suite,
     serving_suite,
@@ -56,7 +58,7 @@ SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optim
           "repeatability": repeatability_suite.run, "serving": serving_suite.run, "drift": drift_suite.run,
           "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run,
           "outcomes": outcomes_suite.run, "gpu": gpu_suite.run, "trainjob": trainjob_suite.run,
-          "trainer": trainer_suite.run, "pool": pool_suite.run,
+          "trainer": trainer_suite.run, "pool": pool_suite.run, "pooled": pooled_services_suite.run,
           "scale": scale_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
