@@ -45,7 +45,10 @@ BODY = {"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "F
 
 
 def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001 - the bench context
-    services, members, calls = (32, 2, 240) if quick else (1000, 4, 2400)
+    return sized(context, console, *((32, 2, 240) if quick else (1000, 4, 2400)))
+
+
+def sized(context, console: Console, services: int, members: int, calls: int) -> dict:  # noqa: ANN001 - the bench context
     platform, kube = context.platform, context.platform.kube()
     namespace = f"bench-pool-{uuid.uuid4().hex[:6]}"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -96,3 +96,36 @@ def test_histograms_beyond_the_pools_limit_are_shared_but_a_rollouts_stay_its_ow
     finally:
         loop.run_until_complete(front.stop())
         loop.close()
+
+
+def test_the_front_takes_up_a_service_renamed_into_its_folder_while_it_skips_unchanged_rounds(tmp_path):
+    """The watcher reads every router's file only when the folder changed
+    (a thousand routers' stats every half second held up requests): a
+    service written the way the backends write (kubeloop.files.write_atomic)
+    still joins within a few rounds."""
+    from kubeloop.files import write_atomic
+
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    routes(folder, "ml.a", "fraud")
+    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    front = PooledFront(PoolConfig("shared", {"m": member}, folder))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    async def joined() -> bool:
+        for _ in range(40):
+            if "ml.b.json" in front.routers:
+                return True
+            await asyncio.sleep(0.25)
+        return False
+
+    try:
+        loop.run_until_complete(front.start())
+        loop.run_until_complete(asyncio.sleep(1.2))  # rounds with nothing changed: skipped
+        write_atomic(folder / "ml.b.json", (folder / "ml.a.json").read_text().replace("ml.a", "ml.b"))
+        assert loop.run_until_complete(joined())
+        assert status(front, "/v2/models/ml.b/ready")[0] == 200
+    finally:
+        loop.run_until_complete(front.stop())
+        loop.close()

@@ -40,6 +40,7 @@ from kubeloop.front.upstream import Upstreams, UpstreamError
 
 log = logging.getLogger("kubeloop.poolfront")
 WATCH_SECONDS = 0.5
+FULL_SYNC_ROUNDS = 120
 MEMBERS_UP_SECONDS = 600.0
 
 
@@ -125,10 +126,22 @@ class PooledFront:
         self.upstream.close()
 
     async def _watch(self) -> None:
+        seen, rounds = None, 0
         while True:
             await asyncio.sleep(WATCH_SECONDS)
+            rounds += 1
             try:
+                # Router files are written by renaming them into the folder
+                # (kubeloop.files.write_atomic), which moves the folder's
+                # mtime: an unchanged folder spares a stat of every router's
+                # file, which with a thousand services held up requests. A
+                # full round now and then still catches a change a coarse
+                # clock hid.
+                folder = self.config.routes.stat().st_mtime_ns
+                if folder == seen and rounds % FULL_SYNC_ROUNDS:
+                    continue
                 await self.sync()
+                seen = folder
             except Exception:  # one bad round must not end route reloads for good
                 log.exception("the pool's front could not take up its routes; trying again")
 

@@ -23,6 +23,11 @@ def triton_name(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", model)
 
 
+def pooled_name(ref: ObjectRef) -> str:
+    """A pooled service's Triton model: namespace.name (unique in any pool)."""
+    return triton_name(f"{ref.namespace}.{ref.name}")
+
+
 class PoolSize(BaseModel):
     """A pool as the operator's KUBELOOP_SERVING_POOLS sizes it."""
 

@@ -19,12 +19,11 @@ from typing import Callable
 from kubeloop.api.constants import ANNOTATION_INPUT_HASH
 from kubeloop.api.refs import ObjectRef
 from kubeloop.kube import Kube, KubeError
-from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, unknown_pool
+from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, pooled_name, unknown_pool
 from kubeloop.serving.builders.pools import (
     LABEL_POOL, LABEL_POOL_PART, build_pool, build_routes, grpc_address, pool_name, route_manager, routes_name, url,
 )
 from kubeloop.serving.builders.workloads import ServingImages, container_troubles
-from kubeloop.serving.pools import pooled_name
 from kubeloop.serving.routes import build_router_config
 
 
@@ -43,7 +42,7 @@ class ClusterPools:
 
     def problem(self, pool: str) -> str | None:
         if self.images.router is None:
-            return (f"spec.pool {pool}: pools on the kubernetes backend are served by kubeloop's front: set the "
+            return (f"spec.pool {pool}: pools on a cluster are served by kubeloop's front: set the "
                     "operator's KUBELOOP_ROUTER_IMAGE, or leave spec.pool out")
         if not self.namespace:
             return (f"spec.pool {pool}: pools run in the operator's namespace: set its KUBELOOP_OPERATOR_NAMESPACE, "
@@ -66,11 +65,11 @@ class ClusterPools:
         name = pooled_name(ref)
         config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"),
                                      published_stores_only=True)
+        routes = build_routes(pool, self.namespace, f"{name}.json", config)
         held = self._routes_holding(ref)
         self.leave(ref, keep=pool, held=held)
-        if held.get(pool) != build_routes(pool, self.namespace, f"{name}.json", config)["data"][f"{name}.json"]:
-            self.kube.apply(build_routes(pool, self.namespace, f"{name}.json", config),
-                            field_manager=route_manager(name))
+        if held.get(pool) != routes["data"][f"{name}.json"]:
+            self.kube.apply(routes, field_manager=route_manager(name))
         deployment = self._ensure_pool(pool)
         return self._observe(pool, name, deployment, [v.role for v in request.versions])
 

@@ -27,18 +27,13 @@ import requests
 from kubeloop import processes
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_if_changed
-from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, triton_name, unknown_pool
+from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, pooled_name, unknown_pool
 from kubeloop.serving.instances import InstanceState, ensure_process
 from kubeloop.serving.repository import put_pooled, remove_pooled
 from kubeloop.serving.routes import build_router_config
 from kubeloop.serving.runtime import TritonRuntime
 
 MEMBER_PORTS = ("http", "grpc", "metrics")
-
-
-def pooled_name(ref: ObjectRef) -> str:
-    """A pooled service's Triton model: namespace.name (unique in any pool)."""
-    return triton_name(f"{ref.namespace}.{ref.name}")
 
 
 class LocalPools:
@@ -77,7 +72,8 @@ class LocalPools:
         state = InstanceState.read(state_path) or InstanceState(ports={}, processes={})
         members = [f"member-{i}" for i in range(size.members)]
         for port in [f"{m}-{p}" for m in members for p in MEMBER_PORTS] + ["front", "front-grpc"]:
-            state.ports.setdefault(port, processes.free_port())
+            if port not in state.ports:  # never setdefault: its free_port() would burn a port per reconcile
+                state.ports[port] = processes.free_port()
         state.write(state_path)
         starting = self._ensure_members(state, state_path, folder, folder / "repository", members, size)
         url = f"http://127.0.0.1:{state.ports['front']}"
