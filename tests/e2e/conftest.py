@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,39 @@ def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
+
+
+_STARTED = time.monotonic()
+
+
+def pytest_runtest_logreport(report):
+    """One line as each e2e test ends, with its seconds and, on failure, its
+    error: a run cut off by CI's limit still says which test failed and which
+    took the time (pytest's own summary comes only at the end)."""
+    if report.when != "call" and not report.failed:
+        return
+    writer = _terminal()
+    if writer is None:
+        return
+    elapsed = time.monotonic() - _STARTED
+    line = f"[{elapsed / 60:5.1f} min] {report.outcome.upper()} {report.nodeid} {report.when} ({report.duration:.0f} s)"
+    writer.write_line(line)
+    if report.failed:
+        text = report.longreprtext.splitlines()
+        errors = [t for t in text if t.startswith("E ")][:3] or text[-1:]
+        for error in errors:
+            writer.write_line(f"    {error[:300]}")
+
+
+_CONFIG: list = []
+
+
+def pytest_configure(config):
+    _CONFIG.append(config)
+
+
+def _terminal():
+    return _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
 
 
 @pytest.fixture(scope="session")

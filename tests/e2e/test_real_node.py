@@ -1092,6 +1092,39 @@ def expected_probabilities(uri: str, model: str, version: str, rows: list[list[f
     return session.run(None, {session.get_inputs()[0].name: np.array(rows, dtype=np.float32)})[0].reshape(-1).tolist()
 
 
+def assert_pool_pod_conforms(real: RealPlatform, namespace: str, name: str, pod_ip: str, version: str) -> None:
+    """NVIDIA's clients see the pool Pod's front as they see the member in
+    it that holds the service's model, both reached at the Pod's address
+    from this host: every HTTP encoding and gRPC case of the conformance
+    test (tests/support/conformance.py) gets the same tensors, refusals and
+    statistics' form."""
+    import requests
+    from kubeloop.serving.builders.pools import MEMBER_PORT, pool_name, routes_name
+    from kubeloop.story.cluster import Endpoints
+
+    routes = real.kube.get("v1", "ConfigMap", routes_name("shared"), namespace)["data"]
+    route = json.loads(routes[f"{namespace}.{name}.json"])
+    model = route["triton_model"]
+
+    def holder(offset: int, scheme: str):  # noqa: ANN202
+        def find(_version: str) -> tuple[str, str]:
+            for port in (MEMBER_PORT, MEMBER_PORT + 10):
+                ready = f"http://{pod_ip}:{port}/v2/models/{model}/ready"
+                if requests.get(ready, timeout=10).status_code == 200:
+                    return f"{scheme}{pod_ip}:{port + offset}", model
+            raise AssertionError(f"no member of the pool Pod holds {model}")
+        return find
+
+    reach, status = Endpoints(real.kube), isvc_status(real.kube, namespace, name)
+    rows = synthetic(rows=3, seed=11)[0]
+    answered = assert_conforms(reach(status["url"]), f"{namespace}.{name}", holder(0, "http://"), rows,
+                               route["output"])
+    answered += assert_grpc_conforms(reach.address(status["grpcAddress"], "grpc"), f"{namespace}.{name}",
+                                     holder(1, ""), rows, route["output"])
+    assert set(answered) == {version}, answered
+    assert pool_name("shared") in status["url"]
+
+
 @pytest.mark.timeout(1200)
 def test_a_pool_pod_serves_fifty_inference_services_within_its_members_budgets_on_the_real_node(real, tmp_path):
     """Cluster path (kubernetes backend, the real node): fifty
@@ -1105,7 +1138,9 @@ def test_a_pool_pod_serves_fifty_inference_services_within_its_members_budgets_o
     at once, gets the registered version's own answers; models are
     loaded on first request and unloaded to make room (counted), and each
     member's memory, sampled on this host from the Pod's processes, stays
-    within its budget. The last service to leave takes the pool with it."""
+    within its budget; tritonclient (HTTP and gRPC, every encoding) gets
+    the same answers through the pool Pod's front as from its member. The
+    last service to leave takes the pool with it."""
     from kubeloop.front.memory import server_on_port
     from kubeloop.serving.builders.pools import MEMBER_PORT, pool_name
     from mlflow import MlflowClient
@@ -1156,6 +1191,7 @@ def test_a_pool_pod_serves_fifty_inference_services_within_its_members_budgets_o
             assert peak <= POOL_BUDGET_MIB, f"{member} peaked at {peak:.0f} MiB, budget {POOL_BUDGET_MIB:.0f}"
         pods = real.kube.list("v1", "Pod", namespace, "kubeloop.dev/pool=shared")
         assert [c.get("restartCount", 0) for p in pods for c in p["status"]["containerStatuses"]] == [0] * 4
+        assert_pool_pod_conforms(real, namespace, names[0], pods[0]["status"]["podIP"], version)
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
@@ -1899,6 +1935,10 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     running(real.kube, "survivor", namespace)
     crashed = real.platform
     pids = node_pids(crashed)
+    # Found without its state directory too: a kubelet whose claim is gone
+    # still holds the node's address and port from the next one.
+    kubelet = next(r.pid for r in crashed.state().processes if r.name == "kubelet")
+    assert kubelet in [p.pid for p in host.node_processes(None)]
     # A crash kills the platform's processes, not what they started (MLflow's server workers).
     pids += [child.pid for pid in pids if psutil.pid_exists(pid) for child in psutil.Process(pid).children(True)]
     for record in crashed.state().processes:

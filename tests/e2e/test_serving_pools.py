@@ -6,7 +6,9 @@ member's measured memory stays within its budget, loads and unloads are
 counted, a hot service's model is copied onto the other member, request
 counters stay per service while histograms beyond the pool's limit are
 shared, `kubeloop placement plan` packs the services by the sizes the
-pool measured, and request logs stay per service. Also: a pool the operator does
+pool measured, request logs stay per service, and tritonclient gets the
+same answers, refusals and statistics through the pool's front (HTTP and
+gRPC) as from the member that holds the model. Also: a pool the operator does
 not run is refused by a condition, and a deleted service's model leaves
 the pool. Local backend only (the cluster path's pool, a Pod on the real
 node: tests/e2e/test_real_node.py).
@@ -32,6 +34,7 @@ from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.placement import render_text
 from kubeloop.requestlog import request_records
 from kubeloop.serving.instances import InstanceState
+from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_model
 from tests.support.poolmemory import MemorySampler
 from tests.support.waiting import wait_for
@@ -187,6 +190,31 @@ def test_a_pool_serves_every_service_within_its_members_budgets(platform, kube, 
     assert f"{namespace}-{names[0]}" in logged and f"{namespace}-{names[1]}" in logged, logged
     assert all(r["version"] == "1" for r in request_records(operator.requests / f"{namespace}-{names[0]}"))
 
+    assert_clients_conform(kube, namespace, operator, url, state)
+
     kube.delete(API_VERSION, "InferenceService", names[0], namespace)
     wait_for(lambda: infer(url, f"{namespace}.{names[0]}").status_code == 404, timeout=30,
              what="a deleted service gone from the pool's front")
+
+
+def assert_clients_conform(kube, namespace: str, operator, url: str, state: InstanceState) -> None:  # noqa: ANN001
+    """NVIDIA's clients see the pool's front as they see the member that
+    holds the model: every HTTP encoding and gRPC case of the front
+    conformance test (tests/support/conformance.py) gets the same tensors,
+    refusals and statistics' form through the front as from that member."""
+    route = json.loads(next((operator.work / "serving" / "pools" / "shared" / "routes").glob("*lone.json")).read_text())
+
+    def holder(port: str, scheme: str):
+        def find(_version: str) -> tuple[str, str]:
+            for member in ("member-0", "member-1"):
+                ready = f"http://127.0.0.1:{state.ports[f'{member}-http']}/v2/models/{route['triton_model']}/ready"
+                if requests.get(ready, timeout=10).status_code == 200:
+                    return f"{scheme}127.0.0.1:{state.ports[f'{member}-{port}']}", route["triton_model"]
+            raise AssertionError(f"no member holds {route['triton_model']}")
+        return find
+
+    status = kube.get(API_VERSION, "InferenceService", "lone", namespace)["status"]
+    answered = assert_conforms(url, f"{namespace}.lone", holder("http", "http://"), ROWS, route["output"])
+    answered += assert_grpc_conforms(status["grpcAddress"], f"{namespace}.lone", holder("grpc", ""), ROWS,
+                                     route["output"])
+    assert set(answered) == {"1"}, answered

@@ -142,6 +142,31 @@ def test_local_images_install_the_dockerfiles_package_list_as_a_numeric_non_root
     assert user.isdigit() and int(user) != 0
 
 
+def test_an_image_of_kubeloop_in_the_cache_needs_nothing_of_its_requirements_image(tmp_path, monkeypatch):
+    """Cluster images: kubeloop's layer is named by its requirements' image's
+    tag and the code, so a cached one is used as it is (no build of the
+    gigabytes under it, even where their archive is gone), and a change to
+    the code names a new layer over the same requirements."""
+    from kubeloop.dev import images
+
+    monkeypatch.setenv("KUBELOOP_CACHE", str(tmp_path))
+    spec = PYTHON_IMAGES["training"]
+    planned = images.planned_image(spec)
+    planned.archive.parent.mkdir(parents=True)
+    planned.archive.write_bytes(b"cached")
+    assert images.python_image(spec, ["false"]) == planned  # pip `false`: any build would fail
+    requirements = images.planned_image(images._requirements(spec))
+    assert not requirements.archive.exists()
+    (tmp_path / "src" / "kubeloop").mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "images/training.txt", "requirements/constraints.txt",
+                 "images/triton-setup.sh"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((repo_root() / name).read_bytes())
+    monkeypatch.setattr(images, "repo_root", lambda: tmp_path)  # a checkout whose code is another
+    assert images.planned_image(spec).tag != planned.tag
+    assert images.planned_image(images._requirements(spec)) == requirements
+
+
 def test_a_second_build_of_an_image_waits_for_the_first(tmp_path, monkeypatch):
     """Cluster images: `make test` builds the images in the background while a
     real-node test may ask for the same image; the second caller must wait for

@@ -117,12 +117,23 @@ def host_files() -> list[Path]:
     return found + [d for d in HOST_DIRS if d.is_dir() and not any(d.iterdir())]
 
 
-def node_processes(state_dir: Path | None) -> list:
-    """Processes of a real node: those in its cgroups, and those whose command
-    line names a path inside the state directory (containerd's shims)."""
+def _listening_on_node_address() -> set[int]:
+    """Processes listening on the node's address: only a real node's parts
+    bind it, and one whose claim is gone (its run was killed) would keep the
+    next kubelet from its port, the address surviving the bridge's removal."""
     import psutil
 
-    pids = {pid for cg in cgroups() for pid in _cgroup_pids(cg)}
+    return {c.pid for c in psutil.net_connections("tcp") if c.pid and c.status == psutil.CONN_LISTEN
+            and c.laddr and c.laddr.ip == NODE_IP}
+
+
+def node_processes(state_dir: Path | None) -> list:
+    """Processes of a real node: those in its cgroups, those listening on its
+    address, and those whose command line names a path inside the state
+    directory (containerd's shims)."""
+    import psutil
+
+    pids = {pid for cg in cgroups() for pid in _cgroup_pids(cg)} | _listening_on_node_address()
     if state_dir is not None:
         markers = (f"{state_dir}/", f"{socket_dir(state_dir)}/")
         for proc in psutil.process_iter(["cmdline"]):

@@ -9,9 +9,12 @@ own (tools/pause).
 
 from __future__ import annotations
 
+import compileall
 import fcntl
 import hashlib
+import inspect
 import os
+import py_compile
 import shutil
 import subprocess
 import tarfile
@@ -111,14 +114,21 @@ def apt_source_files() -> list[Path]:
     return [f for f in files if f.suffix in (".list", ".sources") and f.is_file() and f.stat().st_size]
 
 
+def rootfs_archive(extra: tuple[str, ...] = ()) -> Path:
+    """Where base_rootfs(extra) is kept, named by suite, package set and apt sources."""
+    suite = debian_suite()
+    key = image_tag([suite.encode(), " ".join(BASE_PACKAGES + extra).encode(),
+                     *(f.read_bytes() for f in apt_source_files())])
+    return images_dir() / f"rootfs-{suite}-{key}.tar"
+
+
 def base_rootfs(extra: tuple[str, ...] = ()) -> Path:
     """A minbase Debian root (BASE_PACKAGES and extra) as a tar, built once
     per suite, package set and apt sources."""
     sources = apt_source_files()
     suite = debian_suite()
     packages = BASE_PACKAGES + extra
-    key = image_tag([suite.encode(), " ".join(packages).encode(), *(f.read_bytes() for f in sources)])
-    tar = images_dir() / f"rootfs-{suite}-{key}.tar"
+    tar = rootfs_archive(extra)
     if tar.exists():
         return tar
     if shutil.which("mmdebstrap") is None:
@@ -163,19 +173,19 @@ class PythonImage:
     requirements: str
     config: ImageConfig
     project: bool = True
-    """Install kubeloop itself (with --no-deps: the requirements file decides)."""
+    """Install kubeloop itself (with --no-deps: the requirements file decides),
+    in a layer of its own over an image of the requirements (`<name>-deps`),
+    so a change to the code rebuilds only that layer."""
     constraints: str | None = "requirements/constraints.txt"
     debs: tuple[str, ...] = ()
     """Debian packages beyond BASE_PACKAGES."""
     finish: Callable[[Path], None] | None = None
     """Last touches to the root, after the venv is installed."""
-    layered: bool = False
-    """kubeloop in a layer of its own over an image of the requirements
-    (`<name>-deps`), so a change to the code rebuilds only that layer: for
-    images whose requirements take minutes to install."""
 
 
 VENV = "/opt/kubeloop"
+IMAGE_PYTHON = "python3.11"
+"""Debian bookworm's python3, the Python of every image's venv."""
 _PYTHON_ENV = {"PATH": f"{VENV}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "PYTHONUNBUFFERED": "1",
                "PYTHONDONTWRITEBYTECODE": "1"}
 TRITON_SETUP = "images/triton-setup.sh"
@@ -188,15 +198,17 @@ def _lay_out_triton(rootfs: Path) -> None:
     (rootfs / "tmp" / "triton-setup.sh").unlink()
 
 
+# kubeloop sits in a layer of its own in the images that run it: a change to
+# the code cost minutes of reinstalling the requirements each (the training
+# image's are 4 GB of torch), and now costs one small layer.
 PYTHON_IMAGES = {
     "operator": PythonImage("operator", "images/operator.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--", "kubeloop"], cmd=["operator"], env=_PYTHON_ENV, workdir="/tmp")),
     "runtime": PythonImage("runtime", "images/runtime.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--"], cmd=["kubeloop"], env=_PYTHON_ENV, workdir="/tmp")),
-    # Training node Pods (Kubeflow Trainer's torch runtime): torch, so kubeloop
-    # sits in a layer of its own over the 4 GB of its requirements.
+    # Training node Pods (Kubeflow Trainer's torch runtime).
     "training": PythonImage("training", "images/training.txt", ImageConfig(
-        entrypoint=["/usr/bin/tini", "--"], cmd=["python"], env=_PYTHON_ENV, workdir="/tmp"), layered=True),
+        entrypoint=["/usr/bin/tini", "--"], cmd=["python"], env=_PYTHON_ENV, workdir="/tmp")),
     # Triton's own environment (numpy<2, see requirements/serving.txt).
     "triton": PythonImage("triton", "requirements/serving.txt", ImageConfig(
         entrypoint=["/usr/bin/tini", "--"], cmd=["tritonserver"], env=_PYTHON_ENV, workdir="/tmp"),
@@ -217,50 +229,102 @@ def project_files(root: Path) -> list[Path]:
 
 def python_image(spec: PythonImage, pip: list[str]) -> Image:
     """Build (or find in the cache) spec's image; pip is the host's pip
-    command, which collects the wheels the image installs offline."""
-    if spec.layered:
-        return _project_layer(spec, python_image(replace(spec, name=f"{spec.name}-deps", project=False,
-                                                         layered=False), pip), pip)
-    root = repo_root()
-    inputs = [base_rootfs(spec.debs).name.encode(), (root / spec.requirements).read_bytes(),
-              Path(__file__).read_bytes(), (root / TRITON_SETUP).read_bytes()]
-    if spec.constraints:
-        inputs.append((root / spec.constraints).read_bytes())
-    if spec.project:
-        inputs += _project_inputs(root)
-    tag = image_tag(inputs)
-    image = Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
+    command, which collects the wheels the image installs offline. An
+    image of kubeloop found in the cache needs nothing of its requirements'
+    image, not even its archive."""
+    image = planned_image(spec)
     with _one_build(spec.name):
         if image.archive.exists():
             return image
+        if spec.project:
+            _project_layer(image, python_image(_requirements(spec), pip), pip)
+            return image
         with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
-            _collect_wheels(spec, pip, root, Path(wheels))
+            _collect_wheels(spec, pip, repo_root(), Path(wheels))
             build_image(image, lambda rootfs: _install_venv(rootfs, spec, Path(wheels)), spec.config)
     return image
+
+
+def planned_image(spec: PythonImage) -> Image:
+    """spec's image as its inputs name it, built or not."""
+    root = repo_root()
+    if spec.project:
+        inputs = [planned_image(_requirements(spec)).tag.encode(), *_project_inputs(root)]
+    else:
+        inputs = [rootfs_archive(spec.debs).name.encode(), (root / spec.requirements).read_bytes(),
+                  (root / TRITON_SETUP).read_bytes(), repr(spec.config).encode(), *_recipe()]
+        if spec.constraints:
+            inputs.append((root / spec.constraints).read_bytes())
+    tag = image_tag(inputs)
+    return Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
+
+
+def _requirements(spec: PythonImage) -> PythonImage:
+    """The image of spec's requirements, which kubeloop's layer goes over."""
+    return replace(spec, name=f"{spec.name}-deps", project=False)
+
+
+def _recipe() -> list[bytes]:
+    """How an image of requirements is made, as part of its tag: the code
+    that makes it, not this whole module, so a change to how kubeloop's own
+    layer is made does not rebuild gigabytes of requirements."""
+    steps = (extract, build_image, umoci_args, _collect_wheels, _install_venv, _lay_out_triton, _archive)
+    return [inspect.getsource(step).encode() for step in steps]
 
 
 def _project_inputs(root: Path) -> list[bytes]:
     return [str(p.relative_to(root)).encode() + p.read_bytes() for p in project_files(root)]
 
 
-def _project_layer(spec: PythonImage, deps: Image, pip: list[str]) -> Image:
-    """deps with kubeloop installed into its venv, as one more layer."""
-    root = repo_root()
-    tag = image_tag([deps.tag.encode(), *_project_inputs(root)])
-    image = Image(spec.name, tag, images_dir() / f"{spec.name}-{tag}.tar")
-    with _one_build(spec.name):
-        if image.archive.exists():
-            return image
-        with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{spec.name}-wheels-") as wheels:
-            _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", wheels, str(root)])
+def _project_layer(image: Image, deps: Image, pip: list[str]) -> None:
+    """image: deps with kubeloop installed into its venv, as one more layer
+    made beside the image and inserted by umoci. The requirements' layers are
+    copied, never unpacked, so a change to the code costs seconds, not the
+    minutes of unpacking and repacking gigabytes of torch."""
+    _need_umoci()
+    with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{image.name}-") as tmp:
+        venv = _installed_project(Path(tmp), pip)
+        layout = Path(tmp) / "layout"
+        layout.mkdir()
+        _run(["tar", "-xf", str(deps.archive), "-C", str(layout)])
+        _run(["umoci", "insert", "--image", f"{layout}:{deps.tag}", "--tag", image.tag, str(venv), VENV])
+        _run(["umoci", "rm", "--image", f"{layout}:{deps.tag}"])
+        _run(["umoci", "gc", "--layout", str(layout)])
+        _archive(layout, image)
 
-            def install(rootfs: Path) -> None:
-                shutil.copytree(wheels, rootfs / "tmp" / "wheels")
-                _run(["chroot", str(rootfs), f"{VENV}/bin/pip", "install", "--quiet", "--no-index", "--no-cache-dir",
-                      "--no-deps", "--find-links", "/tmp/wheels", "kubeloop"])
-                shutil.rmtree(rootfs / "tmp" / "wheels")
-            build_image(image, install, spec.config, base=deps)
-    return image
+
+def _installed_project(tmp: Path, pip: list[str]) -> Path:
+    """kubeloop's wheel installed as the image's venv holds it, under
+    tmp/venv: its scripts run the venv's Python, and its modules are compiled
+    for their place in the image (no traceback names this folder)."""
+    wheels, venv = tmp / "wheels", tmp / "venv"
+    _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(repo_root())])
+    # --ignore-installed: the host's own (editable) kubeloop must not satisfy it.
+    _run([*pip, "install", "--quiet", "--no-deps", "--no-index", "--no-compile", "--ignore-installed",
+          "--no-warn-script-location", "--prefix", str(venv), *map(str, sorted(wheels.glob("*.whl")))])
+    site = venv / "lib" / IMAGE_PYTHON / "site-packages"
+    if not site.is_dir():
+        raise ImageError(f"the images' Python is {IMAGE_PYTHON} (Debian's), but this host's pip installs for "
+                         f"{', '.join(p.name for p in (venv / 'lib').iterdir())}: run `make setup` (its venv is {IMAGE_PYTHON})")
+    _forget_the_wheels_path(site)
+    for script in (venv / "bin").iterdir():
+        lines = script.read_bytes().split(b"\n", 1)
+        if lines[0].startswith(b"#!"):
+            script.write_bytes(f"#!{VENV}/bin/python".encode() + b"\n" + lines[1])
+    compileall.compile_dir(site, ddir=f"{VENV}/lib/{IMAGE_PYTHON}/site-packages", quiet=1,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    return venv
+
+
+def _forget_the_wheels_path(site: Path) -> None:
+    """pip records the wheel it installed from (direct_url.json), here a file
+    in this build's folder; an image built inside its root recorded its own
+    /tmp/wheels. Dropped, as if installed from an index."""
+    for info in site.glob("kubeloop-*.dist-info"):
+        (info / "direct_url.json").unlink(missing_ok=True)
+        record = info / "RECORD"
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(line for line in lines if not line.startswith(f"{info.name}/direct_url.json,")))
 
 
 @contextmanager
@@ -277,8 +341,6 @@ def _one_build(name: str) -> Iterator[None]:
 def _collect_wheels(spec: PythonImage, pip: list[str], root: Path, wheels: Path) -> None:
     constraints = ["-c", str(root / spec.constraints)] if spec.constraints else []
     _run([*pip, "wheel", "--quiet", "--wheel-dir", str(wheels), *constraints, "-r", str(root / spec.requirements)])
-    if spec.project:
-        _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(root)])
     shutil.copy(root / spec.requirements, wheels / "requirements.txt")
     if spec.constraints:
         shutil.copy(root / spec.constraints, wheels / "constraints.txt")
@@ -295,8 +357,6 @@ def _install_venv(rootfs: Path, spec: PythonImage, wheels: Path) -> None:
            "--find-links", "/tmp/wheels"]
     constraints = ["-c", "/tmp/wheels/constraints.txt"] if spec.constraints else []
     _run([*pip, *constraints, "-r", "/tmp/wheels/requirements.txt"])
-    if spec.project:
-        _run([*pip, "--no-deps", "kubeloop"])
     shutil.rmtree(inside)
     if spec.finish:
         spec.finish(rootfs)
@@ -325,46 +385,42 @@ def build_all(pip: list[str], names: list[str] | None = None) -> list[tuple[Imag
     return built
 
 
-def build_image(image: Image, populate: Callable[[Path], None], config: ImageConfig, base: Image | None = None
-                ) -> None:
-    """Assemble image.archive: an empty OCI image (or base's), unpacked,
-    filled by populate(rootfs), repacked as one more layer, configured and
-    tarred."""
-    if shutil.which("umoci") is None:
-        raise ImageError("umoci is not installed; run `make setup` (it installs Debian's umoci)")
+def build_image(image: Image, populate: Callable[[Path], None], config: ImageConfig) -> None:
+    """Assemble image.archive: an empty OCI image, unpacked, filled by
+    populate(rootfs), repacked as its layer, configured and tarred."""
+    _need_umoci()
     images_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=images_dir(), prefix=f".{image.name}-") as tmp:
         layout, bundle = Path(tmp) / "layout", Path(tmp) / "bundle"
         ref = f"{layout}:{image.tag}"
-        _unpack(layout, bundle, ref, base)
+        _run(["umoci", "init", "--layout", str(layout)])
+        _run(["umoci", "new", "--image", ref])
+        _run(["umoci", "unpack", "--image", ref, str(bundle)])
         populate(bundle / "rootfs")
         _run(["umoci", "repack", "--image", ref, str(bundle)])
         _run(["umoci", "config", "--image", ref, *umoci_args(config)])
-        if base:  # the archive names one image, this one (its layers still include base's)
-            _run(["umoci", "rm", "--image", f"{layout}:{base.tag}"])
         _run(["umoci", "gc", "--layout", str(layout)])
-        partial = image.archive.with_suffix(".partial")
-        with tarfile.open(partial, "w") as archive:
-            for entry in sorted(layout.iterdir()):
-                archive.add(entry, arcname=entry.name)
-        partial.rename(image.archive)
+        _archive(layout, image)
+
+
+def _need_umoci() -> None:
+    if shutil.which("umoci") is None:
+        raise ImageError("umoci is not installed; run `make setup` (it installs Debian's umoci)")
+
+
+def _archive(layout: Path, image: Image) -> None:
+    """image.archive from an OCI layout, in one rename (a build cut off leaves
+    no archive behind that looks whole)."""
+    partial = image.archive.with_suffix(".partial")
+    with tarfile.open(partial, "w") as archive:
+        for entry in sorted(layout.iterdir()):
+            archive.add(entry, arcname=entry.name)
+    partial.rename(image.archive)
     # Only the newest build of each image is kept: older ones are never used again.
     for older in images_dir().glob(f"{image.name}-*.tar"):
         # (not another image whose name begins with this one's: training-deps)
         if older != image.archive and older.stem.rsplit("-", 2)[0] == image.name:
             older.unlink()
-
-
-def _unpack(layout: Path, bundle: Path, ref: str, base: Image | None) -> None:
-    """A layout holding an empty image at ref, or base's image, unpacked into bundle."""
-    if base:
-        layout.mkdir()
-        _run(["tar", "-xf", str(base.archive), "-C", str(layout)])
-        _run(["umoci", "unpack", "--image", f"{layout}:{base.tag}", str(bundle)])
-        return
-    _run(["umoci", "init", "--layout", str(layout)])
-    _run(["umoci", "new", "--image", ref])
-    _run(["umoci", "unpack", "--image", ref, str(bundle)])
 
 
 def _run(argv: list[str], cwd: Path | None = None, env_extra: dict[str, str] | None = None) -> None:
