@@ -1099,11 +1099,12 @@ def assert_pool_pod_conforms(real: RealPlatform, namespace: str, name: str, pod_
     test (tests/support/conformance.py) gets the same tensors, refusals and
     statistics' form."""
     import requests
-    from kubeloop.serving.builders.pools import MEMBER_PORT, pool_name, routes_name
+    from kubeloop.serving.builders.pools import MEMBER_PORT, pool_name, route_shard, routes_name
     from kubeloop.story.cluster import Endpoints
 
-    routes = real.kube.get("v1", "ConfigMap", routes_name("shared"), namespace)["data"]
-    route = json.loads(routes[f"{namespace}.{name}.json"])
+    key = f"{namespace}.{name}.json"
+    routes = real.kube.get("v1", "ConfigMap", routes_name("shared", route_shard(key)), namespace)["data"]
+    route = json.loads(routes[key])
     model = route["triton_model"]
 
     def holder(offset: int, scheme: str):  # noqa: ANN202
@@ -1191,12 +1192,15 @@ def test_a_pool_pod_serves_fifty_inference_services_within_its_members_budgets_o
             assert peak <= POOL_BUDGET_MIB, f"{member} peaked at {peak:.0f} MiB, budget {POOL_BUDGET_MIB:.0f}"
         pods = real.kube.list("v1", "Pod", namespace, "kubeloop.dev/pool=shared")
         assert [c.get("restartCount", 0) for p in pods for c in p["status"]["containerStatuses"]] == [0] * 4
+        # The fifty routes are spread over shards the Pod sees as one folder.
+        shards = real.kube.list("v1", "ConfigMap", namespace, "kubeloop.dev/pool=shared,kubeloop.dev/pool-part=routes")
+        assert len(shards) > 10 and sum(len(cm.get("data") or {}) for cm in shards) == POOLED_SERVICES
         assert_pool_pod_conforms(real, namespace, names[0], pods[0]["status"]["podIP"], version)
     finally:
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
     assert real.kube.get("apps/v1", "Deployment", pool_name("shared"), namespace) is None
-    assert real.kube.get("v1", "ConfigMap", f"{pool_name('shared')}-routes", namespace) is None
+    assert real.kube.list("v1", "ConfigMap", namespace, "kubeloop.dev/pool=shared") == []
 
 
 def test_kserve_predictors_claim_their_gpu_slice_through_dra_from_the_real_scheduler(real, tmp_path):

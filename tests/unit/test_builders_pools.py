@@ -8,7 +8,8 @@ import json
 
 from kubeloop.serving.base import PoolSize
 from kubeloop.serving.builders.pools import (
-    MEMBER_PORT, ROUTES_DIR, SERVED_DIR, build_pool, build_routes, front_config, route_manager,
+    LABEL_ROUTES_SHARD, MEMBER_PORT, ROUTE_SHARDS, ROUTES_DIR, SERVED_DIR, build_pool, build_routes, front_config,
+    route_manager, route_shard,
 )
 from kubeloop.serving.builders.workloads import ServingImages
 from kubeloop.serving.clusterpools import ClusterPools
@@ -58,12 +59,62 @@ def test_a_new_size_restarts_the_pool_and_a_new_service_does_not():
     assert pod(SIZE)["metadata"]["annotations"] != pod(PoolSize(members=3, memory_mib=500))["metadata"]["annotations"]
 
 
-def test_each_service_owns_one_key_of_the_routes_configmap():
+def test_each_service_owns_one_key_of_its_shard_of_the_routes_configmaps():
     joined = build_routes("shared", "ns", "team.fraud.json", {"routes": []})
     left = build_routes("shared", "ns", "team.fraud.json", None)
     assert list(joined["data"]) == ["team.fraud.json"] and "data" not in left
     assert joined["metadata"] == left["metadata"]
+    assert joined["metadata"]["labels"][LABEL_ROUTES_SHARD] == str(route_shard("team.fraud.json"))
     assert route_manager("team.fraud") != route_manager("team.churn")
+    # The Pod sees every shard's keys in one folder, before any shard exists.
+    volume = next(v for v in by_kind(build_pool("shared", SIZE, "ns", IMAGES))["Deployment"]["spec"]["template"]
+                  ["spec"]["volumes"] if v["name"] == "routes")
+    names = [source["configMap"]["name"] for source in volume["projected"]["sources"]]
+    assert len(set(names)) == ROUTE_SHARDS and joined["metadata"]["name"] in names
+    assert all(source["configMap"]["optional"] for source in volume["projected"]["sources"])
+
+
+def entity_request():
+    """A service that reads the fraud example's features, with a canary of
+    another version: the larger kind of router file."""
+    from kubeloop.api.serving import InferenceServiceSpec
+    from kubeloop.api.signature import TAG, ModelSignature
+    from kubeloop.gpu.placement import CPU
+    from kubeloop.registry.base import ModelVersion
+    from kubeloop.registry.tags import FEATURE_STORE
+    from kubeloop.serving.base import ServedVersion, ServingRequest
+    from tests.unit.test_builders_serving import REF
+
+    signature = ModelSignature(
+        feature_columns=[f"{view}_{i}" for view in ("card_activity", "card_profile", "merchant_risk") for i in range(6)],
+        feature_views=["card_activity", "card_profile", "merchant_risk", "transaction_context"],
+        entities=["card_id", "merchant_id"], request_columns=["amount", "hour", "channel"])
+    store = json.dumps({"config": "project: fraud\nregistry: s3://feast/fraud/registry.db\nprovider: local\n"
+                                  "online_store:\n  type: redis\n  connection_string: redis.feast.svc:6379\n"})
+    versions = [ModelVersion("fraud", v, f"runs:/{v}", tags={TAG: signature.to_json(), FEATURE_STORE: store})
+                for v in ("3", "4")]
+    spec = InferenceServiceSpec.model_validate({"model": {"name": "fraud", "alias": "champion"},
+                                                "canary": {"alias": "challenger", "percent": 10}})
+    return ServingRequest(REF, spec, (ServedVersion("primary", versions[0], 90),
+                                      ServedVersion("canary", versions[1], 10)), CPU)
+
+
+def test_five_thousand_services_routes_fit_their_shards_within_a_configmaps_limit():
+    """Router files as the operator writes them for pooled services that
+    read features: 5,000 services spread so that no shard nears the API
+    server's 1 MiB, where one ConfigMap held a few hundred."""
+    from kubeloop.serving.routes import build_router_config
+
+    request, shards = entity_request(), {}
+    for i in range(5000):
+        key = f"team-{i % 40}.service-{i:04d}.json"
+        built = build_routes("shared", "ns", key, build_router_config(
+            request, key[:-5], "", "s3://requests/x", ("primary", "canary", "shadow"), published_stores_only=True))
+        name = built["metadata"]["name"]
+        shards[name] = shards.get(name, 0) + len(key) + len(built["data"][key])
+    assert len(shards) == ROUTE_SHARDS
+    assert max(shards.values()) < 0.75 * 2**20, max(shards.values())
+    assert sum(shards.values()) > 2**20  # more than one ConfigMap could hold
 
 
 def test_a_pool_needs_the_front_the_operators_namespace_and_a_size():

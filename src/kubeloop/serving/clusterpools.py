@@ -21,7 +21,8 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.kube import Kube, KubeError
 from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, pooled_name, unknown_pool
 from kubeloop.serving.builders.pools import (
-    LABEL_POOL, LABEL_POOL_PART, build_pool, build_routes, grpc_address, pool_name, route_manager, routes_name, url,
+    LABEL_POOL, LABEL_POOL_PART, LABEL_ROUTES_SHARD, build_pool, build_routes, grpc_address, pool_name, route_manager,
+    route_shard, url,
 )
 from kubeloop.serving.builders.workloads import ServingImages, container_troubles
 from kubeloop.serving.routes import build_router_config
@@ -110,9 +111,11 @@ class ClusterPools:
         return True, ""
 
     def _routes_holding(self, ref: ObjectRef) -> dict[str, str]:
-        """Pool -> the service's router file there, for each pool holding one."""
+        """Pool -> the service's router file there, for each pool holding one
+        (read from the service's shard of each pool only)."""
         key = f"{pooled_name(ref)}.json"
-        found = self.kube.list("v1", "ConfigMap", self.namespace, f"{LABEL_POOL_PART}=routes") if self.namespace else []
+        selector = f"{LABEL_POOL_PART}=routes,{LABEL_ROUTES_SHARD}={route_shard(key)}"
+        found = self.kube.list("v1", "ConfigMap", self.namespace, selector) if self.namespace else []
         return {cm["metadata"]["labels"][LABEL_POOL]: cm["data"][key] for cm in found if key in (cm.get("data") or {})}
 
     def leave(self, ref: ObjectRef, keep: str | None = None, held: dict[str, str] | None = None) -> None:
@@ -124,8 +127,14 @@ class ClusterPools:
             left = self.kube.apply(build_routes(pool, self.namespace, f"{name}.json", None),
                                    field_manager=route_manager(name))
             if not (left or {}).get("data"):
-                for api_version, kind, obj in (("apps/v1", "Deployment", pool_name(pool)),
-                                               ("v1", "Service", pool_name(pool)),
-                                               ("v1", "ConfigMap", pool_name(pool)),
-                                               ("v1", "ConfigMap", routes_name(pool))):
-                    self.kube.delete(api_version, kind, obj, self.namespace)
+                self._delete_if_empty(pool)
+
+    def _delete_if_empty(self, pool: str) -> None:
+        """The pool's objects gone once no shard of its routes holds a service."""
+        shards = self.kube.list("v1", "ConfigMap", self.namespace, f"{LABEL_POOL}={pool},{LABEL_POOL_PART}=routes")
+        if any(cm.get("data") for cm in shards):
+            return
+        for api_version, kind, obj in (("apps/v1", "Deployment", pool_name(pool)), ("v1", "Service", pool_name(pool)),
+                                       ("v1", "ConfigMap", pool_name(pool)),
+                                       *(("v1", "ConfigMap", cm["metadata"]["name"]) for cm in shards)):
+            self.kube.delete(api_version, kind, obj, self.namespace)

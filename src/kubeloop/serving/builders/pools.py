@@ -4,12 +4,14 @@ Triton members and the container that fills their shared repository.
 The Pod's containers share one process namespace (the front measures each
 member's memory by its process, as on one machine) and one model
 repository (an emptyDir). The operator writes each pooled service's router
-file as a key of the pool's routes ConfigMap, under a field manager of the
-service's own (server-side apply: services join and leave one key each,
-never writing over another's); the repository container fetches the
+file as a key of one of the pool's routes ConfigMaps, under a field manager
+of the service's own (server-side apply: services join and leave one key
+each, never writing over another's); the repository container fetches the
 versions a file names and only then hands the file to the front
-(kubeloop.serving.poolsync). A ConfigMap holds at most 1 MiB: a few
-hundred services per pool (a router file is 2 to 3 KiB).
+(kubeloop.serving.poolsync). A ConfigMap holds at most 1 MiB, a few
+hundred router files of 2 to 3 KiB, so a pool's routes are spread over
+ROUTE_SHARDS ConfigMaps by a hash of the service's key, projected into one
+folder of the Pod.
 
 One replica, recreated rather than rolled: the front knows what each
 member holds because it loaded it there, so two fronts on one member set
@@ -18,6 +20,7 @@ would each count the other's models as free room.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from kubeloop.api.children import content_hash, dns_name, restricted, with_input_hash
@@ -27,6 +30,11 @@ from kubeloop.serving.builders.workloads import MODEL_REPOSITORY, ROUTER_GRPC_PO
 
 LABEL_POOL = "kubeloop.dev/pool"
 LABEL_POOL_PART = "kubeloop.dev/pool-part"
+LABEL_ROUTES_SHARD = "kubeloop.dev/routes-shard"
+ROUTE_SHARDS = 32
+"""Routes ConfigMaps a pool spreads its services over: room for about
+10,000 router files of 2.5 KiB (5,000 fill the fullest shard to 0.42 MiB of
+its 1 MiB), and a service's reconcile reads only its own shard of each pool."""
 ROUTES_DIR = "/etc/kubeloop/routes"
 CONFIG_DIR = "/etc/kubeloop/pool"
 SERVED_DIR = "/var/run/kubeloop/served"
@@ -41,8 +49,14 @@ def pool_name(pool: str) -> str:
     return dns_name("kubeloop-pool", pool)
 
 
-def routes_name(pool: str) -> str:
-    return dns_name("kubeloop-pool", pool, "routes")
+def routes_name(pool: str, shard: int) -> str:
+    return dns_name("kubeloop-pool", pool, f"routes-{shard:02d}")
+
+
+def route_shard(key: str) -> int:
+    """The routes ConfigMap that holds a service's key (stable across
+    processes, unlike Python's hash)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % ROUTE_SHARDS
 
 
 def route_manager(service: str) -> str:
@@ -64,9 +78,12 @@ def _metadata(pool: str, namespace: str, name: str, part: str) -> dict:
 
 
 def build_routes(pool: str, namespace: str, key: str, config: dict | None) -> dict:
-    """One service's key of the pool's routes ConfigMap, applied under
-    route_manager (config None: the key as it leaves)."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(pool, namespace, routes_name(pool), "routes"),
+    """One service's key of its shard of the pool's routes ConfigMaps,
+    applied under route_manager (config None: the key as it leaves)."""
+    shard = route_shard(key)
+    metadata = _metadata(pool, namespace, routes_name(pool, shard), "routes")
+    metadata["labels"][LABEL_ROUTES_SHARD] = str(shard)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             **({"data": {key: json.dumps(config, indent=2, sort_keys=True)}} if config is not None else {})}
 
 
@@ -89,7 +106,8 @@ def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages)
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(pool, namespace, pool_name(pool), "config"),
                   "data": {"pool.json": json.dumps(config, indent=2, sort_keys=True)}}
     labels = {LABEL_POOL: pool, LABEL_POOL_PART: "pod", "app.kubernetes.io/name": "kubeloop-pool"}
-    volumes = [{"name": "routes", "configMap": {"name": routes_name(pool), "optional": True}},
+    shards = [{"configMap": {"name": routes_name(pool, shard), "optional": True}} for shard in range(ROUTE_SHARDS)]
+    volumes = [{"name": "routes", "projected": {"sources": shards}},
                {"name": "config", "configMap": {"name": pool_name(pool)}},
                *({"name": name, "emptyDir": {}} for name in ("models", "served", "work", "tmp")),
                {"name": "shm", "emptyDir": {"medium": "Memory"}}]
