@@ -79,3 +79,36 @@ def test_values_change_with_the_store_not_a_cache(repo, tmp_path):
         assert store.read(rows).found == store.read_through_feast(rows).found
     finally:
         database.write_bytes(backup.read_bytes())
+
+
+def test_an_on_demand_view_gets_its_sources_by_short_and_full_names_as_transform_dict_gives_them():
+    """The lean read calls a python-mode view's own function with the inputs
+    Feast's transform_dict builds (it skips transform_dict for its
+    typeguard checks' cost): one function reading `view__feature` names,
+    one reading short ones, the same answers both ways (real Feast views)."""
+    from feast import Entity, FeatureView, Field, FileSource, RequestSource, ValueType
+    from feast.on_demand_feature_view import on_demand_feature_view
+    from feast.types import Float64
+
+    from kubeloop.front.onlineread import DirectReader
+
+    card = Entity(name="card", join_keys=["card_id"], value_type=ValueType.INT64)
+    activity = FeatureView(name="activity", entities=[card], schema=[Field(name="avg", dtype=Float64)],
+                           source=FileSource(path="activity.parquet", timestamp_field="ts"))
+    request = RequestSource(name="request", schema=[Field(name="amount", dtype=Float64)])
+
+    @on_demand_feature_view(sources=[activity, request], schema=[Field(name="by_full", dtype=Float64)],
+                            mode="python")
+    def by_full(inputs: dict) -> dict:
+        return {"by_full": [a / b for a, b in zip(inputs["amount"], inputs["activity__avg"], strict=True)]}
+
+    @on_demand_feature_view(sources=[activity, request], schema=[Field(name="by_short", dtype=Float64)],
+                            mode="python")
+    def by_short(inputs: dict) -> dict:
+        return {"by_short": [a - b for a, b in zip(inputs["amount"], inputs["avg"], strict=True)]}
+
+    rows, read = {"card_id": [1, 2], "amount": [10.0, 3.0]}, {"activity": {"avg": [2.0, 4.0]}}
+    for view, name, expected in ((by_full, "by_full", [5.0, 0.75]), (by_short, "by_short", [8.0, -1.0])):
+        ours = view.feature_transformation.transform(DirectReader._transform_inputs(view, rows, read))
+        feasts = view.transform_dict({**rows, **read["activity"]})
+        assert ours[name] == feasts[name] == expected
