@@ -90,7 +90,7 @@ def test_an_on_demand_view_gets_its_sources_by_short_and_full_names_as_transform
     from feast.on_demand_feature_view import on_demand_feature_view
     from feast.types import Float64
 
-    from kubeloop.front.onlineread import DirectReader
+    from kubeloop.front.onlineread import transform_inputs, transform_names
 
     card = Entity(name="card", join_keys=["card_id"], value_type=ValueType.INT64)
     activity = FeatureView(name="activity", entities=[card], schema=[Field(name="avg", dtype=Float64)],
@@ -109,6 +109,6 @@ def test_an_on_demand_view_gets_its_sources_by_short_and_full_names_as_transform
 
     rows, read = {"card_id": [1, 2], "amount": [10.0, 3.0]}, {"activity": {"avg": [2.0, 4.0]}}
     for view, name, expected in ((by_full, "by_full", [5.0, 0.75]), (by_short, "by_short", [8.0, -1.0])):
-        ours = view.feature_transformation.transform(DirectReader._transform_inputs(view, rows, read))
+        ours = view.feature_transformation.transform(transform_inputs(transform_names(view), rows, read))
         feasts = view.transform_dict({**rows, **read["activity"]})
         assert ours[name] == feasts[name] == expected

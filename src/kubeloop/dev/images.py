@@ -125,12 +125,10 @@ def rootfs_archive(extra: tuple[str, ...] = ()) -> Path:
 def base_rootfs(extra: tuple[str, ...] = ()) -> Path:
     """A minbase Debian root (BASE_PACKAGES and extra) as a tar, built once
     per suite, package set and apt sources."""
-    sources = apt_source_files()
-    suite = debian_suite()
-    packages = BASE_PACKAGES + extra
     tar = rootfs_archive(extra)
     if tar.exists():
         return tar
+    sources, suite, packages = apt_source_files(), debian_suite(), BASE_PACKAGES + extra
     if shutil.which("mmdebstrap") is None:
         raise ImageError("mmdebstrap is not installed; run `make setup` (it installs Debian's mmdebstrap)")
     images_dir().mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,7 @@ class DirectReader:
         self.signature = {v.name for v in views if not isinstance(v, OnDemandFeatureView)}
         self.requested = {v.name: tuple(f.name for f in v.features) for v in views}
         self.on_demand = [v for v in views if isinstance(v, OnDemandFeatureView)]
+        self.inputs = {v.name: transform_names(v) for v in self.on_demand}
         stored = {v.name: v for v in views if v.name in self.signature} | sources
         self.stored = [_Stored(v, _read_features(v, self.requested, self.on_demand), _key_types(v))
                        for v in stored.values()]
@@ -112,23 +113,9 @@ class DirectReader:
                 retrieved.timestamps[name] = [s if s else None for s in seconds]
                 retrieved.values.update({f: read[name][f] for f in self.requested[name]})
         for view in self.on_demand:
-            out = view.feature_transformation.transform(self._transform_inputs(view, rows, read))
+            out = view.feature_transformation.transform(transform_inputs(self.inputs[view.name], rows, read))
             retrieved.values.update({f: list(out[f]) for f in self.requested[view.name]})
         return retrieved
-
-    @staticmethod
-    def _transform_inputs(view, rows: dict[str, list], read: dict[str, dict[str, list]]) -> dict:  # noqa: ANN001
-        """What `transform_dict` hands the view's function: the request
-        columns and each source feature under its own name and its
-        `view__feature` name. Not through `transform_dict` itself: Feast's
-        OnDemandFeatureView is @typechecked, and typeguard's checks of its
-        arguments were 30% of a one-row read's CPU."""
-        inputs = dict(rows)
-        for projection in view.source_feature_view_projections.values():
-            values = read[projection.name]
-            for feature in projection.features:
-                inputs[feature.name] = inputs[f"{projection.name}__{feature.name}"] = values[feature.name]
-        return inputs
 
     def _read_view(self, table: _Stored, rows: dict[str, list], n: int) -> list:
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
@@ -156,6 +143,25 @@ def _read_features(view, requested: dict, on_demand: Sequence) -> tuple[str, ...
             if projection.name == view.name:
                 names += [f.name for f in projection.features]
     return tuple(dict.fromkeys(names))
+
+
+def transform_inputs(names: list[tuple[str, str, str]], rows: dict[str, list],
+                     read: dict[str, dict[str, list]]) -> dict:
+    """What `transform_dict` hands an on-demand view's function (names: its
+    transform_names): the request columns and each source feature under its
+    own name and its `view__feature` name. Not through `transform_dict`
+    itself: Feast's OnDemandFeatureView is @typechecked, and typeguard's
+    checks of its arguments were 30% of a one-row read's CPU."""
+    inputs = dict(rows)
+    for source, feature, full in names:
+        inputs[feature] = inputs[full] = read[source][feature]
+    return inputs
+
+
+def transform_names(view) -> list[tuple[str, str, str]]:  # noqa: ANN001 - a feast OnDemandFeatureView
+    """(source view, feature, `view__feature`) for each feature the view's function reads."""
+    return [(p.name, f.name, f"{p.name}__{f.name}") for p in view.source_feature_view_projections.values()
+            for f in p.features]
 
 
 def _key_types(view) -> dict:  # noqa: ANN001 - a feast FeatureView
