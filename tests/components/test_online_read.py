@@ -3,7 +3,9 @@ Feast's own get_online_features on a real Feast repository (the example's
 fraud views, materialised into Feast's sqlite online store): the same values,
 found flags and event times for every row, for signatures naming stored and
 on-demand views, one on-demand view alone (its sources read though the
-signature does not name them), unknown and repeated entities. Backend:
+signature does not name them), unknown and repeated entities, each both
+ways the lean read reaches a store (one query over Feast's sqlite tables,
+and the online store's own online_read). Backend:
 local (Feast in process, no platform); the Redis store's case is in
 test_serving_tasks, through the router."""
 
@@ -43,11 +45,19 @@ def _rows(repo, n: int, seed: int) -> dict[str, list]:
     return rows
 
 
+@pytest.mark.parametrize("path", ["one sqlite query", "feast's online_read"])
 @pytest.mark.parametrize("views", [("card_activity", "merchant_risk", "card_profile", "transaction_context"),
                                    ("transaction_context",), ("merchant_risk", "card_activity")])
-def test_the_lean_read_answers_what_feasts_get_online_features_answers(repo, views):
+def test_the_lean_read_answers_what_feasts_get_online_features_answers(repo, views, path):
+    """Both ways the lean read reaches the store: one query over Feast's
+    sqlite tables (kubeloop.front.sqliteread, chosen for a sqlite store),
+    and the online store's own online_read (every other store, Redis's
+    among them), here made to read the same sqlite store."""
     store = _store(repo, views)
     assert store.direct is not None, "the example's views are all ones the lean read covers"
+    assert store.direct.sqlite is not None, "Feast's sqlite store is read in one query"
+    if path == "feast's online_read":
+        store.direct.sqlite = None
     features = {ref.split(":")[1] for ref in store.refs}
     for n, seed in ((1, 0), (7, 1), (32, 2)):
         rows = _rows(repo, n, seed)
@@ -112,3 +122,27 @@ def test_an_on_demand_view_gets_its_sources_by_short_and_full_names_as_transform
         ours = view.feature_transformation.transform(transform_inputs(transform_names(view), rows, read))
         feasts = view.transform_dict({**rows, **read["activity"]})
         assert ours[name] == feasts[name] == expected
+
+
+def test_a_joined_reads_answers_are_each_requests_own_and_say_how_many_it_carried(repo):
+    store = _store(repo, ("card_activity", "merchant_risk", "card_profile", "transaction_context"))
+    requests = [_rows(repo, n, seed) for n, seed in ((1, 5), (3, 6), (2, 7))]
+    answers = store.read_many(requests)
+    assert [a.joined for a in answers] == [3, 3, 3]
+    for rows, answer in zip(requests, answers, strict=True):
+        alone = store.read(rows)
+        assert (answer.values, answer.found, answer.timestamps) == (alone.values, alone.found, alone.timestamps)
+    assert store.read_many(requests[:1])[0].joined == 1
+
+
+def test_values_materialised_after_the_reader_opened_are_read(tmp_path):
+    """The one-query reader keeps its read-only connection: what Feast
+    writes through its own after the reader's first read is in the next."""
+    repo = create_repository(tmp_path / "repo", Scenario(start=default_start(3), days=3, cards=10, merchants=4,
+                                                         seed=8))
+    store = _store(repo, ("merchant_risk",))
+    rows = _rows(repo, 4, 9)
+    assert not any(store.read(rows).found["merchant_risk"]), "applied, not yet materialised"
+    materialize(repo)
+    assert any(store.read(rows).found["merchant_risk"])
+    assert store.read(rows).found == store.read_through_feast(rows).found

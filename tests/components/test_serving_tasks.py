@@ -363,7 +363,8 @@ def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_car
         return requests.post(f"{base}/v2/models/{FRAUD}/infer", json=body, timeout=30)
 
     try:
-        answered_as_the_offline_vectors(infer, sent, vectors)
+        expected = answered_as_the_offline_vectors(infer, sent, vectors)
+        _each_caller_at_once_gets_its_own_rows_answer(infer, sent, expected)
         logged = wait_for(lambda: [r for r in request_records(tmp_path / "log") if r.get("request")]
                           if (tmp_path / "log").exists() else [], timeout=15, what="the entity request logged")
         assert logged[0]["request"]["card_id"] == sent["card_id"].tolist()
@@ -395,6 +396,20 @@ def test_entity_requests_read_redis_answer_as_the_offline_vector_and_unknown_car
         assert f"card_id={sent['card_id'].iloc[0]} is not in the online store" in emptied.json()["error"]
     finally:
         processes.stop(router)
+
+
+def _each_caller_at_once_gets_its_own_rows_answer(infer, sent, expected: np.ndarray) -> None:  # noqa: ANN001
+    """One-row entity requests from 16 callers at once: reads of the online
+    store join them, and the requests of one read join one call to Triton;
+    each caller still gets its own row's answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = [k % len(sent) for k in range(4 * len(sent))]
+    with ThreadPoolExecutor(16) as callers:
+        answers = list(callers.map(lambda k: infer(entity_request(sent.iloc[k:k + 1])), rows))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200][:1]
+    served = [a.json()["outputs"][0]["data"][0] for a in answers]
+    np.testing.assert_allclose(served, expected[rows], rtol=1e-5, atol=1e-6)
 
 
 def _multiclass_routes(url: str, version: str, tmp_path: Path) -> dict:

@@ -224,3 +224,23 @@ def test_the_next_call_starts_before_the_callers_of_the_last_one_are_answered():
 
     asyncio.run(go())
     assert events[events.index("call bc"):] == ["call bc", "call d", "answered b", "answered c", "answered d"]
+
+
+def test_items_that_follow_each_other_share_a_call_even_when_nothing_is_under_way():
+    """The requests of one joined read reach Triton's coalescer in one turn of
+    the event loop: going alone, the first took a call of its own."""
+    calls: list[list[int]] = []
+
+    async def serve_many(items):  # noqa: ANN001, ANN202
+        calls.append(list(items))
+        await asyncio.sleep(0)
+        return [item * 10 for item in items]
+
+    async def go(alone: bool):
+        calls.clear()
+        coalescer = Coalescer(serve_many, rows=lambda _: 1, waiting_for="Triton")
+        answers = await asyncio.gather(*(coalescer.submit(k, alone=alone) for k in range(4)))
+        return answers, list(calls)
+
+    assert asyncio.run(go(alone=False)) == ([0, 10, 20, 30], [[0, 1, 2, 3]])
+    assert asyncio.run(go(alone=True)) == ([0, 10, 20, 30], [[0], [1, 2, 3]])

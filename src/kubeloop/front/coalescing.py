@@ -58,8 +58,12 @@ class Coalescer(Generic[Item, Result]):
         """No call under way and nobody waiting: the next item is served alone, at once."""
         return self.busy == 0 and not self.waiting
 
-    async def submit(self, item: Item) -> Result:
-        if self.idle:
+    async def submit(self, item: Item, alone: bool = True) -> Result:
+        """The item's result. alone: whether an item finding nothing under
+        way goes at once, in the caller's task; False when others are about
+        to follow in this turn of the event loop (the rest of a joined read's
+        requests), so that they share its call."""
+        if self.idle and alone:
             return await self._alone(item)
         if len(self.waiting) >= self.max_waiting:
             self.on_refused()

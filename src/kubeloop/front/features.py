@@ -104,13 +104,15 @@ class Retrieved:
     """Stored view -> per row, whether the store had its entity."""
     timestamps: dict[str, list[float | None]] = field(default_factory=dict)
     """Stored view -> per row, the event time of its value (epoch seconds)."""
+    joined: int = 1
+    """The requests whose rows the read that answered this carried."""
 
-    def rows(self, start: int, stop: int) -> "Retrieved":
-        """The answer for rows start..stop-1 only."""
+    def rows(self, start: int, stop: int, joined: int = 1) -> "Retrieved":
+        """The answer for rows start..stop-1 only, of a read that carried `joined` requests."""
         def cut(table: dict) -> dict:
             return {name: column[start:stop] for name, column in table.items()}
 
-        return Retrieved(cut(self.values), cut(self.found), cut(self.timestamps))
+        return Retrieved(cut(self.values), cut(self.found), cut(self.timestamps), joined)
 
 
 def concat_rows(requests: Sequence[dict[str, list]]) -> tuple[dict[str, list], list[tuple[int, int]]]:
@@ -202,19 +204,23 @@ def find_problems(views: Sequence[ViewInfo], rows: dict[str, list], retrieved: R
     """Every (stored view, row) whose entity the store lacks or whose value is
     older than the view's ttl at `now` (epoch seconds)."""
     problems = []
-    n = len(next(iter(rows.values())))
     for view in views:
         found = retrieved.found.get(view.name)
         if found is None:
             continue
-        times = retrieved.timestamps.get(view.name, [None] * n)
-        for i in range(n):
-            entity = ", ".join(f"{k}={rows[k][i]}" for k in view.join_keys if k in rows)
-            if not found[i]:
-                problems.append(Problem(view.name, i, "missing", entity))
-            elif view.ttl_seconds and times[i] is not None and now - times[i] > view.ttl_seconds:
-                problems.append(Problem(view.name, i, "stale", entity, now - times[i]))
+        times = retrieved.timestamps.get(view.name) or [None] * len(found)
+        ttl = view.ttl_seconds
+        for i, (present, at) in enumerate(zip(found, times, strict=True)):
+            if not present:
+                problems.append(Problem(view.name, i, "missing", _entity(view, rows, i)))
+            elif ttl and at is not None and now - at > ttl:
+                problems.append(Problem(view.name, i, "stale", _entity(view, rows, i), now - at))
     return problems
+
+
+def _entity(view: ViewInfo, rows: dict[str, list], i: int) -> str:
+    """Row i's entity of the view, as join key=value pairs."""
+    return ", ".join(f"{k}={rows[k][i]}" for k in view.join_keys if k in rows)
 
 
 def assemble(spec: FeatureSpec, views: Sequence[ViewInfo], rows: dict[str, list], retrieved: Retrieved,
@@ -228,19 +234,27 @@ def assemble(spec: FeatureSpec, views: Sequence[ViewInfo], rows: dict[str, list]
         shown = "; ".join(p.describe(ttl[p.view]) for p in problems[:5])
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise RequestError(422, f"{shown}{more}; spec.features.missing is reject", problems)
-    owner = {f: v.name for v in views for f in v.features}
-    blanked = {(p.view, p.row) for p in problems}
-    n = len(next(iter(rows.values())))
-    vectors = [[TRAINING_DEFAULT] * len(spec.columns) for _ in range(n)]
+    columns = []
     for j, column in enumerate(spec.columns):
         values = retrieved.values.get(column)
         if values is None:
             raise RequestError(500, f"the online store answered no feature {column} (the model's input {j}): "
                                     f"are the feature views {', '.join(spec.views)} the ones it was trained on?")
-        view = owner.get(column)
-        for i, value in enumerate(values):
-            vectors[i][j] = TRAINING_DEFAULT if (view, i) in blanked else _number(value)
-    return Assembled(vectors, problems)
+        columns.append([_number(v) for v in values])
+    if problems:
+        _blank(spec, columns, views, problems)
+    if not columns:
+        return Assembled([[] for _ in next(iter(rows.values()))], problems)
+    return Assembled([list(row) for row in zip(*columns, strict=True)], problems)
+
+
+def _blank(spec: FeatureSpec, columns: list[list[float]], views: Sequence[ViewInfo],
+           problems: list[Problem]) -> None:
+    """Put the training default where a row's view has no value to serve."""
+    owner = {f: v.name for v in views for f in v.features}
+    for problem in problems:
+        for j in (j for j, c in enumerate(spec.columns) if owner.get(c) == problem.view):
+            columns[j][problem.row] = TRAINING_DEFAULT
 
 
 def _number(value) -> float:  # noqa: ANN001 - a feature value as Feast returns it
@@ -359,7 +373,7 @@ class OnlineStore:
         """Several requests' values in one read of the online store."""
         joined, spans = concat_rows(requests)
         retrieved = self.read(joined)
-        return [retrieved.rows(start, stop) for start, stop in spans]
+        return [retrieved.rows(start, stop, len(requests)) for start, stop in spans]
 
     def assemble(self, rows: dict[str, list], now: float, policy: Policy) -> Assembled:
         return assemble(self.spec, self.views, rows, self.read(rows), now, policy)
