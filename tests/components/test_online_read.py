@@ -146,3 +146,17 @@ def test_values_materialised_after_the_reader_opened_are_read(tmp_path):
     materialize(repo)
     assert any(store.read(rows).found["merchant_risk"])
     assert store.read(rows).found == store.read_through_feast(rows).found
+
+
+def test_a_repository_whose_path_holds_uri_characters_is_read(tmp_path):
+    """The read-only connection names the database by a file URI: a user's
+    folder with spaces, '%', '#' or '?' in its name must still be read."""
+    repo = create_repository(tmp_path / "team a #1 50% ?" / "repo",
+                             Scenario(start=default_start(3), days=3, cards=10, merchants=4, seed=8))
+    materialize(repo)
+    store = _store(repo, ("merchant_risk",))
+    assert store.direct.sqlite is not None
+    rows = _rows(repo, 4, 9)
+    ours, feasts = store.read(rows), store.read_through_feast(rows)
+    assert any(ours.found["merchant_risk"]) and ours.found == feasts.found
+    assert ours.values == {name: feasts.values[name] for name in ours.values}

@@ -22,6 +22,7 @@ import sqlite3
 import threading
 from datetime import datetime, timezone
 from functools import lru_cache
+from pathlib import Path
 from typing import Sequence
 
 KEYS_KEPT = 16_384
@@ -60,20 +61,20 @@ class SqliteViews:
     store in one query (I/O). Safe to call from any thread, one read at a time."""
 
     def __init__(self, config, views: Sequence):  # noqa: ANN001 - a feast RepoConfig, FeatureViews
-        from feast.infra.online_stores.helpers import compute_table_id
-        from feast.infra.online_stores.sqlite import SqliteOnlineStore
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore, _quote_id, _table_id
 
         self.path = SqliteOnlineStore._get_db_path(config)
         self.version = config.entity_key_serialization_version
         versioned = config.registry.enable_online_feature_view_versioning
-        self.tables = ['"%s"' % compute_table_id(config.project, v, versioned).replace('"', '""') for v in views]
+        self.tables = [_quote_id(_table_id(config.project, v, versioned)) for v in views]
         self.lock = threading.Lock()
         self.connection: sqlite3.Connection | None = None
 
     def _connect(self) -> sqlite3.Connection:
         """Read-only, opened at the first read (the store may be materialised after the router starts)."""
         if self.connection is None:
-            self.connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            uri = f"{Path(self.path).absolute().as_uri()}?mode=ro"  # as_uri escapes what a path may hold
+            self.connection = sqlite3.connect(uri, uri=True, check_same_thread=False)
         return self.connection
 
     def read(self, keys: Sequence[list[bytes]]) -> list[list]:
