@@ -9,9 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kubeloop import processes
 from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.data import DatasetInfo, time_split
+from kubeloop.dev import onlinestore
 from kubeloop.featurestore.generate import Scenario, default_start
+from tests.support.waiting import wait_for
 
 VIEWS = ["card_activity", "merchant_risk", "card_profile", "transaction_context"]
 SMALL_FEATURES = ["f0", "f1", "f2"]
@@ -72,3 +75,25 @@ def small_dataset(tmp_path) -> tuple[Path, DatasetInfo]:
 def tracking(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the sqlite store keeps artifacts under ./mlruns
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def redis_address(tmp_path_factory):
+    """Debian's redis-server on 127.0.0.1 only, launched with the argv the
+    local platform launches it with (kubeloop.dev.onlinestore); its host:port."""
+    root = tmp_path_factory.mktemp("redis")
+    port = processes.free_port()
+    server = processes.start("redis", onlinestore.build_redis_argv(onlinestore.redis_binary(), port, root,
+                                                                   "127.0.0.1"), root / "logs")
+    address = f"127.0.0.1:{port}"
+
+    def answering() -> bool:
+        if not server.running():
+            raise AssertionError(f"redis-server exited:\n{processes.log_tail(server.log)}")
+        return onlinestore.answering(address)
+
+    try:
+        wait_for(answering, timeout=30, interval=0.05, what="redis-server answering PING")
+        yield address
+    finally:
+        processes.stop(server)

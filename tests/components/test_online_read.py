@@ -4,10 +4,10 @@ fraud views, materialised into Feast's sqlite online store): the same values,
 found flags and event times for every row, for signatures naming stored and
 on-demand views, one on-demand view alone (its sources read though the
 signature does not name them), unknown and repeated entities, each both
-ways the lean read reaches a store (one query over Feast's sqlite tables,
-and the online store's own online_read). Backend:
-local (Feast in process, no platform); the Redis store's case is in
-test_serving_tasks, through the router."""
+ways the lean read reaches a store (one round trip for every view, and the
+online store's own online_read a view at a time), on Feast's sqlite store
+and on Redis (Debian's redis-server on loopback). Backend: local (Feast in
+process, no platform); test_serving_tasks reads Redis through the router."""
 
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ UNKNOWN_CARD = 987_654_321
 def repo(tmp_path_factory):
     repo = create_repository(tmp_path_factory.mktemp("online-read") / "repo",
                              Scenario(start=default_start(7), days=7, cards=60, merchants=12, seed=3))
+    materialize(repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def redis_repo(tmp_path_factory, redis_address):
+    """The same kind of repository, materialised into Debian's redis-server only."""
+    repo = create_repository(tmp_path_factory.mktemp("online-read-redis") / "repo",
+                             Scenario(start=default_start(7), days=7, cards=60, merchants=12, seed=3),
+                             redis_address=redis_address)
     materialize(repo)
     return repo
 
@@ -50,14 +60,14 @@ def _rows(repo, n: int, seed: int) -> dict[str, list]:
                                    ("transaction_context",), ("merchant_risk", "card_activity")])
 def test_the_lean_read_answers_what_feasts_get_online_features_answers(repo, views, path):
     """Both ways the lean read reaches the store: one query over Feast's
-    sqlite tables (kubeloop.front.sqliteread, chosen for a sqlite store),
+    sqlite tables (kubeloop.front.storeread, chosen for a sqlite store),
     and the online store's own online_read (every other store, Redis's
     among them), here made to read the same sqlite store."""
     store = _store(repo, views)
     assert store.direct is not None, "the example's views are all ones the lean read covers"
-    assert store.direct.sqlite is not None, "Feast's sqlite store is read in one query"
+    assert store.direct.batched is not None, "Feast's sqlite store is read in one query"
     if path == "feast's online_read":
-        store.direct.sqlite = None
+        store.direct.batched = None
     features = {ref.split(":")[1] for ref in store.refs}
     for n, seed in ((1, 0), (7, 1), (32, 2)):
         rows = _rows(repo, n, seed)
@@ -124,6 +134,26 @@ def test_an_on_demand_view_gets_its_sources_by_short_and_full_names_as_transform
         assert ours[name] == feasts[name] == expected
 
 
+@pytest.mark.parametrize("path", ["one pipeline", "feast's online_read"])
+def test_the_lean_read_of_redis_answers_what_feasts_get_online_features_answers(redis_repo, path):
+    """Feast's Redis store: every view's HMGETs in one pipeline through the
+    store's own client (kubeloop.front.storeread), and a view at a time
+    through its online_read, answer what get_online_features answers."""
+    from kubeloop.front.storeread import RedisViews
+
+    store = _store(redis_repo, ("card_activity", "merchant_risk", "card_profile", "transaction_context"))
+    assert isinstance(store.direct.batched, RedisViews)
+    if path == "feast's online_read":
+        store.direct.batched = None
+    for n, seed in ((1, 0), (7, 1), (32, 2)):
+        rows = _rows(redis_repo, n, seed)
+        ours, feasts = store.read(rows), store.read_through_feast(rows)
+        assert ours.values == {name: feasts.values[name] for name in ours.values}
+        assert ours.found == feasts.found and ours.timestamps == feasts.timestamps
+        assert not ours.found["card_activity"][0], "the unknown card"
+        assert any(ours.found["card_activity"]) or n == 1
+
+
 def test_a_joined_reads_answers_are_each_requests_own_and_say_how_many_it_carried(repo):
     store = _store(repo, ("card_activity", "merchant_risk", "card_profile", "transaction_context"))
     requests = [_rows(repo, n, seed) for n, seed in ((1, 5), (3, 6), (2, 7))]
@@ -155,7 +185,7 @@ def test_a_repository_whose_path_holds_uri_characters_is_read(tmp_path):
                              Scenario(start=default_start(3), days=3, cards=10, merchants=4, seed=8))
     materialize(repo)
     store = _store(repo, ("merchant_risk",))
-    assert store.direct.sqlite is not None
+    assert store.direct.batched is not None
     rows = _rows(repo, 4, 9)
     ours, feasts = store.read(rows), store.read_through_feast(rows)
     assert any(ours.found["merchant_risk"]) and ours.found == feasts.found

@@ -22,7 +22,6 @@ from kubeloop.api.signature import TAG as SIGNATURE_TAG, ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import BatchingPlan, write_repository
 from kubeloop import processes
-from kubeloop.dev import onlinestore
 from kubeloop.serving.base import triton_name
 from kubeloop.serving.repository import fetch_version, write_config
 from kubeloop.serving.routes import signature_fields
@@ -259,23 +258,6 @@ def test_requests_waiting_for_triton_are_joined_and_each_caller_gets_its_own_row
 
 
 @pytest.fixture
-def redis_address(tmp_path_factory):
-    """Debian's redis-server on 127.0.0.1 only, launched with the argv the
-    local platform launches it with (kubeloop.dev.onlinestore); its host:port."""
-    root = tmp_path_factory.mktemp("redis")
-    port = processes.free_port()
-    server = processes.start("redis", onlinestore.build_redis_argv(onlinestore.redis_binary(), port, root,
-                                                                   "127.0.0.1"), root / "logs")
-    address = f"127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _running(server) and onlinestore.answering(address), timeout=30, interval=0.05,
-                 what="redis-server answering PING")
-        yield address
-    finally:
-        processes.stop(server)
-
-
-@pytest.fixture
 def fraud_on_redis(redis_address, tmp_path_factory):
     """A feature repository whose data ends today, materialised into Redis
     and nowhere else; the example's fraud model trained on it, registered in
@@ -456,14 +438,14 @@ def _start_triton(runtime: TritonRuntime, repository: Path, models: list[str], r
     return server, url
 
 
-def _running(process: processes.ProcessRecord) -> bool:
-    if not process.running():
-        raise AssertionError(f"{process.name} exited:\n{processes.log_tail(process.log)}")
-    return True
-
-
 def _ok(url: str) -> bool:
     try:
         return requests.get(url, timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def _running(process: processes.ProcessRecord) -> bool:
+    if not process.running():
+        raise AssertionError(f"{process.name} exited:\n{processes.log_tail(process.log)}")
+    return True

@@ -8,9 +8,10 @@ Why: on the router, Feast's `get_online_features` was the entity path's
 bound (60% of the router's CPU at 16 callers, a six-row read of the fraud
 views costing 2.4 ms, of which the online store's reads were a third).
 
-Where Feast keeps the views in its sqlite online store, every view is read
-in one query over Feast's tables (kubeloop.front.sqliteread); any other
-store through its `online_read`, a view at a time. Either way each distinct
+Where Feast keeps the views in its sqlite or Redis online store, every view
+is read in one round trip (one query over Feast's tables, one Redis
+pipeline: kubeloop.front.storeread); any other store through its
+`online_read`, a view at a time. Either way each distinct
 entity's key is converted once, and converted keys are kept for the next
 reads.
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kubeloop.front.features import Retrieved, proto_value
-from kubeloop.front.sqliteread import SqliteViews, entity_key, serialized_key, typed
+from kubeloop.front.storeread import entity_key, one_trip, serialized_key, typed
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ class DirectReader:
     feature view its on-demand views read (uncovered(...) must be None)."""
 
     def __init__(self, store, views: Sequence, sources: dict):  # noqa: ANN001 - feast objects
-        from feast.infra.online_stores.sqlite import SqliteOnlineStore
         from feast.infra.provider import get_provider
         from feast.on_demand_feature_view import OnDemandFeatureView
 
@@ -103,9 +103,9 @@ class DirectReader:
         stored = {v.name: v for v in views if v.name in self.signature} | sources
         self.stored = [_Stored(v, _read_features(v, self.requested, self.on_demand), *_key_types(v))
                        for v in stored.values()]
-        self.sqlite = SqliteViews(self.config, [t.definition for t in self.stored]) \
-            if type(self.provider.online_store) is SqliteOnlineStore else None
-        """One query for every view, where Feast keeps them in its sqlite store."""
+        self.batched = one_trip(self.provider.online_store, self.config, [t.definition for t in self.stored],
+                                [t.features for t in self.stored])
+        """Every view in one round trip, where Feast keeps them in its sqlite or Redis store."""
 
     def read(self, rows: dict[str, list]) -> Retrieved:
         """The values of the signature's features for the rows (entity keys
@@ -138,8 +138,8 @@ class DirectReader:
             keys = [typed(k) for k in zip(*(rows[k] for k in table.names), strict=True)] if n else []
             rowkeys.append(keys)
             unique.append(list(dict.fromkeys(keys)))
-        if self.sqlite is not None:
-            answers = self.sqlite.read([[serialized_key(t.names, t.types, k, self.version) for k in keys]
+        if self.batched is not None:
+            answers = self.batched.read([[serialized_key(t.names, t.types, k, self.version) for k in keys]
                                         for t, keys in zip(self.stored, unique, strict=True)])
         else:
             answers = [self.provider.online_read(config=self.config, table=t.definition,
