@@ -110,10 +110,9 @@ class DirectReader:
     def read(self, rows: dict[str, list]) -> Retrieved:
         """The values of the signature's features for the rows (entity keys
         and request columns), as OnlineStore.read answers them."""
-        n = len(next(iter(rows.values())))
         read: dict[str, dict[str, list]] = {}
         retrieved = Retrieved({})
-        for table, answers in zip(self.stored, self._read_views(rows, n), strict=True):
+        for table, answers in zip(self.stored, self._read_views(rows), strict=True):
             name = table.definition.name
             read[name] = {f: [proto_value(data.get(f)) if data else None for _ts, data in answers]
                           for f in table.features}
@@ -130,12 +129,12 @@ class DirectReader:
             retrieved.values.update({f: list(out[f]) for f in self.requested[view.name]})
         return retrieved
 
-    def _read_views(self, rows: dict[str, list], n: int) -> list[list]:
+    def _read_views(self, rows: dict[str, list]) -> list[list]:
         """Each stored view's answer for each row, as Feast's `online_read`
         gives it; each distinct entity read once."""
         rowkeys, unique = [], []
         for table in self.stored:
-            keys = [typed(k) for k in zip(*(rows[k] for k in table.names), strict=True)] if n else []
+            keys = [typed(k) for k in zip(*(rows[k] for k in table.names), strict=True)]
             rowkeys.append(keys)
             unique.append(list(dict.fromkeys(keys)))
         if self.batched is not None:

@@ -78,10 +78,11 @@ class SqliteViews:
     store in one query (I/O). Safe to call from any thread, one read at a time."""
 
     def __init__(self, config, views: Sequence):  # noqa: ANN001 - a feast RepoConfig, FeatureViews
-        from feast.infra.online_stores.sqlite import SqliteOnlineStore, _quote_id, _table_id
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore, _quote_id, _table_id, convert_timestamp
+        from feast.protos.feast.types.Value_pb2 import Value
 
+        self.convert, self.value = convert_timestamp, Value
         self.path = SqliteOnlineStore._get_db_path(config)
-        self.version = config.entity_key_serialization_version
         versioned = config.registry.enable_online_feature_view_versioning
         self.tables = [_quote_id(_table_id(config.project, v, versioned)) for v in views]
         self.lock = threading.Lock()
@@ -98,9 +99,6 @@ class SqliteViews:
         """For each view (in order), the serialized keys' answers as Feast's
         `online_read` gives them: (event time, feature -> Value proto), or
         (None, None) for a key the store lacks."""
-        from feast.infra.online_stores.sqlite import convert_timestamp
-        from feast.protos.feast.types.Value_pb2 import Value
-
         parts = [f"SELECT {i}, entity_key, feature_name, value, event_ts FROM {table} "
                  f"WHERE entity_key IN ({','.join('?' * len(keys[i]))})"
                  for i, table in enumerate(self.tables) if keys[i]]
@@ -113,11 +111,11 @@ class SqliteViews:
             entry = found[view].get(key)
             if entry is None:
                 entry = found[view][key] = [None, {}]
-            value = Value()
+            value = self.value()
             value.ParseFromString(blob)
             entry[1][feature] = value
             entry[0] = ts  # Feast keeps the last row's time
-        return [[_answer(by_key.get(k), convert_timestamp) for k in ks] for by_key, ks in zip(found, keys, strict=True)]
+        return [[_answer(by_key.get(k), self.convert) for k in ks] for by_key, ks in zip(found, keys, strict=True)]
 
 
 def _answer(entry: list | None, convert) -> tuple:  # noqa: ANN001 - feast's sqlite timestamp converter
