@@ -11,12 +11,14 @@ process, no platform); test_serving_tasks reads Redis through the router."""
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 
 from kubeloop.featurestore.generate import Scenario, default_start
 from kubeloop.featurestore.store import StoreLocation, create_repository, materialize
-from kubeloop.front.features import FeatureSpec, OnlineStore
+from kubeloop.front.features import FeatureSpec, OnlineStore, assemble_joined
 
 SENT = ("card_id", "merchant_id", "amount", "hour", "channel")
 UNKNOWN_CARD = 987_654_321
@@ -40,9 +42,10 @@ def redis_repo(tmp_path_factory, redis_address):
     return repo
 
 
-def _store(repo, views: tuple[str, ...]) -> OnlineStore:
+def _store(repo, views: tuple[str, ...], columns: tuple[str, ...] = ()) -> OnlineStore:
     location = StoreLocation(path=str(repo)).to_json()
-    return OnlineStore(FeatureSpec(location, views, ("card_id", "merchant_id"), ("amount", "hour", "channel"), ()))
+    return OnlineStore(FeatureSpec(location, views, ("card_id", "merchant_id"), ("amount", "hour", "channel"),
+                                   columns))
 
 
 def _rows(repo, n: int, seed: int) -> dict[str, list]:
@@ -155,14 +158,18 @@ def test_the_lean_read_of_redis_answers_what_feasts_get_online_features_answers(
 
 
 def test_a_joined_reads_answers_are_each_requests_own_and_say_how_many_it_carried(repo):
-    store = _store(repo, ("card_activity", "merchant_risk", "card_profile", "transaction_context"))
+    """Local: three requests read as one from Feast's sqlite store; each gets
+    the vectors (and problems) its rows get read alone."""
+    views = ("card_activity", "merchant_risk", "card_profile", "transaction_context")
+    store = _store(repo, views, tuple(f for v in _store(repo, views).views for f in v.features))
     requests = [_rows(repo, n, seed) for n, seed in ((1, 5), (3, 6), (2, 7))]
-    answers = store.read_many(requests)
+    answers = assemble_joined(store, requests, "default")
     assert [a.joined for a in answers] == [3, 3, 3]
     for rows, answer in zip(requests, answers, strict=True):
-        alone = store.read(rows)
-        assert (answer.values, answer.found, answer.timestamps) == (alone.values, alone.found, alone.timestamps)
-    assert store.read_many(requests[:1])[0].joined == 1
+        alone = store.assemble(rows, time.time(), "default")
+        assert (answer.vectors, answer.problems) == (alone.vectors, alone.problems)
+    assert any(answer.problems for answer in answers), "the unknown card of each request"
+    assert assemble_joined(store, requests[:1], "default")[0].joined == 1
 
 
 def test_values_materialised_after_the_reader_opened_are_read(tmp_path):

@@ -12,14 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kubeloop.front.coalescing import Coalescer
-from kubeloop.front.features import RequestError, Retrieved, concat_rows
+from kubeloop.front.features import RequestError, concat_rows
 
 
-def _echo(requests):  # noqa: ANN001, ANN202 - a read_many: each row's value is its card
+def _echo(requests):  # noqa: ANN001, ANN202 - a joined read: each row's value is its card
     joined, spans = concat_rows(requests)
-    whole = Retrieved({"card": list(joined["card_id"])}, {"v": [True] * len(joined["card_id"])},
-                      {"v": [None] * len(joined["card_id"])})
-    return [whole.rows(a, b) for a, b in spans]
+    return [joined["card_id"][a:b] for a, b in spans]
 
 
 def _reading(read_many, pool, **limits) -> Coalescer:  # noqa: ANN001 - how the router reads a store
@@ -31,8 +29,7 @@ def _reading(read_many, pool, **limits) -> Coalescer:  # noqa: ANN001 - how the 
 def test_rows_are_joined_and_each_request_gets_its_own_back():
     joined, spans = concat_rows([{"card_id": [1, 2], "hour": [3, 4]}, {"card_id": [5], "hour": [6]}])
     assert joined == {"card_id": [1, 2, 5], "hour": [3, 4, 6]} and spans == [(0, 2), (2, 3)]
-    parts = _echo([{"card_id": [1, 2]}, {"card_id": [5]}])
-    assert [p.values["card"] for p in parts] == [[1, 2], [5]] and parts[1].found == {"v": [True]}
+    assert _echo([{"card_id": [1, 2]}, {"card_id": [5]}]) == [[1, 2], [5]]
 
 
 def test_requests_arriving_during_a_read_share_the_next_one():
@@ -58,7 +55,7 @@ def test_requests_arriving_during_a_read_share_the_next_one():
 
     first, rest, reads = asyncio.run(go())
     assert calls == [1, 8] and reads == 2
-    assert first.values["card"] == [0] and [r.values["card"] for r in rest] == [[k, k] for k in range(1, 9)]
+    assert first == [0] and rest == [[k, k] for k in range(1, 9)]
 
 
 def test_a_read_takes_at_most_max_rows_and_the_rest_wait_for_the_next():
@@ -74,7 +71,7 @@ def test_a_read_takes_at_most_max_rows_and_the_rest_wait_for_the_next():
             return await asyncio.gather(*(coalescer.submit({"card_id": [k, k, k]}) for k in range(3)))
 
     answers = asyncio.run(go())
-    assert calls == [[3], [3], [3]] and [a.values["card"] for a in answers] == [[k] * 3 for k in range(3)]
+    assert calls == [[3], [3], [3]] and answers == [[k] * 3 for k in range(3)]
 
 
 def test_a_failed_read_fails_every_request_it_served_and_the_next_read_runs():
@@ -100,8 +97,8 @@ def test_a_failed_read_fails_every_request_it_served_and_the_next_read_runs():
             return await first, await joined, await coalescer.submit({"card_id": [3]})
 
     first, failed, later = asyncio.run(go())
-    assert first.values["card"] == [0]
-    assert [str(f) for f in failed] == ["redis went away"] * 2 and later.values["card"] == [3]
+    assert first == [0]
+    assert [str(f) for f in failed] == ["redis went away"] * 2 and later == [3]
 
 
 def test_a_lone_request_is_served_in_its_own_task_and_counts_as_a_call():

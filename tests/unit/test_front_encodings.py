@@ -325,12 +325,12 @@ def test_a_binary_entity_request_reads_the_online_store_and_answers_binary(tmp_p
         views = [ViewInfo("card_activity", ("avg_amount_7d",), ("card_id",))]
 
         def __init__(self, spec):  # noqa: ANN001 - FeatureSpec
-            pass
+            self.spec = spec
 
-        def read_many(self, requests):  # noqa: ANN001, ANN202 - OnlineStore's signature
-            return [Retrieved({"avg_amount_7d": [card / 2 for card in columns["card_id"]]},
-                              {"card_activity": [True] * len(columns["card_id"])},
-                              {"card_activity": [None] * len(columns["card_id"])}) for columns in requests]
+        def read(self, rows):  # noqa: ANN001, ANN202 - OnlineStore's signature
+            cards = rows["card_id"]
+            return Retrieved({"avg_amount_7d": [card / 2 for card in cards]}, {"card_activity": [True] * len(cards)},
+                             {"card_activity": [None] * len(cards)})
 
     monkeypatch.setattr(module, "OnlineStore", Store)
     spec = FeatureSpec(store="{}", views=("card_activity",), entities=("card_id",), request_columns=(),

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from kubeloop.api.signature import ModelSignature
-from kubeloop.front.features import (FeatureSpec, RequestError, Retrieved, ViewInfo, assemble, is_entity_request,
-                                       parse_rows, placeholder_row, tensor_request)
+from kubeloop.front.features import (FeatureSpec, RequestError, Retrieved, ViewInfo, assemble, assemble_each,
+                                     is_entity_request, parse_rows, placeholder_row, tensor_request)
 
 SPEC = FeatureSpec(store='{"path": "/repo"}', views=("card_activity", "merchant_risk", "context"),
                    entities=("card_id", "merchant_id"), request_columns=("amount", "channel"),
@@ -94,6 +94,25 @@ def test_reject_answers_422_naming_the_entity_and_the_view(data, words):
         assemble(SPEC, VIEWS, columns(), data, NOW, "reject")
     assert caught.value.status == 422 and words in str(caught.value) and "spec.features.missing" in str(caught.value)
     assert [p.view for p in caught.value.problems] == ["card_activity"]
+
+
+@pytest.mark.parametrize("policy", ["default", "reject"])
+def test_each_request_of_a_joined_read_gets_its_own_rows_and_only_its_own_problems(policy):
+    """Two one-row requests read as one: the second's card is unknown. Each
+    gets what assemble gives its row alone; under reject only the second is
+    refused, its problem at its own row 0."""
+    data = retrieved(found_card=(True, False))
+    first, second = assemble_each(SPEC, VIEWS, columns(), [(0, 1), (1, 2)], data, NOW, policy)
+    alone = assemble(SPEC, VIEWS, columns(1), Retrieved(*({k: v[:1] for k, v in t.items()} for t in (
+        data.values, data.found, data.timestamps))), NOW, policy)
+    assert (first.vectors, first.problems, first.joined) == (alone.vectors, [], 2)
+    problems = [("card_activity", 0, "missing", "card_id=8")]
+    if policy == "reject":
+        assert isinstance(second, RequestError) and second.status == 422 and "card_id=8" in str(second)
+        assert [(p.view, p.row, p.reason, p.entity) for p in second.problems] == problems
+    else:
+        assert second.vectors == [[0.2, 0.0, 0.0]] and second.joined == 2
+        assert [(p.view, p.row, p.reason, p.entity) for p in second.problems] == problems
 
 
 def test_a_feature_the_store_does_not_answer_is_an_error_naming_it():

@@ -448,12 +448,13 @@ def test_a_slow_online_read_does_not_hold_up_raw_requests(tmp_path, monkeypatch)
         views = [ViewInfo("card_activity", ("avg_amount_7d",), ("card_id",))]
 
         def __init__(self, spec):  # noqa: ANN001 - FeatureSpec
-            pass
+            self.spec = spec
 
-        def read_many(self, requests):  # noqa: ANN001, ANN202 - OnlineStore's signature
+        def read(self, rows):  # noqa: ANN001, ANN202 - OnlineStore's signature
             release.wait(timeout=30)
-            return [Retrieved({"avg_amount_7d": [1.0]}, {"card_activity": [True]}, {"card_activity": [None]})
-                    for _ in requests]
+            n = len(rows["card_id"])
+            return Retrieved({"avg_amount_7d": [1.0] * n}, {"card_activity": [True] * n},
+                             {"card_activity": [None] * n})
 
     monkeypatch.setattr(module, "OnlineStore", SlowStore)
     spec = FeatureSpec(store="{}", views=("card_activity",), entities=("card_id",), request_columns=(),
@@ -903,3 +904,18 @@ def test_a_paired_copy_never_takes_the_primarys_call_from_its_callers(tmp_path):
 
     idle, in_flight = asyncio.run(go())
     assert in_flight == 1 and idle
+
+
+@pytest.mark.parametrize("request_id", ["r1", None, 7])
+def test_an_entity_requests_rows_are_those_joinable_reads_from_its_triton_request(request_id):
+    """Backend-independent (local and cluster routers run this code): the
+    router hands the Triton coalescer an entity request's vectors as rows
+    without reading back the request it built of them."""
+    from kubeloop.front.batching import joinable
+    from kubeloop.front.features import Assembled, tensor_request
+    from kubeloop.front.router import _vector_rows
+
+    assembled = Assembled([[1.0, 2.5], [3.0, -4.0]], [], joined=2)
+    assert _vector_rows(assembled, 2, request_id) == joinable(tensor_request(assembled.vectors,
+                                                                             request_id=request_id))
+    assert _vector_rows(Assembled([[]], []), 0, None) is None is joinable(tensor_request([[]]))

@@ -97,7 +97,7 @@ from kubeloop.front import grpcserver
 from kubeloop.front.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.front.coalescing import Coalescer
 from kubeloop.front.encoding import REQUEST_HEADER, BinaryOutputs, decode_request, encode_answer, not_json, plain_request
-from kubeloop.front.features import (FeatureSpec, OnlineStore, RequestError, assemble, flat_values,
+from kubeloop.front.features import (Assembled, FeatureSpec, OnlineStore, RequestError, assemble_joined, flat_values,
                                      is_entity_request, parse_rows, tensor_request)
 from kubeloop.front.httpserver import Request, Response, Server, header_lines, json_response
 from kubeloop.front.pool import UNSERVED, Pool
@@ -656,7 +656,7 @@ class Router:
         labels = (c.service, c.model, route.version, route.role)
         try:
             sent = await self.model_request(route.version, payload, body)
-            status, answer = await self.call_triton(route.version, sent.body, sent.request, followed=sent.joined > 1)
+            status, answer = await self.call_triton(route.version, sent)
         except RequestError as exc:
             self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
             return json_response({"error": str(exc)}, exc.status)
@@ -719,23 +719,21 @@ class Router:
         store = await self.online_store(spec)
         started = time.perf_counter()
         try:
-            retrieved = await self._coalescer(spec, store).submit(columns)
+            assembled = await self._coalescer(spec, store).submit(columns)
         except RequestError:
             raise
         except Exception as exc:  # Feast's errors have no common base; the caller may retry
             log.warning("online feature retrieval failed: %s", exc)
             raise RequestError(503, f"the online feature store cannot be read: {exc}") from exc
-        try:
-            assembled = assemble(spec, store.views, columns, retrieved, time.time(), c.missing)
-        except RequestError as exc:
-            if count:
-                self._count_problems(exc.problems)
-            raise
-        self.metrics.series(self.metrics.retrieval, self._detail()[0]).observe(time.perf_counter() - started)
         if count:
             self._count_problems(assembled.problems)
-        request = tensor_request(assembled.vectors, request_id=payload.get("id"))
-        return Sent(orjson.dumps(request), request, columns, assembled.vectors, retrieved.joined)
+        if isinstance(assembled, RequestError):  # this request's rows alone, refused by the missing policy
+            raise assembled
+        self.metrics.series(self.metrics.retrieval, self._detail()[0]).observe(time.perf_counter() - started)
+        request_id = payload.get("id")
+        request = tensor_request(assembled.vectors, request_id=request_id)
+        return Sent(orjson.dumps(request), request, columns, assembled.vectors, assembled.joined,
+                    _vector_rows(assembled, len(spec.columns), request_id))
 
     def _coalescer(self, spec: FeatureSpec, store: OnlineStore) -> Coalescer:
         found = self.coalescers.get(spec)
@@ -743,23 +741,24 @@ class Router:
             service = self.config.service
             loop = asyncio.get_running_loop()
             found = self.coalescers[spec] = Coalescer(
-                lambda requests: loop.run_in_executor(self.retrieving, store.read_many, requests),
+                lambda requests: loop.run_in_executor(self.retrieving, assemble_joined, store, requests,
+                                                      self.config.missing),
                 rows=lambda columns: len(next(iter(columns.values()))), waiting_for="the online store",
                 on_refused=lambda: self.metrics.features_refused.labels(service).inc())
         return found
 
-    async def call_triton(self, version: str, body: bytes, request: dict, mirror: bool = False,
-                          followed: bool = False) -> tuple[int, bytes]:
+    async def call_triton(self, version: str, sent: "Sent", mirror: bool = False) -> tuple[int, bytes]:
         """Triton's status and answer for one request to a version; joined
         with others waiting for the version when its rows can be. A mirror
         (shadow, paired) finding the version idle goes past it instead of
         taking its one call: a caller arriving meanwhile must not wait behind
         a copy (at concurrency 1 that raised the front's p99 by a third
-        during a rollout). followed: others follow it in this turn of the
-        event loop (the requests of one joined read), so it waits for them
-        to share a call even when the version is idle: going alone, the
-        first of each read took a call of its own (4.1 requests a call
-        against 5.5 for raw vectors at 16 callers)."""
+        during a rollout). The requests of one joined read follow each other
+        in this turn of the event loop, so they wait to share a call even
+        when the version is idle: going alone, the first of each read took
+        a call of its own (4.1 requests a call against 5.5 for raw vectors
+        at 16 callers)."""
+        body, followed = sent.body, sent.joined > 1
         upstream = self.upstreams.get(version)
         if upstream is None:
             service = self.config.service
@@ -773,7 +772,7 @@ class Router:
             return (await self._post_joined(version, [(None, body)]))[0]
         if upstream.idle and not followed:  # it goes alone, as sent: whether it could join others does not matter
             return await upstream.submit((None, body))
-        rows = joinable(request)
+        rows = sent.rows or joinable(sent.request)
         if rows is None:  # a call of its own, past the queue: it could not join one
             [answer] = await self._post_joined(version, [(None, body)])
             return answer
@@ -829,7 +828,7 @@ class Router:
         started = time.perf_counter()
         try:
             sent = await self.model_request(to.version, payload, body, count=False)
-            status, answer = await self.call_triton(to.version, sent.body, sent.request, mirror=True)
+            status, answer = await self.call_triton(to.version, sent, mirror=True)
         except RequestError as exc:
             self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
             return
@@ -953,6 +952,17 @@ class Sent(NamedTuple):
     """An entity request's vectors assembled from the online store."""
     joined: int = 1
     """The requests its online read carried."""
+    rows: Rows | None = None
+    """An entity request's vectors as joinable rows."""
+
+
+def _vector_rows(assembled: Assembled, width: int, request_id: object) -> Rows | None:
+    """An entity request's vectors as the rows batching.joinable reads from
+    the request tensor_request builds of them, without reading it back."""
+    if not width or not assembled.vectors:
+        return None
+    return Rows("features", "FP32", width, [v for row in assembled.vectors for v in row],
+                request_id if isinstance(request_id, str) else None)
 
 
 class Front(NamedTuple):

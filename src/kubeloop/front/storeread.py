@@ -30,6 +30,8 @@ from typing import Sequence
 KEYS_KEPT = 16_384
 """Converted entity keys kept (least recently used dropped; a dropped key is
 converted again, nothing else is lost)."""
+TIMES_KEPT = 4_096
+"""Converted event times kept, as keys are."""
 
 
 @lru_cache(maxsize=KEYS_KEPT)
@@ -119,12 +121,18 @@ class SqliteViews:
 
 
 def _answer(entry: list | None, convert) -> tuple:  # noqa: ANN001 - feast's sqlite timestamp converter
-    """(event time, values) as Feast's sqlite store answers: its converter's
-    time, marked UTC when it has no zone."""
-    if entry is None:
-        return None, None
-    ts: datetime = convert(entry[0])
-    return (ts.astimezone(timezone.utc) if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)), entry[1]
+    """(event time, values) as Feast's sqlite store answers."""
+    return (None, None) if entry is None else (_event_time(entry[0], convert), entry[1])
+
+
+@lru_cache(maxsize=TIMES_KEPT)
+def _event_time(stored, convert) -> datetime:  # noqa: ANN001 - a stored event_ts, feast's converter
+    """A stored event time as Feast's sqlite store answers it: its
+    converter's time, marked UTC when it has no zone. Kept: a view's rows
+    share a few event times (a batch job's), and converting each row's
+    again was 14 us of a five-row read's 93."""
+    ts: datetime = convert(stored)
+    return ts.astimezone(timezone.utc) if ts.tzinfo is not None else ts.replace(tzinfo=timezone.utc)
 
 
 class RedisViews:
