@@ -190,6 +190,8 @@ def flat_values(data: list) -> list:
 def _column(tensor: dict) -> list:
     data = tensor.get("data")
     shape = tensor.get("shape")
+    if type(data) is list and shape == [len(data)] and (not data or type(data[0]) is not list):
+        return data  # shape [rows], flat: what nearly every caller sends, checked in one step
     if not isinstance(data, list):
         raise RequestError(400, f"input {tensor.get('name')}: data must be a list")
     flat = flat_values(data)

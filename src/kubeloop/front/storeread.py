@@ -109,13 +109,12 @@ class SqliteViews:
         with self.lock:
             rows = self._connect().execute(" UNION ALL ".join(parts), [k for ks in keys for k in ks]).fetchall()
         found: list[dict[bytes, list]] = [{} for _ in self.tables]
+        parse = self.value.FromString
         for view, key, feature, blob, ts in rows:
             entry = found[view].get(key)
             if entry is None:
-                entry = found[view][key] = [None, {}]
-            value = self.value()
-            value.ParseFromString(blob)
-            entry[1][feature] = value
+                entry = found[view][key] = [ts, {}]
+            entry[1][feature] = parse(blob)
             entry[0] = ts  # Feast keeps the last row's time
         return [[_answer(by_key.get(k), self.convert) for k in ks] for by_key, ks in zip(found, keys, strict=True)]
 
