@@ -26,6 +26,8 @@ from kubeloop.api.signature import MISSING_VALUE as TRAINING_DEFAULT
 from kubeloop.featurestore.freshness import published
 
 Policy = Literal["default", "reject"]
+VECTOR_INPUT, VECTOR_DATATYPE = "features", "FP32"
+"""The tensor an entity request's vectors reach Triton as."""
 log = logging.getLogger("kubeloop.features")
 _PLACEHOLDERS = {"INT32": 0, "INT64": 0, "FLOAT": 0.0, "DOUBLE": 0.0, "STRING": "", "BOOL": False, "BYTES": b""}
 """A value of each scalar Feast value type, for the read that readies a store (OnlineStore)."""
@@ -154,7 +156,7 @@ class Assembled:
     """The requests whose rows the read that answered this carried."""
 
 
-def is_entity_request(payload: dict, input_name: str = "features") -> bool:
+def is_entity_request(payload: dict, input_name: str = VECTOR_INPUT) -> bool:
     """Whether a v2 request carries columns rather than the model's input tensor."""
     inputs = payload.get("inputs")
     return isinstance(inputs, list) and bool(inputs) and all(
@@ -309,10 +311,10 @@ def placeholder_row(columns: Sequence[str], types: dict[str, str]) -> dict[str, 
     return {c: [_PLACEHOLDERS[types[c]]] for c in columns}
 
 
-def tensor_request(vectors: list[list[float]], input_name: str = "features", request_id: str | None = None) -> dict:
+def tensor_request(vectors: list[list[float]], input_name: str = VECTOR_INPUT, request_id: str | None = None) -> dict:
     """The v2 request Triton takes: the vectors as one FP32 tensor."""
     body = {"inputs": [{"name": input_name, "shape": [len(vectors), len(vectors[0]) if vectors else 0],
-                        "datatype": "FP32", "data": vectors}]}
+                        "datatype": VECTOR_DATATYPE, "data": vectors}]}
     if request_id:
         body["id"] = request_id
     return body

@@ -97,8 +97,8 @@ from kubeloop.front import grpcserver
 from kubeloop.front.batching import HEADER_LENGTH, Rows, join, joinable, split
 from kubeloop.front.coalescing import Coalescer
 from kubeloop.front.encoding import REQUEST_HEADER, BinaryOutputs, decode_request, encode_answer, not_json, plain_request
-from kubeloop.front.features import (Assembled, FeatureSpec, OnlineStore, RequestError, assemble_joined, flat_values,
-                                     is_entity_request, parse_rows, tensor_request)
+from kubeloop.front.features import (VECTOR_DATATYPE, VECTOR_INPUT, Assembled, FeatureSpec, OnlineStore, RequestError,
+                                     assemble_joined, flat_values, is_entity_request, parse_rows, tensor_request)
 from kubeloop.front.httpserver import Request, Response, Server, header_lines, json_response
 from kubeloop.front.pool import UNSERVED, Pool
 from kubeloop.front.upstream import Upstreams, UpstreamError
@@ -961,7 +961,7 @@ def _vector_rows(assembled: Assembled, width: int, request_id: object) -> Rows |
     the request tensor_request builds of them, without reading it back."""
     if not width or not assembled.vectors:
         return None
-    return Rows("features", "FP32", width, [v for row in assembled.vectors for v in row],
+    return Rows(VECTOR_INPUT, VECTOR_DATATYPE, width, [v for row in assembled.vectors for v in row],
                 request_id if isinstance(request_id, str) else None)
 
 

@@ -113,7 +113,7 @@ class SqliteViews:
         for view, key, feature, blob, ts in rows:
             entry = found[view].get(key)
             if entry is None:
-                entry = found[view][key] = [ts, {}]
+                entry = found[view][key] = [None, {}]
             entry[1][feature] = parse(blob)
             entry[0] = ts  # Feast keeps the last row's time
         return [[_answer(by_key.get(k), self.convert) for k in ks] for by_key, ks in zip(found, keys, strict=True)]
