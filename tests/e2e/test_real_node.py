@@ -58,12 +58,14 @@ class RealPlatform:
 
     def __init__(self, state_dir: Path):
         self.platform = Platform(state_dir, real_node=True)
-        self.sysctls_before = sysctls()
         wait_for(self._up, timeout=900, interval=5, what="this machine's one real node to be free")
         self.kube = self.platform.kube()
 
     def _up(self) -> bool:
         """Up, or False while another test run's real node holds the machine."""
+        # Read at each try: while another worker's node holds the host, the
+        # sysctls are that node's, and its teardown puts the host's back.
+        self.sysctls_before = sysctls()
         try:
             self.platform.up()
             return True
