@@ -3,7 +3,7 @@
     python -m tests.bench.gpu_suite [--quick] [--json PATH]   # standalone, e.g. on a GPU machine
     python -m tests.bench gpu [--quick]                       # within `make bench`
 
-Three tables, for the built-in MLP (the fraud example's width: 20 features,
+Four tables, for the built-in MLP (the fraud example's width: 20 features,
 binary) and a team module (examples/maintenance's residual MLP: 13 features,
 4 classes), on synthetic rows of those shapes:
 
@@ -21,6 +21,9 @@ binary) and a team module (examples/maintenance's residual MLP: 13 features,
    batch sizes (allocator peaks, the whole process as NVML sees it, and the
    CUDA context that leaves), against the footprint placement plans MIG
    slices with today (components.benchmark.estimated_footprint_mib).
+4. pooled GPU memory: what each further model costs a process that holds
+   POOLED_MODELS of them (a pool member whose backend runs its models in
+   the server's process), against a process of its own per model (table 3).
 
 Imports only the standard library, torch, onnx, onnxruntime, numpy and
 kubeloop modules built on those (a GPU machine has no pydantic, kopf or
@@ -365,6 +368,66 @@ def _device_used_mib() -> float | None:
         return None
 
 
+# -- 4. pooled GPU memory ---------------------------------------------------
+
+POOLED_MODELS = 64
+"""Models the pool probe's one process loads, as a pool member holds many."""
+POOL_MEMBERS, POOL_SERVICES = 4, 1000
+"""Issue 32's pool: 1,000 models on four members."""
+
+
+def pooled(device: torch.device, size: Sizes, workdir: Path, memory_row: dict) -> dict:
+    """A fresh process holding POOLED_MODELS copies of the model (table 3's
+    saved one) against table 3's process of its own, and what 1,000 models
+    would take either way, held at once, computed from those two readings."""
+    out = {"models": POOLED_MODELS, "batch": max(size.batches)}
+    own = memory_row["measured"]["process_mib"] if isinstance(memory_row["measured"], dict) else None
+    if device.type != "cuda":
+        return {**out, "measured": NO_GPU}
+    probe = subprocess.run([sys.executable, "-m", "tests.bench.gpu_suite", "--probe-pool", str(workdir / "served"),
+                            "--batches", str(out["batch"]), "--models", str(POOLED_MODELS)],
+                           cwd=REPO, capture_output=True, text=True)
+    if probe.returncode != 0:
+        return {**out, "measured": f"not measured: the probe failed: {probe.stderr.strip()[-300:]}"}
+    measured = json.loads(probe.stdout.splitlines()[-1])
+    out["measured"] = measured
+    if own and measured["process_mib"] is not None:
+        shared = POOL_MEMBERS * (measured["context_mib"] + measured["first_model_mib"])
+        pool = shared + (POOL_SERVICES - POOL_MEMBERS) * measured["further_model_mib"]
+        out.update(own_process_mib=own, thousand={"own_processes_mib": round(POOL_SERVICES * own),
+                                                  "pool_mib": round(pool), "ratio": round(POOL_SERVICES * own / pool, 1)})
+    return out
+
+
+def probe_pool(folder: Path, batch: int, models: int) -> dict:
+    """In a fresh process: CUDA started, then `models` copies of the model
+    loaded one after another, each answering a batch, the device read after
+    each (NVML, as nvidia-smi). The first load also brings the kernels and
+    cuBLAS's workspace that the later ones share; a further model costs its
+    weights and what the allocator rounds them up to."""
+    device = torch.device("cuda")
+    before = _device_used_mib()
+    torch.zeros(1, device=device)
+    torch.cuda.synchronize()
+    started = _device_used_mib()
+    held, used, allocated = [], [], []
+    for _ in range(models):
+        model = load_model(folder).to(device)
+        predict = torch_predict(model, device)
+        x = np.random.default_rng(0).normal(size=(batch, model.architecture.n_inputs)).astype(np.float32)
+        predict(x)
+        torch.cuda.synchronize()
+        held.append((model, predict))
+        used.append(_device_used_mib())
+        allocated.append(torch.cuda.memory_allocated() / MIB)
+    further = models - 1
+    out = {"allocated_per_model_mib": round((allocated[-1] - allocated[0]) / further, 3), "process_mib": None}
+    if before is None or started is None or None in used:
+        return out
+    return {**out, "context_mib": round(started - before, 1), "first_model_mib": round(used[0] - started, 1),
+            "further_model_mib": round((used[-1] - used[0]) / further, 3), "process_mib": round(used[-1] - before, 1)}
+
+
 # -- the run ----------------------------------------------------------------
 
 def _backend(device: torch.device) -> str:
@@ -383,8 +446,10 @@ def measure_case(case: Case, device: torch.device, size: Sizes, workdir: Path, s
     say(f"gpu suite: {case.name}: variants against fp32 eager, {RUNS} interleaved measurements")
     served = inference(model, x, device, size, workdir)
     say(f"gpu suite: {case.name}: memory")
-    return {"training": trained, "inference": served,
-            "memory": memory(model, case.n_features, device, size, workdir)}
+    served_memory = memory(model, case.n_features, device, size, workdir)
+    say(f"gpu suite: {case.name}: {POOLED_MODELS} models in one process")
+    return {"training": trained, "inference": served, "memory": served_memory,
+            "pooled": pooled(device, size, workdir, served_memory)}
 
 
 def run(context, console, quick: bool = False) -> dict:  # noqa: ANN001 - tests.bench's Context, rich Console or None
@@ -406,9 +471,9 @@ def run(context, console, quick: bool = False) -> dict:  # noqa: ANN001 - tests.
 # -- tables -----------------------------------------------------------------
 
 def tables(results: dict) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, columns, rows) of the three tables, from the results alone."""
+    """(title, columns, rows) of the four tables, from the results alone."""
     device = results["device"]
-    train_rows, infer_rows, memory_rows = [], [], []
+    train_rows, infer_rows, memory_rows, pool_rows = [], [], [], []
     for name, case in results["cases"].items():
         t = case["training"]
         train_rows.append([name, t["backend"], _fig(t["fp32"]), f"{t['precision']}: {_fig(t['autocast'])}",
@@ -422,6 +487,7 @@ def tables(results: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 infer_rows.append([name, f"{technique} ({row['runtime']})", f"b{b}", _fig(fig["p50_ms"]),
                                    _fig(fig["speedup"]), f"{fig['rows_per_s']:,}"])
         memory_rows.append(_memory_row(name, case["memory"]))
+        pool_rows.append(_pooled_row(name, case["pooled"]))
         assumed = case["memory"]["no_footprint_mib"]
     return [
         (f"GPU suite: training samples/s, fp32 vs autocast ({device})",
@@ -433,6 +499,10 @@ def tables(results: dict) -> list[tuple[str, list[str], list[list[str]]]]:
          ["model", "batch", "estimate (placement)", "optimiser's GPU figure", "measured process",
           "allocated / reserved peak", "context", "estimate / measured", "MIG profile est. / measured"],
          memory_rows),
+        (f"GPU suite: pooled GPU memory, {POOLED_MODELS} models in one process against a process of its own "
+         f"per model; {POOL_SERVICES:,} models held at once on {POOL_MEMBERS} members computed from them",
+         ["model", "batch", "context", "first model", "each further model (device / allocated)",
+          "own process per model", f"{POOL_SERVICES:,} models: own processes / pool"], pool_rows),
     ]
 
 
@@ -447,6 +517,20 @@ def _memory_row(name: str, m: dict) -> list[str]:
             f"{got['context_mib']} MiB" if got["context_mib"] is not None else "-",
             f"{m['ratio_estimate_to_measured']}x",
             f"{m['mig_profile']['estimate']} / {m['mig_profile']['measured']} ({m['profiles_of']})"]
+
+
+def _pooled_row(name: str, p: dict) -> list[str]:
+    got = p["measured"]
+    if not isinstance(got, dict):
+        return [name, str(p["batch"]), got, "", "", "", ""]
+    if got["process_mib"] is None:
+        return [name, str(p["batch"]), "not measurable (no NVML)", "", f"- / {got['allocated_per_model_mib']} MiB",
+                "", ""]
+    thousand = p.get("thousand")
+    return [name, str(p["batch"]), f"{got['context_mib']} MiB", f"{got['first_model_mib']} MiB",
+            f"{got['further_model_mib']} / {got['allocated_per_model_mib']} MiB",
+            f"{p['own_process_mib']} MiB" if thousand else "-",
+            f"{thousand['own_processes_mib']:,} / {thousand['pool_mib']:,} MiB ({thousand['ratio']}x)" if thousand else "-"]
 
 
 def _fig(f: dict) -> str:
@@ -488,8 +572,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--json", type=Path, default=REPO / "bench-results" / "gpu.json", help="results file")
     parser.add_argument("--probe-memory", type=Path, help=argparse.SUPPRESS)  # the memory table's child process
+    parser.add_argument("--probe-pool", type=Path, help=argparse.SUPPRESS)  # the pooled table's child process
     parser.add_argument("--batches", default="1", help=argparse.SUPPRESS)
+    parser.add_argument("--models", type=int, default=POOLED_MODELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.probe_pool:
+        print(json.dumps(probe_pool(args.probe_pool, int(args.batches), args.models)))
+        return
     if args.probe_memory:
         print(json.dumps(probe_memory(args.probe_memory, [int(b) for b in args.batches.split(",")])))
         return

@@ -55,7 +55,7 @@ def _finite_positive(figure: dict) -> bool:
 
 
 def test_every_row_is_there_and_gpu_rows_say_not_measured_without_a_gpu(standalone):
-    """Both models, the three tables; without CUDA every GPU row says so
+    """Both models, the four tables; without CUDA every GPU row says so
     instead of showing a CPU figure, and the CPU rows hold positive, finite
     ratios against a baseline of the same run."""
     results, gpu = standalone["results"], torch.cuda.is_available()
@@ -80,13 +80,16 @@ def test_every_row_is_there_and_gpu_rows_say_not_measured_without_a_gpu(standalo
         memory = case["memory"]
         assert memory["estimate_mib"] > memory["assumed_context_mib"]
         assert memory["measured"] == gpu_suite.NO_GPU if not gpu else memory["measured"]["peak_allocated_mib"] > 0
+        pooled = case["pooled"]
+        assert pooled["models"] == gpu_suite.POOLED_MODELS
+        assert pooled["measured"] == gpu_suite.NO_GPU if not gpu else pooled["measured"]["allocated_per_model_mib"] > 0
 
 
 def test_standalone_needs_none_of_what_a_gpu_machine_lacks(standalone):
     """It ran with those imports failing: plain-text tables (no rich), and the
     one figure whose module needs pydantic says so instead of failing."""
     out = standalone["stdout"]
-    assert "GPU suite: training samples/s" in out and "┏" not in out
+    assert "GPU suite: training samples/s" in out and "GPU suite: pooled GPU memory" in out and "┏" not in out
     for case in standalone["results"]["cases"].values():
         assert case["memory"]["no_footprint_mib"] == "not read: kubeloop.gpu.placement needs pydantic"
 
