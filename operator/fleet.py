@@ -13,11 +13,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
+from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.gpu.dra import DRIVER, free_partitions
 from kubeloop.gpu.placement import NodeInfo
 from kubeloop.kube import Informer, Kube
-from kubeloop.serving.builders.workloads import LABEL_SERVING
+from kubeloop.serving.builders.workloads import LABEL_SERVING, container_troubles
 
 GPU_PREFIX = "nvidia.com/"
 DRA = "resource.k8s.io/v1"
@@ -25,13 +26,16 @@ DRA = "resource.k8s.io/v1"
 
 @dataclass(frozen=True)
 class PodUse:
-    """A scheduled, live Pod: its GPU limits, and which InferenceService serves through it."""
+    """A scheduled, live Pod: its GPU limits, and which InferenceService
+    serves through it, in which role, with what troubles in its containers."""
 
     namespace: str
     name: str
     node: str
     serving: str | None
     gpus: tuple[tuple[str, int], ...]
+    role: str | None = None
+    troubles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,18 @@ def pod_use(pod: dict) -> PodUse | None:
         for name, value in container.get("resources", {}).get("limits", {}).items():
             if name.startswith(GPU_PREFIX):
                 gpus[name] += _count(value)
-    serving = metadata.get("labels", {}).get(LABEL_SERVING)
+    labels = metadata.get("labels", {})
+    serving = labels.get(LABEL_SERVING)
     if not gpus and serving is None:
         return None
-    return PodUse(metadata.get("namespace", ""), metadata["name"], node, serving, tuple(sorted(gpus.items())))
+    troubles = tuple(container_troubles([pod])) if serving is not None else ()
+    return PodUse(metadata.get("namespace", ""), metadata["name"], node, serving, tuple(sorted(gpus.items())),
+                  labels.get(LABEL_ROLE), troubles)
+
+
+def _serving_role(use: PodUse) -> tuple[str, str, str] | None:
+    """Where FleetView.troubles looks a serving Pod up."""
+    return (use.namespace, use.serving, use.role) if use.serving is not None else None
 
 
 def node_gpus(node: dict) -> NodeGPUs:
@@ -139,7 +151,7 @@ class FleetView:
     per resync."""
 
     def __init__(self, kube: Kube, dra: bool = False):
-        self.pods = Informer(kube, "v1", "Pod", pod_use)
+        self.pods = Informer(kube, "v1", "Pod", pod_use, index=_serving_role)
         self.nodes = Informer(kube, "v1", "Node", node_gpus)
         self.claims = Informer(kube, DRA, "ResourceClaim", claim_use) if dra else None
         self.slices = Informer(kube, DRA, "ResourceSlice", driver_slice) if dra else None
@@ -155,6 +167,14 @@ class FleetView:
     def stop(self) -> None:
         for informer in self._informers():
             informer.stop()
+
+    def troubles(self, ref: ObjectRef, role: str) -> list[str]:
+        """What went wrong in the containers of a role's live Pods (see
+        container_troubles), from the watch: a LIST of the namespace's Pods
+        by label for every reconcile of every service made the API server
+        filter every Pod there each time."""
+        pods = self.pods.indexed((ref.namespace, ref.name, role))
+        return [trouble for pod in sorted(pods, key=lambda p: p.name) for trouble in pod.troubles]
 
     def __call__(self, excluding: ObjectRef | None = None) -> list[NodeInfo]:
         claims = self.claims.values() if self.claims else ()

@@ -14,7 +14,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
 
 import kubernetes
 import urllib3
@@ -111,6 +111,10 @@ def resource_type(api_version: str, kind: str) -> ResourceType:
         raise ValueError(f"kubeloop does not manage {kind} in {api_version}") from None
 
 
+CONNECTIONS_KEPT = 32
+"""Kept-alive connections to the API server: more than the operator's threads that talk to it at once."""
+
+
 class Kube:
     """A small, typed-by-convention client: objects are plain dicts."""
 
@@ -118,7 +122,12 @@ class Kube:
         # Failures surface at once; callers decide about retrying (kopf's
         # backoff in the operator, polling loops elsewhere).
         api_client.configuration.retries = 0
-        api_client.rest_client.pool_manager.connection_pool_kw["retries"] = 0
+        pool = api_client.rest_client.pool_manager.connection_pool_kw
+        pool["retries"] = 0
+        # The client keeps 5 connections a core: on 2 cores the operator's
+        # handler, resync and watch threads found the pool full and each
+        # discarded connection cost a TLS handshake to make again.
+        pool["maxsize"] = max(pool.get("maxsize") or 0, CONNECTIONS_KEPT)
         self._api = api_client
 
     @classmethod
@@ -261,11 +270,12 @@ class Kube:
 
     def healthy(self) -> bool:
         try:
-            return self._raw_get("/readyz") == "ok"
+            return self.text("/readyz") == "ok"
         except KubeError:
             return False
 
-    def _raw_get(self, path: str) -> str:
+    def text(self, path: str) -> str:
+        """A GET of one of the API server's own text routes (/readyz, /metrics)."""
         return self._call("GET", path, headers={"Accept": "*/*"}, timeout=5).data.decode()
 
 
@@ -299,13 +309,17 @@ class Informer(Generic[T]):
     that version (410) or the connection failed. `keep` reduces each object to
     what the reader needs (None: not kept), so memory follows what matters,
     not the size of the cluster. Reads never call the API server; while it is
-    unreachable they see the last state it sent, and the log says why."""
+    unreachable they see the last state it sent, and the log says why.
+    `index` files each kept object under a key (None: under none), so a
+    reader asking for one key's objects does not scan them all."""
 
     def __init__(self, kube: Kube, api_version: str, kind: str, keep: Callable[[dict], T | None],
-                 watch_seconds: int = 60):
+                 watch_seconds: int = 60, index: Callable[[T], Hashable | None] | None = None):
         self._kube, self._api_version, self._kind = kube, api_version, kind
         self._keep, self._watch_seconds = keep, watch_seconds
+        self._index_of = index
         self._items: dict[str, T] = {}
+        self._index: dict[Hashable, dict[str, T]] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
         self._stopping = threading.Event()
@@ -323,10 +337,33 @@ class Informer(Generic[T]):
 
     def values(self, timeout: float = 30) -> list[T]:
         """What is kept of every object, once the first LIST has arrived."""
-        if not self._synced.wait(timeout):
-            raise KubeError(0, "NotSynced", f"no {self._kind} list within {timeout:.0f} s: {self._error}")
+        self._wait_synced(timeout)
         with self._lock:
             return list(self._items.values())
+
+    def indexed(self, key: Hashable, timeout: float = 30) -> list[T]:
+        """What is kept of the objects `index` files under key, once the first LIST has arrived."""
+        self._wait_synced(timeout)
+        with self._lock:
+            return list(self._index.get(key, {}).values())
+
+    def _wait_synced(self, timeout: float) -> None:
+        if not self._synced.wait(timeout):
+            raise KubeError(0, "NotSynced", f"no {self._kind} list within {timeout:.0f} s: {self._error}")
+
+    def _file(self, uid: str, kept: T | None) -> None:
+        """Keep (or, for None, forget) an object, and refile it; under the lock."""
+        old = self._items.pop(uid, None)
+        if old is not None and self._index_of and (key := self._index_of(old)) is not None:
+            filed = self._index[key]
+            filed.pop(uid, None)
+            if not filed:
+                del self._index[key]
+        if kept is None:
+            return
+        self._items[uid] = kept
+        if self._index_of and (key := self._index_of(kept)) is not None:
+            self._index.setdefault(key, {})[uid] = kept
 
     def _run(self) -> None:
         delay = 0.5
@@ -351,7 +388,9 @@ class Informer(Generic[T]):
         self.lists += 1
         kept = {o["metadata"]["uid"]: k for o in objects if (k := self._keep(o)) is not None}
         with self._lock:
-            self._items = kept
+            self._items, self._index = {}, {}
+            for uid, item in kept.items():
+                self._file(uid, item)
         self._synced.set()
         return version
 
@@ -365,10 +404,7 @@ class Informer(Generic[T]):
             version = obj["metadata"]["resourceVersion"]
             kept = None if kind == "DELETED" else self._keep(obj)
             with self._lock:
-                if kept is None:
-                    self._items.pop(obj["metadata"]["uid"], None)
-                else:
-                    self._items[obj["metadata"]["uid"]] = kept
+                self._file(obj["metadata"]["uid"], kept)
             if self._stopping.is_set():
                 break
         return version

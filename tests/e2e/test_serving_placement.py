@@ -121,6 +121,23 @@ def test_a_canary_splits_by_replica_ratio(kube, namespace, model, operator):
     assert versions == {"primary": "1", "canary": "2"}
     service = kube.get("v1", "Service", "canary", namespace)
     assert service["spec"]["selector"] == {"kubeloop.dev/inferenceservice": "canary"}
+    # Resyncs that want the same children list none of them; the canary's end changes what is wanted, and
+    # its Deployment goes.
+    kube.merge_patch(API_VERSION, "InferenceService", "canary", {"spec": {"canary": None}}, namespace)
+    wait_for(lambda: kube.get("apps/v1", "Deployment", "canary-predictor-canary", namespace) is None, timeout=60,
+             what="the canary's Deployment deleted once the spec no longer has a canary")
+    assert kube.get("apps/v1", "Deployment", "canary-predictor", namespace)
+    # A child is read, not applied, while it is as last applied: an edit by hand or a deletion is applied over
+    # at the next resync. Ready with one version, the service is steady: no kopf timer of its own, resynced by
+    # the operator's steady-resync thread.
+    wait_for(lambda: (s := _status(kube, namespace, "canary")).get("phase") == "Ready" and not s.get("canaryVersion"),
+             timeout=60, what="the service steady: Ready, no canary")
+    kube.merge_patch("v1", "Service", "canary", {"spec": {"selector": {"kubeloop.dev/inferenceservice": "x"}}},
+                     namespace)
+    wait_for(lambda: kube.get("v1", "Service", "canary", namespace)["spec"]["selector"]
+             == {"kubeloop.dev/inferenceservice": "canary"}, timeout=60, what="the edited Service's selector restored")
+    kube.delete("v1", "Service", "canary", namespace)
+    wait_for(lambda: kube.get("v1", "Service", "canary", namespace), timeout=60, what="the deleted Service made again")
 
 
 def _status(kube, namespace: str, name: str) -> dict:

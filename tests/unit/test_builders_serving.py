@@ -330,3 +330,130 @@ def test_the_paired_share_keeps_the_extra_load_at_five_percent_of_requests(canar
 
     assert compare_percent(canary) == paired
     assert canary * paired / 100 <= 5 or canary < 5
+
+
+def test_the_backends_list_a_services_children_for_unwanted_ones_only_when_what_it_wants_changed():
+    """Cluster path (backends, objects in memory): once a service's unwanted
+    children are gone, reconciles that want the same children list none of
+    its kinds (at 5,000 services those LISTs were most of what the API server
+    was asked); a canary that leaves, an operator that starts again, or a
+    move to the other backend and back lists again, and what is unwanted goes."""
+    from kubeloop.serving.base import ServedVersion, ServingRequest
+    from kubeloop.serving.steady import CleanedUp
+    from kubeloop.serving.kserve import KServeServing
+    from kubeloop.serving.kubernetes import KubernetesServing
+    from tests.unit.fakes import FakeObjects
+
+    class Counting(FakeObjects):
+        def __init__(self):
+            super().__init__()
+            self.listed = []
+
+        def list(self, api_version, kind, namespace=None, label_selector=None, field_selector=None):  # noqa: ANN001
+            if kind != "Pod":
+                self.listed.append(kind)
+            return super().list(api_version, kind, namespace, label_selector, field_selector)
+
+    objects, cleaned = Counting(), CleanedUp()
+    backend = KubernetesServing(objects, ServingImages(), cleaned=cleaned)
+    both = ServingRequest(REF, spec(canary={"alias": "challenger", "percent": 20}),
+                          (ServedVersion("primary", V1, 80), ServedVersion("canary", V2, 20)), CPU)
+    alone = ServingRequest(REF, spec(), (ServedVersion("primary", V1, 100),), CPU)
+
+    def listed(serving, request) -> list[str]:  # noqa: ANN001
+        objects.listed.clear()
+        serving.ensure(request)
+        return sorted(objects.listed)
+
+    owned = sorted(["Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"])
+    assert listed(backend, both) == owned
+    assert listed(backend, both) == []
+    assert ("Deployment", "ml", "fraud-predictor-canary") in objects.objects
+    assert listed(backend, alone) == owned
+    assert ("Deployment", "ml", "fraud-predictor-canary") not in objects.objects
+    assert listed(backend, alone) == []
+    assert listed(KubernetesServing(objects, ServingImages()), alone) == owned  # a new process remembers nothing
+    kserve = KServeServing(objects, ServingImages(), cleaned=cleaned)
+    assert "InferenceService" in listed(kserve, alone)
+    assert ("Deployment", "ml", "fraud-predictor") not in objects.objects  # the kubernetes backend's went
+    assert listed(backend, alone) == owned
+    backend.delete(REF)
+    assert listed(backend, alone) == owned
+
+
+def test_the_clean_up_record_is_bounded_and_a_dropped_service_is_listed_again():
+    """Unit: beyond its bound the least recently cleaned service is dropped;
+    that one is due again (listed once more), the others are not."""
+    from kubeloop.serving.steady import CleanedUp
+
+    cleaned = CleanedUp(kept=2)
+    refs = [ObjectRef("InferenceService", "ml", f"s{i}", f"uid-{i}") for i in range(3)]
+    wanted = ("kubernetes", frozenset({("Deployment", "x")}))
+    for ref in refs:
+        cleaned.done(ref, wanted)
+    assert [cleaned.due(ref, wanted) for ref in refs] == [True, False, False]
+
+
+def test_a_child_nobody_changed_since_its_apply_is_read_not_applied_again():
+    """Unit (an API in memory that versions what it holds): the same object
+    applied again is one GET; a change by anyone else, a changed object, a
+    deleted child or a new process applies again; each answer is the object as held."""
+    import copy
+
+    from kubeloop.serving.steady import Applied
+
+    class Versioned:
+        def __init__(self):
+            self.held, self.version, self.calls = {}, 0, []
+
+        def _bump(self, obj: dict) -> dict:
+            self.version += 1
+            obj["metadata"]["resourceVersion"] = str(self.version)
+            self.held[obj["metadata"]["name"]] = obj
+            return copy.deepcopy(obj)
+
+        def apply(self, obj: dict) -> dict:
+            self.calls.append("apply")
+            return self._bump({**copy.deepcopy(obj), "status": {"ready": 1}})
+
+        def get(self, api_version, kind, name, namespace=None):  # noqa: ANN001
+            self.calls.append("get")
+            return copy.deepcopy(self.held.get(name))
+
+    kube = Versioned()
+    applied = Applied(kube)
+    obj = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "ml"}, "spec": {"a": 1}}
+
+    def calls(child: dict, by: Applied = applied) -> list[str]:
+        kube.calls.clear()
+        answer = by.apply(child)
+        assert answer == kube.held["s"]
+        return list(kube.calls)
+
+    assert calls(obj) == ["apply"]
+    assert calls(obj) == ["get"]
+    kube._bump({**kube.held["s"], "spec": {"a": 2}})  # edited by hand
+    assert calls(obj) == ["get", "apply"]
+    assert kube.held["s"]["spec"] == {"a": 1}
+    assert calls({**obj, "spec": {"a": 3}}) == ["apply"]
+    del kube.held["s"]  # deleted by hand
+    assert calls({**obj, "spec": {"a": 3}}) == ["get", "apply"]
+    assert calls({**obj, "spec": {"a": 3}}, Applied(kube)) == ["apply"]
+
+    # What must run before an apply (the hand-over of an HPA's replica count)
+    # gets the child as it is, from the one read, and only where it is applied.
+    seen = []
+    applied.apply({**obj, "spec": {"a": 3}})
+    kube.calls.clear()
+    applied.apply({**obj, "spec": {"a": 3}}, before=seen.append)
+    assert (kube.calls, seen) == (["get"], [])  # unchanged: not applied, nothing before
+    kube._bump({**kube.held["s"], "spec": {"a": 4}})
+    kube.calls.clear()
+    applied.apply({**obj, "spec": {"a": 3}}, before=seen.append)
+    assert kube.calls == ["get", "apply"] and [o["spec"] for o in seen] == [{"a": 4}]
+    kube.calls.clear()
+    applied.apply({**obj, "spec": {"a": 5}}, before=seen.append)  # changed: read for `before` alone
+    assert kube.calls == ["get", "apply"] and [o["spec"] for o in seen] == [{"a": 4}, {"a": 3}]
+    del kube.held["s"]
+    applied.apply({**obj, "spec": {"a": 6}}, before=seen.append)
+    assert seen[-1] is None

@@ -110,6 +110,39 @@ def test_a_forgotten_resource_version_or_a_broken_watch_means_listing_again():
         informer.stop()
 
 
+def test_the_index_follows_what_the_watch_changes_and_a_new_list_rebuilds_it():
+    """Unit (scripted API): an object is filed under its key; one the watch
+    moves to another key leaves the old one, a deleted one leaves the index,
+    an object filed under no key is still kept, and after a 410 the new
+    list's objects alone are filed."""
+    moved, deleted, added = pod("b", serving="other"), pod("c", serving="fraud"), pod("d", serving="fraud")
+    for obj, version in ((moved, "101"), (deleted, "102"), (added, "103")):
+        obj["metadata"]["resourceVersion"] = version
+    expired = ("ERROR", {"code": 410, "reason": "Expired", "message": "too old resource version"})
+    kube = ScriptedKube([pod("a", serving="fraud"), pod("b", serving="fraud"), pod("c", serving="fraud"),
+                         pod("gpu-only")],
+                        [[("MODIFIED", moved), ("DELETED", deleted), ("ADDED", added)], [expired]])
+    informer = Informer(kube, "v1", "Pod", pod_use, index=lambda u: u.serving).start()
+    names = lambda key: sorted(u.name for u in informer.indexed(key))  # noqa: E731
+    try:
+        assert kube.idle.wait(10)
+        # Listed again after the 410: the script's list, as at the start.
+        assert informer.lists == 2
+        assert names("fraud") == ["a", "b", "c"] and names("other") == [] and names(None) == []
+        assert sorted(u.name for u in informer.values()) == ["a", "b", "c", "gpu-only"]
+    finally:
+        informer.stop()
+    kube = ScriptedKube([pod("a", serving="fraud"), pod("b", serving="solo"), pod("c", serving="fraud")],
+                        [[("MODIFIED", moved), ("DELETED", deleted), ("ADDED", added)]])
+    informer = Informer(kube, "v1", "Pod", pod_use, index=lambda u: u.serving).start()
+    try:
+        assert kube.idle.wait(10)
+        assert names("fraud") == ["a", "d"] and names("other") == ["b"] and names("solo") == []
+        assert informer._index.keys() == {"fraud", "other"}  # an emptied key is dropped: the index stays bounded
+    finally:
+        informer.stop()
+
+
 def test_reading_before_the_first_list_names_what_failed():
     kube = ScriptedKube([], [])
     kube.snapshot = lambda *a, **k: (_ for _ in ()).throw(KubeError(403, "Forbidden", "pods is forbidden"))
@@ -119,3 +152,53 @@ def test_reading_before_the_first_list_names_what_failed():
             informer.values(timeout=1)
     finally:
         informer.stop()
+
+
+def test_a_roles_container_troubles_come_from_the_watch_as_a_list_of_its_pods_gives_them():
+    """Unit (scripted API): what FleetView.troubles reads from the Pod watch
+    equals container_troubles over the role's Pods, in their name order; other
+    roles, services and namespaces stay out, and a Pod whose restart the watch
+    then reports (OOM-killed) shows it."""
+    from kubeloop.operator.fleet import FleetView
+    from kubeloop.serving.builders.workloads import container_troubles
+
+    def serving_pod(name: str, role: str, restarts: int = 0, namespace: str = "ml", service: str = "fraud") -> dict:
+        made = pod(name, gpus=0, serving=service, namespace=namespace)
+        made["metadata"]["labels"]["kubeloop.dev/role"] = role
+        last = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "T1"}} if restarts else {}
+        made["status"]["containerStatuses"] = [{"name": "triton", "restartCount": restarts, "lastState": last,
+                                                "state": {"running": {}}}]
+        return made
+
+    pods = [serving_pod("fraud-b", "primary", 2), serving_pod("fraud-a", "primary", 1),
+            serving_pod("fraud-c", "canary", 3), serving_pod("x", "primary", 1, service="other"),
+            serving_pod("y", "primary", 1, namespace="team-b")]
+    restarted = serving_pod("fraud-d", "primary", 1)
+    restarted["metadata"]["resourceVersion"] = "101"
+    kube = ScriptedKube(pods + [serving_pod("fraud-d", "primary")], [[("MODIFIED", restarted)]])
+    view = FleetView(kube)
+    view.pods.start()
+    try:
+        assert kube.idle.wait(5)
+        ref = ObjectRef("InferenceService", "ml", "fraud", uid="u")
+        assert view.troubles(ref, "primary") == container_troubles(pods[:2] + [restarted])
+        assert view.troubles(ref, "primary") == ["fraud-a/triton restarted 1x (last: OOMKilled at T1)",
+                                                 "fraud-b/triton restarted 2x (last: OOMKilled at T1)",
+                                                 "fraud-d/triton restarted 1x (last: OOMKilled at T1)"]
+        assert view.troubles(ref, "canary") == ["fraud-c/triton restarted 3x (last: OOMKilled at T1)"]
+        assert view.troubles(ref, "shadow") == []
+    finally:
+        view.pods.stop()
+
+
+def test_the_client_keeps_more_connections_than_the_operator_has_threads_talking_at_once():
+    """Unit: the kubernetes client's default pool is 5 connections a core; on
+    2 cores the operator's 16 handler threads, resync threads and watches
+    found it full and each discarded connection cost a TLS handshake."""
+    from kubernetes.client import ApiClient, Configuration
+
+    from kubeloop.kube import CONNECTIONS_KEPT, Kube
+
+    kept = Kube(ApiClient(Configuration()))._api.rest_client.pool_manager.connection_pool_kw
+    assert kept["maxsize"] >= CONNECTIONS_KEPT >= 16 + 4 + 4
+    assert kept["retries"] == 0

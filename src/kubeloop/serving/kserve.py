@@ -21,8 +21,9 @@ from kubeloop.kube import Kube, KubeError
 from kubeloop.serving.base import PoolSize, ServingBackend, ServingRequest, ServingState, ServingUnavailable
 from kubeloop.serving.clusterpools import ClusterPools
 from kubeloop.serving.kubernetes import (
-    CLAIM_TEMPLATES, OWNED, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
+    CLAIM_TEMPLATES, OWNED, Troubles, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
 )
+from kubeloop.serving.steady import Applied, CleanedUp
 
 KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
 
@@ -32,16 +33,21 @@ class KServeServing(ServingBackend):
     published_stores_only = True
 
     def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False,
-                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None):
+                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None,
+                 cleaned: CleanedUp | None = None, troubles: Troubles | None = None):
         """materialized: the operator keeps the stores the router Pods read
         fresh (materialisation Jobs); only with a router image. pools: as
         the kubernetes backend's, served by the same pool Pods (KServe's
-        Standard mode serves one model per predictor)."""
+        Standard mode serves one model per predictor). cleaned, troubles: as
+        the kubernetes backend's."""
         self.kube = kube
         self.images = images
         self.reads_online_features = materialized and images.router is not None
         self._storage_container_applied = False
         self.pools = ClusterPools(kube, images, pools or {}, pool_namespace)
+        self.cleaned = cleaned or CleanedUp()
+        self.applied = Applied(kube)
+        self.troubles = troubles or (lambda ref, role: role_troubles(kube, ref, role))
 
     def pool_problem(self, pool: str) -> str | None:
         return self.pools.problem(pool)
@@ -70,10 +76,9 @@ class KServeServing(ServingBackend):
             config = cluster_router_config(request, versions, self.request_log(ref, request.spec),
                                            predictor_urls(ref, versions))
             desired += build_router(ref, request.spec, config, self.images) + [build_service(ref, "router")]
-        for obj in desired:
-            self.kube.apply(obj)
+        held = {(obj["kind"], obj["metadata"]["name"]): self.applied.apply(obj) for obj in desired}
         self._delete_unwanted(ref, desired)
-        ready, available, messages, failing = self._observe(ref, list(versions))
+        ready, available, messages, failing = self._observe(ref, list(versions), held)
         if rolled_back:
             messages.insert(0, f"canary rolled back: {rolled_back}")
         grpc = grpc_address(ref) if self.images.router is not None else None
@@ -96,7 +101,7 @@ class KServeServing(ServingBackend):
     def _ensure_runtime(self, namespace: str) -> None:
         """kubeloop's Triton runtime in the namespace, and (once per
         operator process) the storage container for registry URIs."""
-        self.kube.apply(build_serving_runtime(namespace, self.images))
+        self.applied.apply(build_serving_runtime(namespace, self.images))
         if not self._storage_container_applied:
             self.kube.apply(build_storage_container(self.images))
             self._storage_container_applied = True
@@ -107,6 +112,7 @@ class KServeServing(ServingBackend):
     def delete(self, ref: ObjectRef) -> None:
         # ownerReferences make the garbage collector remove every child; a
         # pool belongs to no service, and a service leaves it here.
+        self.cleaned.forget(ref)
         if self.pools.serving:
             self.pools.leave(ref)
 
@@ -115,34 +121,39 @@ class KServeServing(ServingBackend):
         copies an InferenceService's labels onto the Deployment, Service and
         HPA it makes, so the owner labels alone would match KServe's
         children too: only objects owned by kubeloop's InferenceService go."""
-        wanted = {(o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in desired}
+        wanted = frozenset((o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in desired)
+        if not self.cleaned.due(ref, (self.name, wanted)):
+            return
         claims = (CLAIM_TEMPLATES,) if self.images.gpu_allocation == "dra" else ()
         for api_version, kind in KSERVE_OWNED + claims:
             for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
                 owners = {o.get("uid") for o in live["metadata"].get("ownerReferences", [])}
                 if ref.uid in owners and (kind, api_version, live["metadata"]["name"]) not in wanted:
                     self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
+        self.cleaned.done(ref, (self.name, wanted))
 
-    def _observe(self, ref: ObjectRef, roles: list[str]) -> tuple[dict[str, bool], dict[str, int], list[str], bool]:
-        """Per role: KServe's readiness and the predictor's available
-        replicas; what to say; and whether a role's containers die or
-        cannot start."""
+    def _observe(self, ref: ObjectRef, roles: list[str], held: dict[tuple[str, str], dict]
+                 ) -> tuple[dict[str, bool], dict[str, int], list[str], bool]:
+        """Per role: KServe's readiness (from what the API server answered
+        the apply, held by kind and name) and the predictor's available
+        replicas (KServe's Deployment, read); what to say; and whether a
+        role's containers die or cannot start."""
         ready: dict[str, bool] = {}
         available: dict[str, int] = {}
         messages: list[str] = []
         failing = False
         for role in roles:
-            live = self.kube.get(KSERVE_API, "InferenceService", kserve_name(ref, role), ref.namespace) or {}
+            live = held.get(("InferenceService", kserve_name(ref, role))) or {}
             deployment = self.kube.get("apps/v1", "Deployment", predictor_name(ref, role), ref.namespace) or {}
             ready[role] = kserve_ready(live)
             available[role] = deployment.get("status", {}).get("availableReplicas", 0)
-            troubles = role_troubles(self.kube, ref, role)
+            troubles = self.troubles(ref, role)
             failing = failing or (not ready[role] and bool(troubles))
             if not ready[role]:
                 messages.append(f"{role}: {kserve_message(live) or 'KServe has not reported Ready'}")
             messages += [f"{role}: {trouble}" for trouble in troubles]
         if self.images.router is not None:
-            router = self.kube.get("apps/v1", "Deployment", router_name(ref), ref.namespace) or {}
+            router = held.get(("Deployment", router_name(ref))) or {}
             router_up = router.get("status", {}).get("availableReplicas", 0) >= 1
             ready["primary"] = ready.get("primary", False) and router_up
             if not router_up:

@@ -7,6 +7,8 @@ traffic is reported as 0%)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.children import owner_selector
@@ -20,6 +22,10 @@ from kubeloop.serving.base import (
 )
 from kubeloop.serving.clusterpools import ClusterPools
 from kubeloop.serving.routes import build_router_config
+from kubeloop.serving.steady import Applied, CleanedUp
+
+Troubles = Callable[[ObjectRef, str], list[str]]
+"""A service's role -> what went wrong in its Pods' containers (role_troubles)."""
 
 # Kinds an InferenceService may own; children of these kinds that the
 # current spec no longer wants are deleted.
@@ -37,14 +43,21 @@ class KubernetesServing(ServingBackend):
     published_stores_only = True
 
     def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False,
-                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None):
+                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None,
+                 cleaned: CleanedUp | None = None, troubles: Troubles | None = None):
         """materialized: the operator keeps the stores the router Pods read
         fresh (materialisation Jobs); only with a router image. pools: the
-        operator's sizes; their Pods run in pool_namespace (kubeloop.serving.clusterpools)."""
+        operator's sizes; their Pods run in pool_namespace (kubeloop.serving.clusterpools).
+        cleaned: which services' unwanted children are gone (shared by the
+        backends). troubles: a role's container troubles as the operator's
+        Pod watch keeps them; without it, a LIST of the role's Pods."""
         self.kube = kube
         self.images = images
         self.reads_online_features = materialized and images.router is not None
         self.pools = ClusterPools(kube, images, pools or {}, pool_namespace)
+        self.cleaned = cleaned or CleanedUp()
+        self.applied = Applied(kube)
+        self.troubles = troubles or (lambda ref, role: role_troubles(kube, ref, role))
 
     def pool_problem(self, pool: str) -> str | None:
         return self.pools.problem(pool)
@@ -68,11 +81,11 @@ class KubernetesServing(ServingBackend):
             versions.pop("canary")
         desired = build_children(request.ref, request.spec, versions, request.placement, self.images,
                                  self._router_config(request, versions))
+        held = []
         for obj in desired:
-            self._hand_over_replicas(obj)
-            self.kube.apply(obj)
+            held.append(self.applied.apply(obj, before=self._hand_over_replicas(obj)))
         self._delete_unwanted(request.ref, desired)
-        ready, available, wanted, messages, failing = self._observe(request.ref, desired)
+        ready, available, wanted, messages, failing = self._observe(request.ref, desired, held)
         if rolled_back:
             messages.insert(0, f"canary rolled back: {rolled_back}")
         url = (f"http://{request.ref.name}.{request.ref.namespace}.{self.images.gateway_domain}" if self.images.gateway
@@ -104,49 +117,56 @@ class KubernetesServing(ServingBackend):
     def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
         return front_request_log(self.images, ref, spec)
 
-    def _hand_over_replicas(self, desired: dict) -> None:
-        """Before kubeloop stops applying a Deployment's replica count (the
-        HPA owns it now), another field manager takes the count as it is:
-        server-side apply would otherwise remove the field and the Deployment
-        would drop to one replica until the HPA scales it up again."""
+    def _hand_over_replicas(self, desired: dict) -> Callable[[dict | None], None] | None:
+        """For a Deployment applied without its replica count (the HPA owns
+        it now), what runs before the apply, with the Deployment as it is:
+        if kubeloop still owns the count, another field manager takes it as it
+        is, since server-side apply would otherwise remove the field and the
+        Deployment would drop to one replica until the HPA scales it up again."""
         if desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
-            return
+            return None
         meta = desired["metadata"]
-        live = self.kube.get("apps/v1", "Deployment", meta["name"], meta["namespace"])
-        if live and owns_replicas(live, FIELD_MANAGER):
-            self.kube.apply({"apiVersion": "apps/v1", "kind": "Deployment",
-                             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                             "spec": {"replicas": live["spec"]["replicas"]}}, field_manager=HANDOVER_MANAGER)
+
+        def hand_over(live: dict | None) -> None:
+            if live and owns_replicas(live, FIELD_MANAGER):
+                self.kube.apply({"apiVersion": "apps/v1", "kind": "Deployment",
+                                 "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                                 "spec": {"replicas": live["spec"]["replicas"]}}, field_manager=HANDOVER_MANAGER)
+        return hand_over
 
     def delete(self, ref: ObjectRef) -> None:
         # ownerReferences make the garbage collector remove every child; a
         # pool belongs to no service, and a service leaves it here.
+        self.cleaned.forget(ref)
         if self.pools.serving:
             self.pools.leave(ref)
 
     def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
-        wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+        wanted = frozenset((o["kind"], o["metadata"]["name"]) for o in desired)
+        if not self.cleaned.due(ref, (self.name, wanted)):
+            return
         extra = ((ROUTES,) if self.images.gateway else ()) + ((CLAIM_TEMPLATES,) if self.images.gpu_allocation == "dra" else ())
         for api_version, kind in OWNED + extra:
             for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
                 if (kind, live["metadata"]["name"]) not in wanted:
                     self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
+        self.cleaned.done(ref, (self.name, wanted))
 
-    def _observe(self, ref: ObjectRef, desired: list[dict]
+    def _observe(self, ref: ObjectRef, desired: list[dict], held: list[dict]
                  ) -> tuple[dict[str, bool], dict[str, int], dict[str, int], list[str], bool]:
         """Per role: readiness, available and wanted replicas; what to say;
         and whether a role is short of replicas because its containers die
-        or cannot start."""
+        or cannot start. held: each of desired as the API server holds it
+        now, status included (what its apply answered)."""
         ready: dict[str, bool] = {}
         available: dict[str, int] = {}
         wanted: dict[str, int] = {}
         messages = []
         failing = False
-        for obj in desired:
+        for obj, live in zip(desired, held, strict=True):
             if obj["kind"] != "Deployment":
                 continue
             role = obj["metadata"]["labels"][LABEL_ROLE]
-            live = self.kube.get("apps/v1", "Deployment", obj["metadata"]["name"], ref.namespace) or {}
             # An autoscaled Deployment wants what the HPA last chose.
             want = wanted[role] = obj["spec"].get("replicas", live.get("spec", {}).get("replicas", 1))
             status = live.get("status", {})
@@ -154,7 +174,7 @@ class KubernetesServing(ServingBackend):
             have = available[role] = status.get("availableReplicas", 0) if current else 0
             updated = status.get("updatedReplicas", 0) if current else 0
             ready[role] = have >= want and updated >= want
-            troubles = role_troubles(self.kube, ref, role)
+            troubles = self.troubles(ref, role)
             failing = failing or (not ready[role] and bool(troubles))
             if not ready[role]:
                 messages.append(f"{role}: {have}/{want} replicas available")
