@@ -10,6 +10,7 @@ state it finds. Delete handlers call the reconcilers' deletion path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ from kubeloop.api.constants import FINALIZER, GROUP, VERSION
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
 from kubeloop.operator.converging import ObjectLocks, Reconciler, converge
-from kubeloop.operator.pacing import ResyncPace
+from kubeloop.operator.pacing import ResyncPace, SteadyResync
 from kubeloop.operator.reconcilers import deletion
 from kubeloop.operator.reconcilers.common import Outcome
 from kubeloop.operator.reconcilers.optimization import reconcile_optimized_model
@@ -50,8 +51,8 @@ def _unfinished(status: dict, **_: Any) -> bool:
 
 
 def _steady_service(status: dict) -> bool:
-    """Ready, serving one version, no rollout or retrain under way: its
-    timer may come round less often (kubeloop.operator.pacing)."""
+    """Ready, serving one version, no rollout or retrain under way: no timer
+    of its own, resynced at the pace kubeloop.operator.pacing keeps."""
     rollout = (status.get("rollout") or {}).get("phase")
     retraining = (status.get("retraining") or {}).get("state")
     return (status.get("phase") == "Ready" and not status.get("canaryVersion")
@@ -88,9 +89,15 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             memo.ports = build_ports(config)
         if config.webhook_port and getattr(memo, "webhooks", None) is None:
             memo.webhooks, memo.mlflow_webhook = await serve_webhooks(config, memo.ports)
+        if getattr(memo, "steady_resync", None) is None:
+            services = handlers[INFERENCE_SERVICE.kind]
+            # Started by the first reconcile, whose context holds kopf's event queue.
+            memo.steady_resync = SteadyResync(pace, lambda meta: _resync(services, INFERENCE_SERVICE, meta, memo))
 
     @kopf.on.cleanup(registry=registry)
     async def stop_webhooks(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "steady_resync", None) is not None:
+            memo.steady_resync.stop()
         if getattr(memo, "ports", None) is not None:
             memo.ports.features.stop()
         if getattr(memo, "mlflow_webhook", None) is not None:
@@ -101,12 +108,11 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     locks = ObjectLocks()
     """One reconcile or delete of an object at a time: kopf runs timers beside change handlers."""
     pace = ResyncPace(config.resync_seconds, config.resync_per_second)
-    for kind, reconciler, timer_when, steady in (
-        (TRAINING_JOB, reconcile_training_job, _unfinished, None),
-        (OPTIMIZED_MODEL, reconcile_optimized_model, _unfinished, None),
-        (INFERENCE_SERVICE, reconcile_inference_service, None, _steady_service),
-    ):
-        _register(registry, config, locks, kind, reconciler, timer_when, (pace, steady))
+    handlers = {kind.kind: _register(registry, config, locks, kind, reconciler, timer_when, (pace, steady))
+                for kind, reconciler, timer_when, steady in (
+                    (TRAINING_JOB, reconcile_training_job, _unfinished, None),
+                    (OPTIMIZED_MODEL, reconcile_optimized_model, _unfinished, None),
+                    (INFERENCE_SERVICE, reconcile_inference_service, _unsteady_service, _steady_service))}
 
     @kopf.on.delete(GROUP, VERSION, TRAINING_JOB.plural, id="cancel-run", registry=registry)
     @kopf.on.delete(GROUP, VERSION, OPTIMIZED_MODEL.plural, id="cancel-run", registry=registry)
@@ -123,11 +129,27 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     return registry
 
 
+def _unsteady_service(status: dict, **_: Any) -> bool:
+    """Where an InferenceService keeps kopf's timer: while it is not steady."""
+    return not _steady_service(status or {})
+
+
+def _resync(handler: Callable[..., None], kind: Kind, meta: dict, memo: kopf.Memo) -> None:
+    """A steady object's resync, as its timer would have run it; a retry it
+    asks for is its next resync, or a change's reconcile before that."""
+    body = {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
+    try:
+        handler(meta, body, memo)
+    except kopf.TemporaryError as exc:
+        log.info("resync of %s %s/%s: %s", kind.kind, meta["namespace"], meta["name"], exc)
+
+
 def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, locks: ObjectLocks, kind: Kind,
               reconciler: Reconciler, timer_when: Callable[..., bool] | None,
-              pacing: tuple[ResyncPace, Callable[[dict], bool] | None]) -> None:
-    """pacing: the pace steady objects' timers keep, and what makes one of
-    this kind steady (None: never; its timer reconciles every time)."""
+              pacing: tuple[ResyncPace, Callable[[dict], bool] | None]) -> Callable[..., None]:
+    """The kind's reconcile handler, registered for every change and for
+    kopf's timer where timer_when holds. pacing: the steady objects' pace,
+    and what makes one of this kind steady (None: never)."""
     resource = (GROUP, VERSION, kind.plural)
     pace, steady = pacing
 
@@ -135,18 +157,17 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, locks: Ob
         if meta.get("deletionTimestamp"):
             return  # the delete handlers own it now
         outcome = converge(kind, reconciler, meta, memo.ports, locks, retry)
+        if outcome is None:
+            return
         if steady is not None:
-            pace.reconciled(meta["uid"])
-        if outcome is not None:
-            post_outcome(outcome, body)
+            pace.reconciled(meta, steady(outcome.status.to_wire()))
+            memo.steady_resync.start(contextvars.copy_context())
+        post_outcome(outcome, body)
 
-    async def resync(meta: dict, status: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0,
-                     **_: Any) -> None:
-        # Deciding to skip needs no thread, and a reconcile runs on the
-        # event loop's own threads: with thousands of objects, timers never
+    async def resync(meta: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
+        # A reconcile runs on the event loop's own threads: timers never
         # queue ahead of a change on the threads kopf runs change handlers on.
-        if steady is None or pace.due(meta["uid"], steady(status or {})):
-            await asyncio.to_thread(handler, meta, body, memo, retry)
+        await asyncio.to_thread(handler, meta, body, memo, retry)
 
     handler.__name__ = f"reconcile_{kind.singular}"
     kopf.on.create(*resource, id="reconcile", registry=registry)(handler)
@@ -156,3 +177,4 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, locks: Ob
     resync.__name__ = f"resync_{kind.singular}"
     kopf.timer(*resource, id="resync", interval=config.resync_seconds, initial_delay=config.resync_seconds,
                when=timer_when, registry=registry)(resync)
+    return handler

@@ -95,9 +95,9 @@ def operator_permissions() -> Permissions:
              "reconcile; the alert webhook records alerts on the InferenceService"),
         Rule(GROUP, tuple(f"{k.plural}/status" for k in KINDS), ("patch",), "status and conditions"),
         Rule("", ("events",), ("create",), "events on the reconciled objects"),
-        *_owned(OWNED, ("list", "delete", *APPLY),
-                "serving: the Triton Deployments, Services and HPA an InferenceService owns"),
-        Rule("apps", ("deployments",), ("get",), "serving: each Triton Deployment's rollout progress"),
+        *_owned(OWNED, ("get", "list", "delete", *APPLY),
+                "serving: the Triton Deployments, Services and HPA an InferenceService owns (read back: "
+                "a rollout's progress, and whether a child is still as last applied)"),
         Rule("", ("configmaps",), ("get",), "training: the feature_store.yaml a TrainingJob names"),
         Rule("batch", ("jobs",), ("list", "create", "delete"),
              "drift: each check is a Job in the InferenceService's namespace (KUBELOOP_DRIFT_MONITOR=kubernetes)"),
@@ -106,15 +106,17 @@ def operator_permissions() -> Permissions:
         Rule("", ("nodes",), ("list", "watch"), "GPU placement: the fleet's GPUs, MIG and MPS slices (watched)"),
         Rule("", ("pods",), ("list", "watch"), "GPU placement: what each node's Pods already hold (watched)"),
     )
-    gateway = _owned((ROUTES,), ("list", "delete", *APPLY), "canary traffic split by HTTPRoute weights")
+    gateway = _owned((ROUTES,), ("get", "list", "delete", *APPLY), "canary traffic split by HTTPRoute weights")
     kserve = (
         Rule("serving.kserve.io", ("inferenceservices",), ("get", "list", "delete", *APPLY),
              "kserve serving: a KServe InferenceService per served version, and its readiness"),
-        Rule("serving.kserve.io", ("servingruntimes",), APPLY, "kserve serving: kubeloop's Triton ServingRuntime"),
+        Rule("serving.kserve.io", ("servingruntimes",), ("get", *APPLY),
+             "kserve serving: kubeloop's Triton ServingRuntime"),
     )
     kserve_cluster = (Rule("serving.kserve.io", ("clusterstoragecontainers",), APPLY,
                            "kserve serving: the storage initializer for models:/ URIs"),)
-    dra = _owned((CLAIM_TEMPLATES,), ("list", "delete", *APPLY), "serving: the GPU claim templates of the Pods (DRA)")
+    dra = _owned((CLAIM_TEMPLATES,), ("get", "list", "delete", *APPLY),
+                 "serving: the GPU claim templates of the Pods (DRA)")
     dra_cluster = (
         Rule("resource.k8s.io", ("resourceslices",), ("list", "watch"),
              "GPU placement (DRA): the partitionable GPUs NVIDIA's DRA driver publishes"),

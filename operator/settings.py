@@ -87,7 +87,7 @@ class OperatorConfig(BaseSettings):
     resync_seconds: float = _env("KUBELOOP_RESYNC_SECONDS", 15.0, gt=0)
     """How often every object is reconciled again, whatever happened."""
     resync_per_second: float = _env("KUBELOOP_RESYNC_PER_SECOND", 50.0, gt=0)
-    """Timer reconciles a second that steady InferenceServices share (Ready,
+    """Resyncs a second that steady InferenceServices share (Ready,
     no rollout or retrain under way): beyond resync_seconds x this many,
     each is reconciled less often (kubeloop.operator.pacing)."""
     triton_image: str = _env("KUBELOOP_TRITON_IMAGE", "nvcr.io/nvidia/tritonserver:24.10-py3")

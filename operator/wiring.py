@@ -19,6 +19,7 @@ from kubeloop.pipelines.backends.noop import NoopBackend
 from kubeloop.registry.base import ModelRegistry
 from kubeloop.serving.base import ServingBackend
 from kubeloop.serving.builders.workloads import ServingImages
+from kubeloop.serving.steady import CleanedUp
 from kubeloop.serving.kserve import KServeServing
 from kubeloop.serving.kubernetes import KubernetesServing
 
@@ -100,8 +101,11 @@ def _pipeline_backend(name: str, config: OperatorConfig) -> dict[str, PipelineBa
                              namespace=config.kfp_namespace, git_sha=git_sha(), steps=steps)}
 
 
-def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, ServingBackend]:
+def build_serving_backends(config: OperatorConfig, kube: Kube, fleet: FleetView | None = None
+                           ) -> dict[str, ServingBackend]:
+    """fleet: the operator's watch of Pods, read for the cluster backends' container troubles."""
     backends: dict[str, ServingBackend] = {}
+    cleaned = CleanedUp()
     for name in config.serving_backends:
         if name in ("kubernetes", "kserve"):
             images = ServingImages(
@@ -114,7 +118,8 @@ def build_serving_backends(config: OperatorConfig, kube: Kube) -> dict[str, Serv
             )
             materialized = config.materializer == "kubernetes"
             backends[name] = (KubernetesServing if name == "kubernetes" else KServeServing)(
-                kube, images, materialized, config.serving_pools, config.operator_namespace)
+                kube, images, materialized, config.serving_pools, config.operator_namespace, cleaned,
+                fleet.troubles if fleet else None)
         elif name == "local":
             from kubeloop.serving.local import LocalServing
 
@@ -182,12 +187,13 @@ def build_monitor(config: OperatorConfig, kube: Kube, kind: JobKind = DRIFT) -> 
 
 def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
     kube = kube or Kube.from_environment()
-    serving = build_serving_backends(config, kube)
+    fleet = FleetView(kube, dra=config.gpu_allocation == "dra").start()
+    serving = build_serving_backends(config, kube, fleet)
     return Ports(
         registry=build_registry(config),
         pipelines=build_pipeline_backends(config, kube),
         serving=serving,
-        fleet=FleetView(kube, dra=config.gpu_allocation == "dra").start(),
+        fleet=fleet,
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
         objects=kube,

@@ -7,11 +7,15 @@ predictor Deployment's container requests it), p50 and p99 over changes
 made one at a time (KUBELOOP_BENCH_SCALE_SERVICES sets N; 5,000 by
 default, 100 quick). Baseline, in the same run: the API server's own round
 trip for the same kind of change (a patch of a Deployment, read back).
+Beside them, what the API server was asked in steady state (its own
+apiserver_request_total, by verb and resource, over the windows): the
+load every client's change waits behind.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -34,6 +38,19 @@ from tests.support.operator import OperatorProcess
 WINDOWS = 5
 CHANGES = 40
 CHANGE_TIMEOUT = 60.0
+
+
+REQUEST_SERIES = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.M)
+
+
+def api_requests(kube) -> Counter:  # noqa: ANN001
+    """The API server's requests served so far, by "VERB resource[/subresource]"."""
+    counts: Counter = Counter()
+    for found in REQUEST_SERIES.finditer(kube.text("/metrics")):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found["labels"]))
+        resource = "/".join(filter(None, (labels.get("resource"), labels.get("subresource"))))
+        counts[f"{labels.get('verb')} {resource}"] += float(found["value"])
+    return counts
 
 
 def _isvc(namespace: str, name: str, model: str) -> dict:
@@ -98,11 +115,21 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
         phases = Counter((o.get("status") or {}).get("phase") for o in kube.list(API_VERSION, "InferenceService", namespace))
         process = psutil.Process(op.pid)
         shares = []
+        server = next(p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "kube-apiserver"
+                      and any(str(platform.dir) in arg for arg in p.info["cmdline"] or ()))
+        asked, steady_from, server_from = api_requests(kube), time.monotonic(), _cpu_seconds(server)
         with console.status(f"scale: steady state, {WINDOWS} windows of {window:.0f} s"):
             for _ in range(WINDOWS):
                 before, at = _cpu_seconds(process), time.monotonic()
                 time.sleep(window)
                 shares.append((_cpu_seconds(process) - before) / (time.monotonic() - at))
+        steady_seconds = time.monotonic() - steady_from
+        server_share = round((_cpu_seconds(server) - server_from) / steady_seconds, 3)
+        asked = {k: round(v / steady_seconds, 2) for k, v in (api_requests(kube) - asked).most_common()
+                 if v / steady_seconds >= 0.01}
+        console.print(f"scale: the API server in steady state: {server_share} of a core, "
+                      f"{sum(asked.values()):.1f} requests a second: "
+                      + ", ".join(f"{k} {v}" for k, v in list(asked.items())[:12]))
         console.print(f"scale: steady state at {count} services, the operator's share of a core by window: "
                       f"{', '.join(f'{v:.3f}' for v in shares)}")
         with console.status(f"scale: {CHANGES} spec changes, one at a time"):
@@ -114,7 +141,7 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
     return {"services": count, "converged_seconds": round(converged, 1), "phases": dict(phases),
             "core_share": Figure("operator's share of a core, steady state", shares, " core"),
             "change_p50_s": round(percentile(changes, 50), 3), "change_p99_s": round(percentile(changes, 99), 3),
-            "changes_missed": missed,
+            "changes_missed": missed, "api_requests_per_s": asked, "api_server_core_share": server_share,
             "api_round_trip_p50_s": round(percentile(round_trips, 50), 4),
             "change_p50_vs_api": round(percentile(changes, 50) / statistics.median(round_trips), 1)}
 

@@ -1,11 +1,13 @@
-"""How often a steady object's timer reconciles it (kubeloop.operator.pacing;
+"""How often a steady object is resynced (kubeloop.operator.pacing;
 backend-independent, a clock of our own). The operator at 5,000
 InferenceServices is measured by `python -m tests.bench scale`."""
 
 from __future__ import annotations
 
-from kubeloop.operator.handlers import _steady_service
-from kubeloop.operator.pacing import ResyncPace
+import threading
+
+from kubeloop.operator.handlers import _steady_service, _unsteady_service
+from kubeloop.operator.pacing import ResyncPace, SteadyResync
 
 
 class Clock:
@@ -16,50 +18,134 @@ class Clock:
         return self.now
 
 
-def test_a_few_objects_are_reconciled_at_every_timer_firing():
+def meta(uid: str) -> dict:
+    return {"name": f"n-{uid}", "namespace": "ml", "uid": uid, "resourceVersion": "7"}
+
+
+def test_a_few_steady_objects_are_resynced_every_resync_seconds_least_recent_first():
     clock = Clock()
     pace = ResyncPace(15.0, 50.0, clock)
     for uid in ("a", "b"):
-        pace.reconciled(uid)
-    clock.now = 14.0  # a timer firing a second early is still on time
-    assert pace.due("a", steady=True) and pace.interval() == 15.0
+        pace.reconciled(meta(uid), steady=True)
+        clock.now += 1
+    clock.now = 15.5
+    assert pace.take_due(50) == [{"name": "n-a", "namespace": "ml", "uid": "a"}]
+    clock.now = 16.0
+    assert [m["uid"] for m in pace.take_due(50)] == ["b"]
+    assert pace.take_due(50) == [], "taken: not due again until an interval has passed"
+    clock.now = 31.0
+    assert [m["uid"] for m in pace.take_due(50)] == ["a", "b"], "a was taken at 15.5, b at 16"
+    assert pace.interval() == 15.0
 
 
-def test_thousands_of_steady_objects_share_the_budget_of_reconciles_a_second():
+def test_thousands_of_steady_objects_share_the_budget_of_resyncs_a_second():
     clock = Clock()
     pace = ResyncPace(15.0, 50.0, clock)
     for i in range(5000):
-        pace.reconciled(f"svc-{i}")
+        pace.reconciled(meta(f"svc-{i:04d}"), steady=True)
     assert pace.interval() == 100.0
-    fired = []
-    for firing in range(1, 8):  # the timer fires every 15 s
-        clock.now = 15.0 * firing
-        if pace.due("svc-7", steady=True):
-            fired.append(clock.now)
-            pace.reconciled("svc-7")
-    assert fired == [105.0], "every 100 s, the timer's next firing after that"
-    assert pace.due("svc-7", steady=False), "work under way keeps the timer's own pace"
-    assert pace.due("new", steady=True), "never reconciled: due"
+    clock.now = 99.0
+    assert pace.take_due(50) == []
+    resynced = []
+    for second in range(100, 200):
+        clock.now = float(second)
+        taken = pace.take_due(50)
+        assert len(taken) <= 50
+        resynced += [m["uid"] for m in taken]
+    assert resynced == [f"svc-{i:04d}" for i in range(5000)], "each once in 100 s, oldest first, 50 a second"
 
 
-def test_a_deleted_object_leaves_the_count():
-    pace = ResyncPace(15.0, 1.0, Clock())
-    for uid in ("a", "b", "c", "d", "e", "f"):  # 6 objects at one a second: each every 15 s still
-        pace.reconciled(uid)
-    pace.reconciled("g")
-    pace.reconciled("h")
-    assert pace.interval() == 15.0
-    for uid in ("i", "j", "k", "l", "m", "n", "o", "p"):
-        pace.reconciled(uid)
+def test_an_object_that_is_not_steady_or_is_deleted_leaves_the_count():
+    clock = Clock()
+    pace = ResyncPace(15.0, 1.0, clock)
+    for uid in "abcdefghijklmnop":  # 16 at one a second: each every 16 s
+        pace.reconciled(meta(uid), steady=True)
     assert pace.interval() == 16.0
-    pace.forget("p")
-    assert pace.interval() == 15.0
+    pace.reconciled(meta("p"), steady=False)  # a canary started: kopf's timer has it again
+    assert pace.interval() == 15.0 and pace.steady() == 15
+    pace.forget("o")
+    assert pace.steady() == 14
+    clock.now = 15.0
+    assert "p" not in [m["uid"] for m in pace.take_due(100)]
 
 
-def test_a_service_is_steady_when_ready_with_nothing_under_way():
+def test_the_resync_thread_resyncs_what_is_due_and_carries_on_after_a_failure():
+    """Unit (a real thread, a clock of our own): every due object is resynced
+    once, one that raises does not stop the others, and stop() ends it."""
+    clock = Clock()
+    pace = ResyncPace(15.0, 50.0, clock)
+    for uid in ("a", "b", "c"):
+        pace.reconciled(meta(uid), steady=True)
+    clock.now = 20.0
+    seen, done = [], threading.Event()
+
+    def resync(m: dict) -> None:
+        seen.append(m["uid"])
+        if len(seen) == 3:
+            done.set()
+        if m["uid"] == "a":
+            raise RuntimeError("the API server went away")
+
+    resyncing = SteadyResync(pace, resync).start()
+    try:
+        assert done.wait(10)
+    finally:
+        resyncing.stop()
+    assert sorted(seen) == ["a", "b", "c"]
+
+
+def test_resyncs_run_in_the_context_of_the_handler_that_started_them_and_start_once():
+    """Unit (a real thread): kopf.event finds the operator's event queue in
+    context variables that kopf sets for its handlers; a plain thread has
+    none, so the first reconcile starts the resyncs with its context (a
+    resync's events were lost before, and an outage went unreported)."""
+    import contextvars
+
+    queue = contextvars.ContextVar("queue")
+    clock = Clock()
+    pace = ResyncPace(15.0, 50.0, clock)
+    pace.reconciled(meta("a"), steady=True)
+    clock.now = 100.0
+    seen, done = [], threading.Event()
+
+    def resync(m: dict) -> None:
+        seen.append(queue.get("none"))
+        done.set()
+
+    resyncing = SteadyResync(pace, resync)
+    handlers = contextvars.Context()
+    handlers.run(queue.set, "kopf's event queue")
+    resyncing.start(handlers)
+    resyncing.start(contextvars.Context())  # later reconciles: already started, nothing changes
+    try:
+        assert done.wait(5)
+        assert resyncing._context is handlers
+    finally:
+        resyncing.stop()
+    assert seen == ["kopf's event queue"]
+
+
+def test_a_budget_under_one_resync_a_second_still_resyncs():
+    """Unit (a real thread): at 0.5 a second the thread owes one resync every
+    other second, rather than rounding half a resync down to none each second."""
+    clock = Clock()
+    pace = ResyncPace(15.0, 0.5, clock)
+    pace.reconciled(meta("a"), steady=True)
+    clock.now = 100.0
+    done = threading.Event()
+    resyncing = SteadyResync(pace, lambda m: done.set()).start()
+    try:
+        assert done.wait(5)
+    finally:
+        resyncing.stop()
+
+
+def test_a_service_is_steady_when_ready_with_nothing_under_way_and_keeps_kopfs_timer_otherwise():
     assert _steady_service({"phase": "Ready"})
     assert _steady_service({"phase": "Ready", "rollout": {"phase": "Promoted"}, "retraining": {"state": "Promoted"}})
     assert not _steady_service({"phase": "Pending"})
     assert not _steady_service({"phase": "Ready", "canaryVersion": "3"})
     assert not _steady_service({"phase": "Ready", "rollout": {"phase": "Paused"}})
     assert not _steady_service({"phase": "Ready", "retraining": {"state": "Gating"}})
+    assert _unsteady_service(None) and _unsteady_service({"phase": "Pending"})
+    assert not _unsteady_service({"phase": "Ready"})
