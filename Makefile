@@ -90,13 +90,15 @@ binaries: $(BIN_STAMPS)
 $(BIN_STAMPS) &: tools/versions.env
 	tools/build-binaries.sh
 
+# One install at a time: two make runs at once (a test and a demo) would race
+# for apt's lock, and the loser would fail. The missing list is taken under the lock.
 debs:
-	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@flock /tmp/kubeloop-debs.lock sh -c 'missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  echo "installing Debian packages:$$missing"; \
-	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
+	  $$sudo apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi'
 
 # kubeloop's images for the real node, built without Docker and cached by
 # their inputs (see images/). Setup builds the two that do not change with the
