@@ -11,6 +11,9 @@ from mlflow.exceptions import MlflowException, RestException
 
 from kubeloop.registry.base import ModelRegistry, ModelVersion, RegistryUnavailable
 
+CONNECTIONS_KEPT = 32
+"""Kept-alive connections to MLflow: more than the operator's threads that ask it at once."""
+
 # Codes MLflow answers with when a name, version or alias does not exist.
 _NOT_FOUND = {"RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"}
 
@@ -22,6 +25,10 @@ def fail_fast() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # MLflow's session keeps 10 connections; the operator's handler and
+    # resync threads ask it at once, and at 1,000 services its pool was full
+    # 111 times in ten minutes, each time a connection thrown away.
+    os.environ.setdefault("MLFLOW_HTTP_POOL_MAXSIZE", str(CONNECTIONS_KEPT))
 
 
 def run_url(tracking_uri: str, run_id: str) -> str:
