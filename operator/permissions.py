@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from kubeloop.api.constants import GROUP
 from kubeloop.api.resources import INFERENCE_SERVICE, KINDS, OPTIMIZED_MODEL, TRAINING_JOB
 from kubeloop.kube import resource_type
-from kubeloop.serving.kubernetes import CLAIM_TEMPLATES, OWNED, ROUTES
+from kubeloop.serving.cluster import CLAIM_TEMPLATES, OWNED
+from kubeloop.serving.kubernetes import ROUTES
 
 # Server-side apply creates an object that is missing, which RBAC authorises
 # as create as well as patch.

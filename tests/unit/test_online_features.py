@@ -204,7 +204,7 @@ def test_a_router_pod_opens_only_published_feature_stores():
     from kubeloop.registry.base import ModelVersion
     from kubeloop.registry.tags import FEATURE_STORE
     from kubeloop.serving.base import ServedVersion, ServingRequest
-    from kubeloop.serving.kubernetes import cluster_router_config
+    from kubeloop.serving.cluster import cluster_router_config
     from kubeloop.serving.routes import build_router_config
     from tests.unit.test_builders_serving import REF
 

@@ -13,53 +13,20 @@ from kubeloop.serving.builders.kserve import (
     KSERVE_API, build_inference_services, build_serving_runtime, build_storage_container, kserve_message,
     kserve_name, kserve_ready, predictor_name, predictor_urls,
 )
-from kubeloop.api.children import owner_selector
-from kubeloop.serving.builders.workloads import (
-    ServingImages, build_router, build_service, grpc_address, router_name, service_name,
-)
-from kubeloop.kube import Kube, KubeError
-from kubeloop.serving.base import PoolSize, ServingBackend, ServingRequest, ServingState, ServingUnavailable
-from kubeloop.serving.clusterpools import ClusterPools
-from kubeloop.serving.kubernetes import (
-    CLAIM_TEMPLATES, OWNED, Troubles, cluster_router_config, front_request_log, role_troubles, roll_back_stuck_canary,
-)
-from kubeloop.serving.steady import Applied, CleanedUp
+from kubeloop.serving.base import ServingRequest, ServingState
+from kubeloop.serving.builders.workloads import build_router, build_service, grpc_address, router_name, service_name
+from kubeloop.serving.cluster import OWNED, ClusterServing, cluster_router_config, roll_back_stuck_canary
 
 KSERVE_OWNED = OWNED + ((KSERVE_API, "InferenceService"),)
 
 
-class KServeServing(ServingBackend):
+class KServeServing(ClusterServing):
+    """A KServe InferenceService per version, or a pool's Pod
+    (kubeloop.serving.clusterpools, as on the kubernetes backend)."""
+
     name = "kserve"
-    published_stores_only = True
-
-    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False,
-                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None,
-                 cleaned: CleanedUp | None = None, troubles: Troubles | None = None):
-        """materialized: the operator keeps the stores the router Pods read
-        fresh (materialisation Jobs); only with a router image. pools: as
-        the kubernetes backend's, served by the same pool Pods (KServe's
-        Standard mode serves one model per predictor). cleaned, troubles: as
-        the kubernetes backend's."""
-        self.kube = kube
-        self.images = images
-        self.reads_online_features = materialized and images.router is not None
-        self._storage_container_applied = False
-        self.pools = ClusterPools(kube, images, pools or {}, pool_namespace)
-        self.cleaned = cleaned or CleanedUp()
-        self.applied = Applied(kube)
-        self.troubles = troubles or (lambda ref, role: role_troubles(kube, ref, role))
-
-    def pool_problem(self, pool: str) -> str | None:
-        return self.pools.problem(pool)
-
-    def ensure(self, request: ServingRequest) -> ServingState:
-        try:
-            return self.pools.serve(request, self.request_log(request.ref, request.spec), self._ensure_own,
-                                    lambda ref: self._delete_unwanted(ref, []))
-        except KubeError as exc:
-            if exc.transient:
-                raise ServingUnavailable(str(exc)) from exc
-            raise
+    _storage_container_applied = False
+    """Whether this operator process applied the storage container yet."""
 
     def _ensure_own(self, request: ServingRequest) -> ServingState:
         """A KServe InferenceService per version (and the front before them)."""
@@ -106,31 +73,14 @@ class KServeServing(ServingBackend):
             self.kube.apply(build_storage_container(self.images))
             self._storage_container_applied = True
 
-    def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
-        return front_request_log(self.images, ref, spec)
+    def _owned_kinds(self) -> tuple[tuple[str, str], ...]:
+        return KSERVE_OWNED + self._claims()
 
-    def delete(self, ref: ObjectRef) -> None:
-        # ownerReferences make the garbage collector remove every child; a
-        # pool belongs to no service, and a service leaves it here.
-        self.cleaned.forget(ref)
-        if self.pools.serving:
-            self.pools.leave(ref)
-
-    def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
-        """Delete what the InferenceService owns and no longer wants. KServe
-        copies an InferenceService's labels onto the Deployment, Service and
-        HPA it makes, so the owner labels alone would match KServe's
-        children too: only objects owned by kubeloop's InferenceService go."""
-        wanted = frozenset((o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in desired)
-        if not self.cleaned.due(ref, (self.name, wanted)):
-            return
-        claims = (CLAIM_TEMPLATES,) if self.images.gpu_allocation == "dra" else ()
-        for api_version, kind in KSERVE_OWNED + claims:
-            for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
-                owners = {o.get("uid") for o in live["metadata"].get("ownerReferences", [])}
-                if ref.uid in owners and (kind, api_version, live["metadata"]["name"]) not in wanted:
-                    self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
-        self.cleaned.done(ref, (self.name, wanted))
+    def _owns(self, ref: ObjectRef, live: dict) -> bool:
+        """KServe copies an InferenceService's labels onto the Deployment,
+        Service and HPA it makes, so the owner labels alone would match
+        KServe's children too: only objects owned by kubeloop's InferenceService go."""
+        return ref.uid in {o.get("uid") for o in live["metadata"].get("ownerReferences", [])}
 
     def _observe(self, ref: ObjectRef, roles: list[str], held: dict[tuple[str, str], dict]
                  ) -> tuple[dict[str, bool], dict[str, int], list[str], bool]:

@@ -11,65 +11,24 @@ from typing import Callable
 
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
-from kubeloop.api.children import owner_selector
+from kubeloop.kube import FIELD_MANAGER
+from kubeloop.serving.base import ServingRequest, ServingState
 from kubeloop.serving.builders.workloads import (
-    LABEL_SERVING, ServingImages, build_children, container_troubles, deployment_name, effective_split, grpc_address,
-    rollout_failed, service_name, version_urls,
+    build_children, deployment_name, effective_split, grpc_address, service_name, version_urls,
 )
-from kubeloop.kube import FIELD_MANAGER, Kube, KubeError
-from kubeloop.serving.base import (
-    PoolSize, ServingBackend, ServingRequest, ServingState, ServingUnavailable, triton_name,
-)
-from kubeloop.serving.clusterpools import ClusterPools
-from kubeloop.serving.routes import build_router_config
-from kubeloop.serving.steady import Applied, CleanedUp
+from kubeloop.serving.cluster import OWNED, ClusterServing, cluster_router_config, roll_back_stuck_canary
 
-Troubles = Callable[[ObjectRef, str], list[str]]
-"""A service's role -> what went wrong in its Pods' containers (role_troubles)."""
-
-# Kinds an InferenceService may own; children of these kinds that the
-# current spec no longer wants are deleted.
-OWNED = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"),
-         ("autoscaling/v2", "HorizontalPodAutoscaler"))
 ROUTES = ("gateway.networking.k8s.io/v1", "HTTPRoute")
-CLAIM_TEMPLATES = ("resource.k8s.io/v1", "ResourceClaimTemplate")
 # Holds a Deployment's replica count while kubeloop lets go of it, until the
 # HPA's first scale takes it over.
 HANDOVER_MANAGER = "kubeloop-handover-to-hpa"
 
 
-class KubernetesServing(ServingBackend):
+class KubernetesServing(ClusterServing):
+    """Deployments and Services of the service's own (the front's Pods
+    among them), or a pool's Pod (kubeloop.serving.clusterpools)."""
+
     name = "kubernetes"
-    published_stores_only = True
-
-    def __init__(self, kube: Kube, images: ServingImages, materialized: bool = False,
-                 pools: dict[str, PoolSize] | None = None, pool_namespace: str | None = None,
-                 cleaned: CleanedUp | None = None, troubles: Troubles | None = None):
-        """materialized: the operator keeps the stores the router Pods read
-        fresh (materialisation Jobs); only with a router image. pools: the
-        operator's sizes; their Pods run in pool_namespace (kubeloop.serving.clusterpools).
-        cleaned: which services' unwanted children are gone (shared by the
-        backends). troubles: a role's container troubles as the operator's
-        Pod watch keeps them; without it, a LIST of the role's Pods."""
-        self.kube = kube
-        self.images = images
-        self.reads_online_features = materialized and images.router is not None
-        self.pools = ClusterPools(kube, images, pools or {}, pool_namespace)
-        self.cleaned = cleaned or CleanedUp()
-        self.applied = Applied(kube)
-        self.troubles = troubles or (lambda ref, role: role_troubles(kube, ref, role))
-
-    def pool_problem(self, pool: str) -> str | None:
-        return self.pools.problem(pool)
-
-    def ensure(self, request: ServingRequest) -> ServingState:
-        try:
-            return self.pools.serve(request, self.request_log(request.ref, request.spec), self._ensure_own,
-                                    lambda ref: self._delete_unwanted(ref, []))
-        except KubeError as exc:
-            if exc.transient:
-                raise ServingUnavailable(str(exc)) from exc
-            raise
 
     def _ensure_own(self, request: ServingRequest) -> ServingState:
         """Deployments of the service's own."""
@@ -114,9 +73,6 @@ class KubernetesServing(ServingBackend):
         return cluster_router_config(request, versions, self.request_log(request.ref, request.spec),
                                      version_urls(request.ref, versions))
 
-    def request_log(self, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
-        return front_request_log(self.images, ref, spec)
-
     def _hand_over_replicas(self, desired: dict) -> Callable[[dict | None], None] | None:
         """For a Deployment applied without its replica count (the HPA owns
         it now), what runs before the apply, with the Deployment as it is:
@@ -134,23 +90,8 @@ class KubernetesServing(ServingBackend):
                                  "spec": {"replicas": live["spec"]["replicas"]}}, field_manager=HANDOVER_MANAGER)
         return hand_over
 
-    def delete(self, ref: ObjectRef) -> None:
-        # ownerReferences make the garbage collector remove every child; a
-        # pool belongs to no service, and a service leaves it here.
-        self.cleaned.forget(ref)
-        if self.pools.serving:
-            self.pools.leave(ref)
-
-    def _delete_unwanted(self, ref: ObjectRef, desired: list[dict]) -> None:
-        wanted = frozenset((o["kind"], o["metadata"]["name"]) for o in desired)
-        if not self.cleaned.due(ref, (self.name, wanted)):
-            return
-        extra = ((ROUTES,) if self.images.gateway else ()) + ((CLAIM_TEMPLATES,) if self.images.gpu_allocation == "dra" else ())
-        for api_version, kind in OWNED + extra:
-            for live in self.kube.list(api_version, kind, ref.namespace, owner_selector(ref)):
-                if (kind, live["metadata"]["name"]) not in wanted:
-                    self.kube.delete(api_version, kind, live["metadata"]["name"], ref.namespace)
-        self.cleaned.done(ref, (self.name, wanted))
+    def _owned_kinds(self) -> tuple[tuple[str, str], ...]:
+        return OWNED + ((ROUTES,) if self.images.gateway else ()) + self._claims()
 
     def _observe(self, ref: ObjectRef, desired: list[dict], held: list[dict]
                  ) -> tuple[dict[str, bool], dict[str, int], dict[str, int], list[str], bool]:
@@ -187,44 +128,3 @@ def owns_replicas(deployment: dict, manager: str) -> bool:
     return any(entry.get("manager") == manager and entry.get("operation") == "Apply"
                and "f:replicas" in entry.get("fieldsV1", {}).get("f:spec", {})
                for entry in deployment.get("metadata", {}).get("managedFields", []))
-
-
-def front_request_log(images: ServingImages, ref: ObjectRef, spec) -> str | None:  # noqa: ANN001 - InferenceServiceSpec
-    """With the front, where its routers log: the service's own destination,
-    else a prefix of its own below the operator's."""
-    if images.router is None or not spec.request_logging.enabled:
-        return None
-    if spec.request_logging.destination:
-        return spec.request_logging.destination
-    root = images.request_log
-    # A folder in a router's Pod would vanish with it: only object storage outlives the Pods.
-    return f"{root.rstrip('/')}/{ref.namespace}-{ref.name}" if root and root.startswith("s3://") else None
-
-
-def role_troubles(kube: Kube, ref: ObjectRef, role: str) -> list[str]:
-    """What went wrong in the containers of a role's Pods (see container_troubles)."""
-    return container_troubles(kube.list("v1", "Pod", ref.namespace, f"{LABEL_SERVING}={ref.name},{LABEL_ROLE}={role}"))
-
-
-def roll_back_stuck_canary(kube: Kube, request: ServingRequest, deployment: str,
-                           owned: tuple[str, str, str]) -> str | None:
-    """A canary whose Deployment passed its progress deadline (the Deployment
-    controller's verdict): what kubeloop owns for it (api version, kind,
-    name) goes, the primary keeps all traffic, and the reason comes back."""
-    if request.version("canary") is None:
-        return None
-    namespace = request.ref.namespace
-    live = kube.get("apps/v1", "Deployment", deployment, namespace)
-    reason = rollout_failed(live) if live else None
-    if reason:
-        kube.delete(*owned, namespace)
-    return reason
-
-
-def cluster_router_config(request: ServingRequest, versions: dict, request_log: str | None,
-                          urls: dict[str, str]) -> dict:
-    """The routes of a router Pod in front of the versions' Services; entity
-    requests only for versions whose feature store was recorded as a
-    published feature_store.yaml (see build_router_config)."""
-    return build_router_config(request, triton_name(versions["primary"][0].name), "", request_log,
-                               roles=set(versions), version_urls=urls, published_stores_only=True)
