@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from kubeloop.api.constants import LABEL_ROLE
 from kubeloop.api.refs import ObjectRef
@@ -27,7 +27,8 @@ DRA = "resource.k8s.io/v1"
 @dataclass(frozen=True)
 class PodUse:
     """A scheduled, live Pod: its GPU limits, and which InferenceService
-    serves through it, in which role, with what troubles in its containers."""
+    serves through it, in which role, with what troubles in its containers,
+    and whether it is ready."""
 
     namespace: str
     name: str
@@ -36,6 +37,7 @@ class PodUse:
     gpus: tuple[tuple[str, int], ...]
     role: str | None = None
     troubles: tuple[str, ...] = ()
+    ready: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,10 @@ def pod_use(pod: dict) -> PodUse | None:
     if not gpus and serving is None:
         return None
     troubles = tuple(container_troubles([pod])) if serving is not None else ()
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in pod.get("status", {}).get("conditions", []))
     return PodUse(metadata.get("namespace", ""), metadata["name"], node, serving, tuple(sorted(gpus.items())),
-                  labels.get(LABEL_ROLE), troubles)
+                  labels.get(LABEL_ROLE), troubles, ready)
 
 
 def _serving_role(use: PodUse) -> tuple[str, str, str] | None:
@@ -167,6 +171,17 @@ class FleetView:
     def stop(self) -> None:
         for informer in self._informers():
             informer.stop()
+
+    def on_serving_pod(self, tell: Callable[[str, str], None]) -> None:
+        """Call tell(namespace, service) when a service's Pod appears, goes,
+        or changes what is kept of it (readiness, troubles, node), so the
+        service is looked at again without polling."""
+
+        def changed(old: PodUse | None, new: PodUse | None) -> None:
+            for namespace, service in {(u.namespace, u.serving) for u in (old, new) if u and u.serving}:
+                tell(namespace, service)
+
+        self.pods.on_change = changed
 
     def troubles(self, ref: ObjectRef, role: str) -> list[str]:
         """What went wrong in the containers of a role's live Pods (see

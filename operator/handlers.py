@@ -20,7 +20,7 @@ from kubeloop.api.constants import FINALIZER, GROUP, VERSION
 from kubeloop.api.refs import ObjectRef
 from kubeloop.api.resources import INFERENCE_SERVICE, OPTIMIZED_MODEL, TRAINING_JOB, Kind
 from kubeloop.operator.converging import ObjectLocks, Reconciler, converge
-from kubeloop.operator.pacing import ResyncPace, SteadyResync
+from kubeloop.operator.pacing import ResyncPace, ResyncThread
 from kubeloop.operator.reconcilers import deletion
 from kubeloop.operator.reconcilers.common import Outcome
 from kubeloop.operator.reconcilers.optimization import reconcile_optimized_model
@@ -89,15 +89,16 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             memo.ports = build_ports(config)
         if config.webhook_port and getattr(memo, "webhooks", None) is None:
             memo.webhooks, memo.mlflow_webhook = await serve_webhooks(config, memo.ports)
-        if getattr(memo, "steady_resync", None) is None:
+        if getattr(memo, "resyncs", None) is None:
             services = handlers[INFERENCE_SERVICE.kind]
             # Started by the first reconcile, whose context holds kopf's event queue.
-            memo.steady_resync = SteadyResync(pace, lambda meta: _resync(services, INFERENCE_SERVICE, meta, memo))
+            memo.resyncs = ResyncThread(pace, lambda meta: _resync(services, INFERENCE_SERVICE, meta, memo))
+            memo.ports.watch_serving_pods(pace.poke)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_webhooks(memo: kopf.Memo, **_: Any) -> None:
-        if getattr(memo, "steady_resync", None) is not None:
-            memo.steady_resync.stop()
+        if getattr(memo, "resyncs", None) is not None:
+            memo.resyncs.stop()
         if getattr(memo, "ports", None) is not None:
             memo.ports.features.stop()
         if getattr(memo, "mlflow_webhook", None) is not None:
@@ -135,8 +136,8 @@ def _unsteady_service(status: dict, **_: Any) -> bool:
 
 
 def _resync(handler: Callable[..., None], kind: Kind, meta: dict, memo: kopf.Memo) -> None:
-    """A steady object's resync, as its timer would have run it; a retry it
-    asks for is its next resync, or a change's reconcile before that."""
+    """A steady or waiting object's resync, as its timer would have run it;
+    a retry it asks for is its next resync, or a change's reconcile before that."""
     body = {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": meta}
     try:
         handler(meta, body, memo)
@@ -160,8 +161,8 @@ def _register(registry: kopf.OperatorRegistry, config: OperatorConfig, locks: Ob
         if outcome is None:
             return
         if steady is not None:
-            pace.reconciled(meta, steady(outcome.status.to_wire()))
-            memo.steady_resync.start(contextvars.copy_context())
+            pace.reconciled(meta, steady(outcome.status.to_wire()), waiting=bool(outcome.waiting))
+            memo.resyncs.start(contextvars.copy_context())
         post_outcome(outcome, body)
 
     async def resync(meta: dict, body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:

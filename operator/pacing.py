@@ -10,6 +10,13 @@ while the watch events of spec changes queued behind them. One thread
 resyncs the steady objects instead, the least recently reconciled first, at
 most per_second a second, each every max(resync_seconds, count / per_second)
 (5,000 services at 50 a second: every 100 s).
+
+The same thread looks again at objects waiting on their backend (Pods
+starting, a model loading): 1 s after the reconcile that found them waiting,
+then 2, 4, 8 and every 10 s, and at once when one of their Pods changes (the
+operator's Pod watch pokes them). kopf's retries did this before: at each
+try kopf wrote its retry state onto the object, and 5,000 services waiting
+on their Pods made 100 PATCHes a second for half an hour.
 """
 
 from __future__ import annotations
@@ -23,6 +30,18 @@ from typing import Callable
 
 log = logging.getLogger("kubeloop.operator")
 
+WAIT_SECONDS = (1.0, 10.0)
+"""A waiting object's first look again and the longest gap between looks."""
+
+
+def _wait(waits: int) -> float:
+    first, longest = WAIT_SECONDS
+    return min(longest, first * 2 ** max(0, waits))
+
+
+def _named(meta: dict) -> dict:
+    return {k: meta[k] for k in ("name", "namespace", "uid")}
+
 
 class ResyncPace:
     def __init__(self, seconds: float, per_second: float, clock: Callable[[], float] = time.monotonic):
@@ -32,47 +51,96 @@ class ResyncPace:
         self._steady: dict[str, tuple[dict, float]] = {}
         """uid -> (name, namespace and uid, when last reconciled or taken), least recent first:
         an entry is removed before it is put back, so insertion order is time order."""
+        self._waiting: dict[str, tuple[dict, float, int]] = {}
+        """uid -> (name, namespace and uid, when to look again, how many looks found it waiting)."""
+        self._poked: dict[str, dict] = {}
+        """Known objects to look at next, ahead of any other."""
+        self._uids: dict[tuple[str, str], str] = {}
+        """(namespace, name) -> uid of every steady or waiting object, for pokes by name."""
         self._lock = threading.Lock()
 
     def interval(self) -> float:
         """How often each steady object is resynced now."""
         return max(self.seconds, len(self._steady) / self.per_second)
 
-    def reconciled(self, meta: dict, steady: bool) -> None:
-        """The object was just reconciled, and is steady or not now."""
-        uid = meta["uid"]
+    def reconciled(self, meta: dict, steady: bool, waiting: bool = False) -> None:
+        """The object was just reconciled: steady or not now, waiting on its backend or not."""
+        uid, named, now = meta["uid"], _named(meta), self.clock()
         with self._lock:
             self._steady.pop(uid, None)
             if steady:
-                self._steady[uid] = ({k: meta[k] for k in ("name", "namespace", "uid")}, self.clock())
+                self._steady[uid] = (named, now)
+            if waiting:
+                waits = self._waiting[uid][2] + 1 if uid in self._waiting else 0
+                self._waiting[uid] = (named, now + _wait(waits), waits)
+            else:
+                self._waiting.pop(uid, None)
+            if steady or waiting:
+                self._uids[(named["namespace"], named["name"])] = uid
+            else:
+                self._uids.pop((named["namespace"], named["name"]), None)
+
+    def poke(self, namespace: str, name: str) -> None:
+        """Something the object depends on changed (one of its Pods): look
+        at it next, and if it still waits, again a second later."""
+        with self._lock:
+            uid = self._uids.get((namespace, name))
+            if uid is None:
+                return  # not known here: kopf's handlers have it
+            if uid in self._waiting:
+                named, due, _ = self._waiting[uid]
+                self._waiting[uid] = (named, due, -1)
+            else:
+                named = self._steady[uid][0]
+            self._poked[uid] = named
 
     def forget(self, uid: str) -> None:
         with self._lock:
-            self._steady.pop(uid, None)
+            named = (self._steady.pop(uid, None) or self._waiting.pop(uid, None) or (None,))[0]
+            self._waiting.pop(uid, None)
+            self._poked.pop(uid, None)
+            if named is not None:
+                self._uids.pop((named["namespace"], named["name"]), None)
 
     def steady(self) -> int:
         return len(self._steady)
 
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def take_due(self, limit: int) -> list[dict]:
-        """Up to `limit` steady objects not reconciled for an interval,
-        least recent first, each taken as if reconciled now: one whose
-        resync fails comes round again an interval later, not at once."""
+        """Up to `limit` objects to look at: the poked, then the waiting
+        whose time has come (the longest due first), then the steady not
+        reconciled for an interval (least recent first). Each is taken as if
+        looked at now: one whose resync fails comes round again later, not at once."""
         with self._lock:
             now = self.clock()
-            cutoff = now - self.interval()
-            due = []
-            for meta, last in self._steady.values():
-                if last > cutoff or len(due) == limit:
-                    break
-                due.append(meta)
-            for meta in due:
-                del self._steady[meta["uid"]]
-                self._steady[meta["uid"]] = (meta, now)
-            return due
+            due = dict(list(self._poked.items())[:limit])
+            for uid in due:
+                del self._poked[uid]
+            waited = sorted((when, uid) for uid, (_, when, _) in self._waiting.items() if when <= now)
+            for _, uid in waited[:max(0, limit - len(due))]:
+                due.setdefault(uid, self._waiting[uid][0])
+            for uid in due:
+                if uid in self._waiting:
+                    named, _, waits = self._waiting[uid]
+                    self._waiting[uid] = (named, now + WAIT_SECONDS[1], waits)
+            self._take_steady(due, limit, now)
+            return list(due.values())
+
+    def _take_steady(self, due: dict[str, dict], limit: int, now: float) -> None:
+        cutoff = now - self.interval()
+        for uid, (named, last) in self._steady.items():
+            if len(due) >= limit or last > cutoff:
+                break
+            due.setdefault(uid, named)
+        for uid in due:
+            if uid in self._steady:
+                self._steady[uid] = (self._steady.pop(uid)[0], now)
 
 
-class SteadyResync:
-    """The thread that resyncs steady objects: every second, the due ones
+class ResyncThread:
+    """The thread that resyncs steady and waiting objects: every second, the due ones
     (at most per_second) on `workers` threads, the next second's only once
     these are done, so a slow API server slows the resyncs instead of
     queueing them."""
@@ -83,7 +151,7 @@ class SteadyResync:
         self._context: contextvars.Context | None = None
         self._starting = threading.Lock()
 
-    def start(self, context: contextvars.Context | None = None) -> "SteadyResync":
+    def start(self, context: contextvars.Context | None = None) -> "ResyncThread":
         """Start the thread, once; each resync runs in a copy of `context`
         (by default the caller's). kopf keeps its event queue in context
         variables of the handlers it runs, and a new thread starts with none:
@@ -91,7 +159,7 @@ class SteadyResync:
         with self._starting:
             if self._context is None:
                 self._context = context or contextvars.copy_context()
-                threading.Thread(target=self._run, name="steady-resync", daemon=True).start()
+                threading.Thread(target=self._run, name="resync", daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -100,7 +168,7 @@ class SteadyResync:
     def _run(self) -> None:
         allowance = 0.0
         """Resyncs owed: per_second more each second, so a budget under one a second still resyncs."""
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="steady-resync") as pool:
+        with ThreadPoolExecutor(self.workers, thread_name_prefix="resync") as pool:
             while not self._stop.is_set():
                 began = time.monotonic()
                 allowance = min(allowance + self.pace.per_second, max(self.pace.per_second, 1.0))

@@ -45,6 +45,9 @@ class Ports:
     serving: dict[str, ServingBackend] = field(default_factory=dict)
     fleet: Callable[..., list[NodeInfo]] = lambda excluding=None: []
     """The GPU fleet as the InferenceService `excluding` sees it: what its own Pods hold counts as free."""
+    watch_serving_pods: Callable[[Callable[[str, str], None]], None] = lambda tell: None
+    """Have tell(namespace, service) called when one of a service's Pods appears, goes, or changes its
+    readiness or troubles (the cluster backends' Pod watch; nothing tells on the local backend)."""
     default_pipeline_backend: str = "local"
     default_serving_backend: str = "kubernetes"
     objects: Objects | None = None

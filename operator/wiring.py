@@ -194,6 +194,7 @@ def build_ports(config: OperatorConfig, kube: Kube | None = None) -> Ports:
         pipelines=build_pipeline_backends(config, kube),
         serving=serving,
         fleet=fleet,
+        watch_serving_pods=fleet.on_serving_pod,
         default_pipeline_backend=config.default_pipeline_backend,
         default_serving_backend=config.default_serving_backend,
         objects=kube,

@@ -25,13 +25,16 @@ class Event:
 
 @dataclass
 class Outcome(Generic[S]):
-    """A reconcile's result: the new status, events to post, and whether to
-    try again soon because something external was unavailable."""
+    """A reconcile's result: the new status, events to post, whether to
+    try again soon because something external was unavailable, and what
+    the object waits for (its backend starting things: the operator looks
+    again soon, kubeloop.operator.pacing)."""
 
     status: S
     events: list[Event] = field(default_factory=list)
     retry_after: float | None = None
     retry_reason: str = ""
+    waiting: str = ""
 
 
 def backoff(attempt: int, base: float = 2.0, cap: float = 300.0) -> float:

@@ -159,8 +159,7 @@ def reconcile_inference_service(ref: ObjectRef, spec: InferenceServiceSpec, stat
         new = new.model_copy(update={"conditions": [c for c in new.conditions if c.type not in gone]})
     if not served.primary_ready or unready_since:
         # Backends start things and return; look again soon rather than at the next resync.
-        return Outcome(new, retry_after=backoff(attempt, base=1.0, cap=10.0),
-                       retry_reason=served.message or "waiting for the primary version to become ready")
+        return Outcome(new, waiting=served.message or "the primary version to become ready")
     return Outcome(new)
 
 

@@ -311,13 +311,17 @@ class Informer(Generic[T]):
     not the size of the cluster. Reads never call the API server; while it is
     unreachable they see the last state it sent, and the log says why.
     `index` files each kept object under a key (None: under none), so a
-    reader asking for one key's objects does not scan them all."""
+    reader asking for one key's objects does not scan them all.
+    `on_change(old, new)`, where set, is called from the watch's thread
+    when what is kept of an object changes (None: not kept); a LIST after
+    a broken watch tells nothing."""
 
     def __init__(self, kube: Kube, api_version: str, kind: str, keep: Callable[[dict], T | None],
                  watch_seconds: int = 60, index: Callable[[T], Hashable | None] | None = None):
         self._kube, self._api_version, self._kind = kube, api_version, kind
         self._keep, self._watch_seconds = keep, watch_seconds
         self._index_of = index
+        self.on_change: Callable[[T | None, T | None], None] | None = None
         self._items: dict[str, T] = {}
         self._index: dict[Hashable, dict[str, T]] = {}
         self._lock = threading.Lock()
@@ -383,6 +387,12 @@ class Informer(Generic[T]):
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 30)
 
+    def _tell(self, old: T | None, new: T | None) -> None:
+        try:
+            self.on_change(old, new)
+        except Exception:  # noqa: BLE001 - a listener's failure must not stop the watch
+            log.exception("a listener of %s changes failed", self._kind)
+
     def _relist(self) -> str:
         objects, version = self._kube.snapshot(self._api_version, self._kind)
         self.lists += 1
@@ -404,7 +414,10 @@ class Informer(Generic[T]):
             version = obj["metadata"]["resourceVersion"]
             kept = None if kind == "DELETED" else self._keep(obj)
             with self._lock:
+                old = self._items.get(obj["metadata"]["uid"])
                 self._file(obj["metadata"]["uid"], kept)
+            if self.on_change is not None and old != kept:
+                self._tell(old, kept)
             if self._stopping.is_set():
                 break
         return version

@@ -3,15 +3,19 @@ planner picks the slice, the real kube-scheduler places the Pods."""
 
 from __future__ import annotations
 
+import json
+import time
 from contextlib import contextmanager
 
 import pytest
 from mlflow import MlflowClient
 
+from kubeloop.api.conditions import ConditionType
 from kubeloop.api.constants import API_VERSION
 from kubeloop.dev.fleet import GpuSpec, NodeSpec, build_node, build_resource_slices, load_fleet
 from kubeloop.gpu.dra import device_request
 from kubeloop.api.refs import ObjectRef
+from kubeloop.api.times import epoch
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.operator.fleet import observe_fleet
 from tests.support.waiting import wait_for
@@ -138,6 +142,52 @@ def test_a_canary_splits_by_replica_ratio(kube, namespace, model, operator):
              == {"kubeloop.dev/inferenceservice": "canary"}, timeout=60, what="the edited Service's selector restored")
     kube.delete("v1", "Service", "canary", namespace)
     wait_for(lambda: kube.get("v1", "Service", "canary", namespace), timeout=60, what="the deleted Service made again")
+
+
+def test_a_service_waiting_for_its_gpu_is_ready_once_its_pod_is_and_kopf_never_retried_it(
+        kube, namespace, model, operator):
+    """Cluster path (kubernetes backend; real API server and scheduler, a KWOK
+    node of its own with one A10G). The GPU is held by another Pod, so the
+    service's Pod waits for capacity. While the service waits, the operator
+    looks again from its resync thread: kopf never writes its retry state
+    onto the object (it did at each try, a PATCH each; 5,000 services waiting
+    made 100 a second). The holder gone, the scheduler binds the service's
+    Pod, the operator's Pod watch pokes the service, and it is Ready."""
+    node = f"a10g-{namespace}"
+    kube.create(build_node(NodeSpec(name=node, gpu=GpuSpec(product="NVIDIA-A10G", count=1)), load_fleet()))
+    holder = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": namespace},
+              "spec": {"nodeName": node, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                       "containers": [{"name": "c", "image": "example.invalid/none:1",
+                                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    try:
+        kube.create(holder)
+        kube.create(isvc(namespace, "waits", model, {"sharing": "exclusive", "product": "NVIDIA-A10G",
+                                                     "memoryMib": 8 * GiB}))
+        placed = wait_for(lambda: next((c for c in _status(kube, namespace, "waits").get("conditions", [])
+                                        if c["type"] == ConditionType.PLACED), None), timeout=60, what="placed")
+        assert placed["reason"] == "WaitingForCapacity", placed
+        retried = []
+        deadline = time.monotonic() + 25  # long enough for kopf's retries to have written 1, 2, 4, 8 s
+        while time.monotonic() < deadline:
+            obj = kube.get(API_VERSION, "InferenceService", "waits", namespace)
+            assert obj["status"]["phase"] == "Pending", obj["status"]
+            retried += [v for v in obj["metadata"].get("annotations", {}).values()
+                        if v.startswith("{") and json.loads(v).get("retries")]
+            time.sleep(0.5)
+        assert retried == [], "kopf wrote retry state onto the waiting service"
+        kube.delete("v1", "Pod", "holder", namespace)
+        status = wait_for(lambda: (s := _status(kube, namespace, "waits")).get("phase") == "Ready" and s,
+                          timeout=90, what="Ready once its Pod is")
+        pod = next(p for p in pods_of(kube, namespace, "waits") if p["spec"].get("nodeName") == node)
+        pod_ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        print(f"the service Ready {epoch(ready['lastTransitionTime']) - epoch(pod_ready['lastTransitionTime']):.0f} s "
+              "after its Pod (1 s resolution)")
+    finally:
+        kube.delete(API_VERSION, "InferenceService", "waits", namespace)
+        kube.delete("v1", "Pod", "holder", namespace)
+        wait_for(lambda: _gpu_pods_on(kube, node) == [], timeout=60, what=f"{node} drained")
+        kube.delete("v1", "Node", node)
 
 
 def _status(kube, namespace: str, name: str) -> dict:

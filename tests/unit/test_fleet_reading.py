@@ -191,6 +191,40 @@ def test_a_roles_container_troubles_come_from_the_watch_as_a_list_of_its_pods_gi
         view.pods.stop()
 
 
+def test_a_services_pods_tell_the_operator_when_they_become_ready_or_go_and_nothing_else_does():
+    """Unit (scripted API): FleetView.on_serving_pod names the service of a
+    Pod the watch shows becoming ready, restarting or deleted, once per
+    change; a Pod's update that changes nothing kept (a new resourceVersion
+    alone), a GPU Pod that serves nothing, and the first LIST tell nothing."""
+    from kubeloop.operator.fleet import FleetView
+
+    def version(obj: dict, number: int) -> dict:
+        obj["metadata"]["resourceVersion"] = str(number)
+        return obj
+
+    ready = version(pod("fraud-a", gpus=0, serving="fraud"), 101)
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    same = version(pod("fraud-a", gpus=0, serving="fraud"), 102)
+    same["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    restarted = version(pod("fraud-a", gpus=0, serving="fraud"), 103)
+    restarted["status"]["containerStatuses"] = [{"name": "triton", "restartCount": 1, "state": {"running": {}},
+                                                 "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]
+    events = [("MODIFIED", ready), ("MODIFIED", same), ("MODIFIED", version(pod("gpu-only"), 104)),
+              ("ADDED", version(pod("churn-a", gpus=0, serving="churn", namespace="team-b"), 105)),
+              ("MODIFIED", restarted), ("DELETED", version(pod("fraud-a", gpus=0, serving="fraud"), 106))]
+    kube = ScriptedKube([pod("fraud-a", gpus=0, serving="fraud"), pod("gpu-only")], [events])
+    told: list[tuple[str, str]] = []
+    view = FleetView(kube)
+    view.on_serving_pod(lambda namespace, service: told.append((namespace, service)))
+    view.pods.start()
+    try:
+        assert kube.idle.wait(5)
+    finally:
+        view.pods.stop()
+    assert pod_use(ready).ready and not pod_use(restarted).ready
+    assert told == [("ml", "fraud"), ("team-b", "churn"), ("ml", "fraud"), ("ml", "fraud")]
+
+
 def test_the_client_keeps_more_connections_than_the_operator_has_threads_talking_at_once():
     """Unit: the kubernetes client's default pool is 5 connections a core; on
     2 cores the operator's 16 handler threads, resync threads and watches

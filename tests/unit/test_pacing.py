@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from kubeloop.operator.handlers import _steady_service, _unsteady_service
-from kubeloop.operator.pacing import ResyncPace, SteadyResync
+from kubeloop.operator.pacing import ResyncPace, ResyncThread
 
 
 class Clock:
@@ -69,6 +69,61 @@ def test_an_object_that_is_not_steady_or_is_deleted_leaves_the_count():
     assert "p" not in [m["uid"] for m in pace.take_due(100)]
 
 
+def test_a_waiting_object_is_looked_at_again_after_1_2_4_8_then_every_10_seconds():
+    """Unit (a clock of our own): an InferenceService waiting on its Pods is
+    looked at again by the resync thread, not by kopf's retries, which wrote
+    their state onto the object at each try; once it stops waiting, nothing
+    brings it back before its steady interval."""
+    clock = Clock()
+    pace = ResyncPace(15.0, 50.0, clock)
+    looks = []
+    pace.reconciled(meta("a"), steady=False, waiting=True)
+    while clock.now < 40:
+        clock.now += 0.5
+        if pace.take_due(50):
+            looks.append(clock.now)
+            pace.reconciled(meta("a"), steady=False, waiting=True)
+    assert looks == [1.0, 3.0, 7.0, 15.0, 25.0, 35.0]
+    assert pace.waiting() == 1
+    pace.reconciled(meta("a"), steady=True)
+    assert pace.waiting() == 0
+    clock.now += 14.5
+    assert pace.take_due(50) == []
+    clock.now += 1
+    assert [m["uid"] for m in pace.take_due(50)] == ["a"]
+
+
+def test_a_poked_object_goes_first_and_a_waiting_one_then_looks_again_a_second_later():
+    """Unit: a poke (one of the service's Pods changed) puts a waiting or a
+    steady object ahead of everything due, within the budget; a waiting one's
+    backoff starts again at 1 s, so a Deployment that counts the ready Pod a
+    moment after the Pod said so is seen a second later; unknown names and
+    forgotten objects are ignored."""
+    clock = Clock()
+    pace = ResyncPace(15.0, 2.0, clock)
+    for uid in ("s1", "s2", "s3"):
+        pace.reconciled(meta(uid), steady=True)
+    pace.reconciled(meta("w"), steady=False, waiting=True)
+    for _ in range(4):
+        pace.reconciled(meta("w"), steady=False, waiting=True)  # waited 5 times: next look in 10 s
+    clock.now = 16.0
+    pace.poke("ml", "n-w")
+    pace.poke("ml", "n-s3")
+    pace.poke("ml", "unknown")
+    assert [m["uid"] for m in pace.take_due(2)] == ["w", "s3"], "poked first, the budget holds"
+    assert [m["uid"] for m in pace.take_due(2)] == ["s1", "s2"]
+    assert pace.take_due(2) == [], "s3 was taken at 16 s: not due again yet"
+    pace.reconciled(meta("w"), steady=False, waiting=True)
+    clock.now = 16.5
+    assert pace.take_due(2) == []
+    clock.now = 17.0
+    assert [m["uid"] for m in pace.take_due(2)] == ["w"]
+    pace.forget("w")
+    pace.poke("ml", "n-w")
+    clock.now = 100.0
+    assert "w" not in [m["uid"] for m in pace.take_due(10)] and pace.waiting() == 0
+
+
 def test_the_resync_thread_resyncs_what_is_due_and_carries_on_after_a_failure():
     """Unit (a real thread, a clock of our own): every due object is resynced
     once, one that raises does not stop the others, and stop() ends it."""
@@ -86,7 +141,7 @@ def test_the_resync_thread_resyncs_what_is_due_and_carries_on_after_a_failure():
         if m["uid"] == "a":
             raise RuntimeError("the API server went away")
 
-    resyncing = SteadyResync(pace, resync).start()
+    resyncing = ResyncThread(pace, resync).start()
     try:
         assert done.wait(10)
     finally:
@@ -112,7 +167,7 @@ def test_resyncs_run_in_the_context_of_the_handler_that_started_them_and_start_o
         seen.append(queue.get("none"))
         done.set()
 
-    resyncing = SteadyResync(pace, resync)
+    resyncing = ResyncThread(pace, resync)
     handlers = contextvars.Context()
     handlers.run(queue.set, "kopf's event queue")
     resyncing.start(handlers)
@@ -133,7 +188,7 @@ def test_a_budget_under_one_resync_a_second_still_resyncs():
     pace.reconciled(meta("a"), steady=True)
     clock.now = 100.0
     done = threading.Event()
-    resyncing = SteadyResync(pace, lambda m: done.set()).start()
+    resyncing = ResyncThread(pace, lambda m: done.set()).start()
     try:
         assert done.wait(5)
     finally:

@@ -148,7 +148,7 @@ def test_an_outage_is_containers_failing_not_a_rollout_and_recovery_clears_it(po
     outage = reconcile_inference_service(REF, spec(), ready.status, ports)
     deployed = next(c for c in outage.status.conditions if c.type == "Deployed")
     assert (deployed.status, deployed.reason, deployed.message) == ("False", "ContainersFailing", died)
-    assert outage.status.phase == "Pending" and outage.retry_after
+    assert outage.status.phase == "Pending" and outage.waiting
     monkeypatch.undo()
     recovered = reconcile_inference_service(REF, spec(), outage.status, ports)
     assert recovered.status.phase == "Ready"
@@ -171,7 +171,7 @@ def test_a_swap_in_place_stays_ready_on_the_version_that_answers(ports, registry
                                            ports)
     deployed = next(c for c in swapping.status.conditions if c.type == "Deployed")
     assert (deployed.status, deployed.reason) == ("True", "Updating") and "version 1 answers" in deployed.message
-    assert (swapping.status.phase, swapping.status.model_version) == ("Ready", "1") and swapping.retry_after
+    assert (swapping.status.phase, swapping.status.model_version) == ("Ready", "1") and swapping.waiting
     monkeypatch.undo()
     done = reconcile_inference_service(REF, spec(), swapping.status, ports)
     assert (done.status.phase, done.status.model_version) == ("Ready", "2")
@@ -325,7 +325,7 @@ def test_a_ready_service_stays_ready_through_a_short_run_of_failed_checks(regist
     backend.ready = False
     out = reconcile_inference_service(REF, spec(), status, ports)
     assert out.status.phase == "Ready" and out.status.primary_unready_since == "2027-01-15T08:00:00Z"
-    assert out.retry_after is not None, "looked at again soon, not at the next resync"
+    assert out.waiting, "looked at again soon, not at the next resync"
     deployed = next(c for c in out.status.conditions if c.type == "Deployed")
     assert deployed.status == "True" and "readiness checks have failed since" in deployed.message
     now[0] += 29
