@@ -89,7 +89,7 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
     names = [f"svc-{i:05d}" for i in range(count)]
     try:
         op.wait_for_log("Initial authentication has finished", timeout=60)
-        started = time.monotonic()
+        started, created_asked = time.monotonic(), api_requests(kube)
         with ThreadPoolExecutor(8) as creating:
             list(creating.map(lambda n: kube.create(_isvc(namespace, n, model)), names))
 
@@ -112,6 +112,10 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
                          what=f"all {count} InferenceServices Ready", seen=lambda: f"{ready()} Ready")
             except TimeoutError as exc:
                 console.print(f"scale: measuring anyway: {exc}")
+        all_ready = time.monotonic() - started
+        creating = {k: v for k, v in (api_requests(kube) - created_asked).items() if k.startswith("PATCH")}
+        console.print(f"scale: from creation to all Ready ({all_ready:.0f} s), PATCHes: "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in sorted(creating.items())))
         phases = Counter((o.get("status") or {}).get("phase") for o in kube.list(API_VERSION, "InferenceService", namespace))
         process = psutil.Process(op.pid)
         shares = []
@@ -138,7 +142,8 @@ def measure(platform, count: int, workdir: Path, window: float, console: Console
         op.stop()
         kube.delete("v1", "Namespace", namespace)
         kube.delete("v1", "Node", node["metadata"]["name"])
-    return {"services": count, "converged_seconds": round(converged, 1), "phases": dict(phases),
+    return {"services": count, "converged_seconds": round(converged, 1), "ready_seconds": round(all_ready, 1),
+            "phases": dict(phases), "creation_patches": {k: round(v) for k, v in creating.items()},
             "core_share": Figure("operator's share of a core, steady state", shares, " core"),
             "change_p50_s": round(percentile(changes, 50), 3), "change_p99_s": round(percentile(changes, 99), 3),
             "changes_missed": missed, "api_requests_per_s": asked, "api_server_core_share": server_share,
