@@ -102,6 +102,11 @@ class ResyncPace:
             if named is not None:
                 self._uids.pop((named["namespace"], named["name"]), None)
 
+    def tracks(self, uid: str) -> bool:
+        """Whether the resync thread looks at the object (steady or waiting)."""
+        with self._lock:
+            return uid in self._steady or uid in self._waiting
+
     def steady(self) -> int:
         return len(self._steady)
 

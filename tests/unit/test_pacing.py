@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from kubeloop.operator.handlers import _steady_service, _unsteady_service
+from kubeloop.operator.handlers import _steady_service, _timer_has_work, _unsteady_service
 from kubeloop.operator.pacing import ResyncPace, ResyncThread
 
 
@@ -204,3 +204,28 @@ def test_a_service_is_steady_when_ready_with_nothing_under_way_and_keeps_kopfs_t
     assert not _steady_service({"phase": "Ready", "retraining": {"state": "Gating"}})
     assert _unsteady_service(None) and _unsteady_service({"phase": "Pending"})
     assert not _unsteady_service({"phase": "Ready"})
+
+
+def test_kopfs_timer_leaves_alone_what_its_change_handler_or_the_resync_thread_has():
+    """Unit: a timer run that queues for a thread holds up kopf's stopping of
+    the timer, and kopf patched a dummy annotation onto the object every 2 s
+    meanwhile (51 PATCHes a service at 5,000). So the timer does nothing for
+    an object whose generation its change handler has not reconciled yet, or
+    that the resync thread looks at (waiting or steady); it reconciles the
+    rest (a canary under way, an outage's retry)."""
+    pace = ResyncPace(15.0, 50.0, Clock())
+    new, canary = {**meta("a"), "generation": 2}, {**meta("b"), "generation": 1}
+    assert not _timer_has_work(pace, new, None)
+    assert not _timer_has_work(pace, new, {"observedGeneration": 1})
+    assert _timer_has_work(pace, new, {"observedGeneration": 2})
+    pace.reconciled(new, steady=False, waiting=True)
+    assert pace.tracks("a") and not _timer_has_work(pace, new, {"observedGeneration": 2})
+    pace.reconciled(new, steady=True)
+    assert pace.tracks("a") and not _timer_has_work(pace, new, {"observedGeneration": 2})
+    pace.reconciled(canary, steady=False)
+    assert not pace.tracks("b") and _timer_has_work(pace, canary, {"observedGeneration": 1})
+    pace.reconciled(new, steady=False)
+    assert _timer_has_work(pace, new, {"observedGeneration": 2})
+    pace.reconciled(new, steady=True)
+    pace.forget("a")
+    assert not pace.tracks("a")
