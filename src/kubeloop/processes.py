@@ -9,12 +9,17 @@ folder can first stop every process started under it (`stop_all_under`).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
 import signal
 import socket
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -193,6 +198,13 @@ _NODE_PORTS_START = 30000  # Kubernetes' default NodePort range starts here
 # The API server's static band of that range (30000-32767): min(max(16, 2768 / 32), 128) ports.
 _NODE_PORTS_STATIC_BAND = 86
 _handed_out: set[int] = set()
+# Ports handed out by any process of this user on this machine, until each
+# reservation ends: two pytest workers starting platforms at once drew the
+# same port, and the second server could not bind it (SeaweedFS's S3 gRPC).
+_RESERVATIONS = Path(tempfile.gettempdir()) / f"kubeloop-ports-{os.getuid()}.json"
+# Long enough for the slowest server to bind its port (it is then taken, and
+# never handed out again while bound); the file holds at most this long's ports.
+RESERVATION_SECONDS = 600.0
 
 
 def _ephemeral_start() -> int:
@@ -208,7 +220,9 @@ def free_port(node_port: bool = False) -> int:
     Chosen below the kernel's ephemeral range: a port the kernel hands out
     itself (bind to 0) can be taken by any outgoing connection in the seconds
     before the server binds it, which failed a CI run (mlflow: address already
-    in use), and below Kubernetes' NodePort range. Ports handed out by this process are never handed out twice.
+    in use), and below Kubernetes' NodePort range. A port is never handed
+out twice by this process, nor by another on this machine while its
+reservation lasts (RESERVATION_SECONDS).
 
     node_port: one of the NodePort range's first ports instead, the band the
     API server keeps for Services that name their nodePort (it assigns the
@@ -218,18 +232,45 @@ def free_port(node_port: bool = False) -> int:
     if node_port:
         floor, ceiling = _NODE_PORTS_START, _NODE_PORTS_START + _NODE_PORTS_STATIC_BAND
     rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(floor, ceiling)
-        if port in _handed_out:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
+    with _reserved() as reserved:
+        for _ in range(200):
+            port = rng.randrange(floor, ceiling)
+            if port in _handed_out or port in reserved:
                 continue
-        _handed_out.add(port)
-        return port
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            reserved[port] = time.time() + RESERVATION_SECONDS
+            return port
     raise RuntimeError(f"no free port between {floor} and {ceiling} after 200 tries")
+
+
+@contextlib.contextmanager
+def _reserved() -> Iterator[dict[int, float]]:
+    """The machine's port reservations still in force (port -> end), under
+    an exclusive lock; what the caller adds is written back. Where no file
+    can be written (a read-only root), this process's own ports only."""
+    try:
+        file = open(_RESERVATIONS, "a+", encoding="utf-8")  # noqa: SIM115 - closed below, after the write
+    except OSError:
+        yield {}
+        return
+    with file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        file.seek(0)
+        try:
+            held = {int(port): end for port, end in json.loads(file.read() or "{}").items()}
+        except (ValueError, AttributeError):
+            held = {}  # a file cut short by a killed writer holds nothing worth keeping
+        now = time.time()
+        reserved = {port: end for port, end in held.items() if end > now}
+        yield reserved
+        file.seek(0)
+        file.truncate()
+        file.write(json.dumps(reserved))
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:
