@@ -5,8 +5,9 @@ A request for a model goes to the member that holds it; a model no member
 holds is loaded on its first request through Triton's repository API, after
 the member unloads its least recently used idle models to make room. Each
 load is measured: the member's memory before and after it (one load at a
-time per member, so the growth is that model's), unless the model's size is
-already known (the OptimizedModel's footprint). Cold loads are counted and
+time per member, so the growth is that model's). That is host memory, what a
+member's processes hold; an OptimizedModel's footprint is GPU memory, so it
+sizes nothing here (no pool here measures a GPU). Cold loads are counted and
 timed; the record of their times is bounded.
 """
 
@@ -55,19 +56,18 @@ class Pool:
     """members: name -> Triton's URL; budgets: name -> MiB, of which
     HEADROOM is kept free; processes: name -> the member's memory now by
     process (kubeloop.front.memory.private_by_process of the Triton server:
-    it and its backends' processes, the server first); sizes: model -> known
-    size (MiB); estimate_mib: the room a model of unknown size gets until
-    its first load is measured."""
+    it and its backends' processes, the server first); estimate_mib: the
+    room a model of unknown size gets until its first load is measured."""
 
     def __init__(self, members: dict[str, str], budgets: dict[str, float],
-                 processes: Callable[[str], dict[int, float]], sizes: dict[str, float] | None = None,
-                 estimate_mib: float = 0.0, spread_at: int = 0):
+                 processes: Callable[[str], dict[int, float]], estimate_mib: float = 0.0, spread_at: int = 0):
         self.urls = dict(members)
         self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()}, spread_at)
         self.processes = processes
         self.empty = {name: self.memory(name) for name in members}
         """Each member's memory holding no model (members start empty: explicit model control, none at start)."""
-        self.sizes = dict(sizes or {})
+        self.sizes: dict[str, float] = {}
+        """Model -> what its first load grew its member by."""
         self.peaks: dict[str, float] = {}
         """Model -> the most its last load grew its member by, while it loaded."""
         self.estimate_mib = estimate_mib
@@ -322,7 +322,7 @@ class Pool:
     def _room(self, model: str) -> float:
         """The room a load of the model needs: the most its last load grew
         the member by (a load's processes use more while they start than once
-        loaded), else its known size; for a model never loaded, the estimate
+        loaded), else its first load's growth; for a model never loaded, the estimate
         given, else the median of the loads measured so far. Before any
         load is measured, the first goes alone: NoRoom (wait) while it runs."""
         if model in self.peaks or model in self.sizes:

@@ -4,9 +4,8 @@ a model goes (pure: plain data in, decisions out; the I/O is kubeloop.front.pool
 A member is a Triton server in explicit model-control mode with a memory
 budget. A model is loaded on its first request and stays until room is
 needed for another: then the members' least recently used models that no
-request is using are unloaded first. Sizes are measured ones (the
-OptimizedModel's footprint, or what the member grew by when it loaded the
-model); until a model's first load is measured, the caller gives an estimate,
+request is using are unloaded first. Sizes are measured ones (what the
+member grew by when it loaded the model); until a model's first load is measured, the caller gives an estimate,
 and a load measured larger than its room makes the member unload idle models
 until it is within its budget again.
 
