@@ -132,13 +132,15 @@ def build_report(objects: list[dict], nodes: list, registry, namespace: str,  # 
             entry["migPartedConfig"] = mig_parted_config(layout.suggested, list(layout.layouts))
         layouts.append(entry)
     return {"services": services, "layouts": layouts,
-            "pools": pool_report(objects, pools or {}, measured or {}, registry, namespace)}
+            "pools": pool_report(objects, pools or {}, measured or {}, namespace)}
 
 
-def pool_report(objects: list[dict], pools: dict, measured: dict[str, dict[str, float]], registry,  # noqa: ANN001
+def pool_report(objects: list[dict], pools: dict, measured: dict[str, dict[str, float]],
                 namespace: str) -> list[dict]:
     """Each pool the services name: its models' sizes and where they come
-    from, and how many the members hold at once (kubeloop.gpu.pools)."""
+    from, and how many the members hold at once (kubeloop.gpu.pools). A
+    pool's sizes are host memory, as its front measures them: an
+    OptimizedModel's footprint, GPU memory, is not one of them."""
     from kubeloop.front.pool import HEADROOM
     from kubeloop.gpu.pools import pack
     from kubeloop.serving.base import triton_name
@@ -154,9 +156,8 @@ def pool_report(objects: list[dict], pools: dict, measured: dict[str, dict[str, 
             report.append({"name": name, "error": f"no pool '{name}' in KUBELOOP_SERVING_POOLS (named: "
                                                   f"{', '.join(sorted(pools)) or 'none'})"})
             continue
-        models = [_pooled_model(obj, triton_name(f"{obj['metadata'].get('namespace', namespace)}."
-                                                 f"{obj['metadata']['name']}"),
-                                measured.get(name, {}), registry, size.estimate_mib) for obj in members]
+        models = [_pooled_model(triton_name(f"{obj['metadata'].get('namespace', namespace)}.{obj['metadata']['name']}"),
+                                measured.get(name, {}), size.estimate_mib) for obj in members]
         plan = pack(models, size.members, size.memory_mib, HEADROOM)
         report.append({
             "name": name, "members": size.members, "memoryMib": size.memory_mib, "headroom": HEADROOM,
@@ -167,27 +168,18 @@ def pool_report(objects: list[dict], pools: dict, measured: dict[str, dict[str, 
     return report
 
 
-def _pooled_model(obj: dict, model: str, measured: dict[str, float], registry, estimate: float):  # noqa: ANN001, ANN202
-    from kubeloop.api.serving import InferenceServiceSpec
+def _pooled_model(model: str, measured: dict[str, float], estimate: float):  # noqa: ANN202
     from kubeloop.gpu.pools import PooledModel
 
     if model in measured:
         return PooledModel(model, measured[model], "measured")
-    footprint = _footprint(registry, InferenceServiceSpec.model_validate(obj["spec"]))
-    if footprint is not None:
-        return PooledModel(model, float(footprint), "footprint")
     return PooledModel(model, estimate, "estimate") if estimate else PooledModel(model, None, "unknown")
 
 
 def _measured_footprint(registry, spec) -> int | None:  # noqa: ANN001
-    if not spec.gpu or spec.gpu.memory_mib:
-        return None
-    return _footprint(registry, spec)
-
-
-def _footprint(registry, spec) -> int | None:  # noqa: ANN001
-    """The model version's measured footprint (the OptimizedModel's), where the registry holds one."""
-    if registry is None:
+    """The model version's measured footprint (the OptimizedModel's), where
+    the registry holds one and the spec sets no GPU memory of its own."""
+    if registry is None or not spec.gpu or spec.gpu.memory_mib:
         return None
     from kubeloop.registry.tags import GPU_MEMORY_MIB
 

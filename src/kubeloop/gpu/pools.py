@@ -5,9 +5,11 @@ A pool loads models by traffic, so the plan is not where each model must
 be: it is which models the members can hold at once (largest first, each
 onto the member with the most room left, within each member's budget less
 the headroom the pool keeps free), and which are left to be loaded on
-demand, unloading the least recently used. Sizes are measured ones: what
-the pool measured when it loaded the model, else the OptimizedModel's
-footprint, else the pool's estimate for a model never loaded.
+demand, unloading the least recently used. Sizes are what the pool
+measured when it loaded the model (the host memory its member grew by),
+else the pool's estimate for a model never loaded. An OptimizedModel's
+footprint is GPU memory, and no pool here measures a GPU: it sizes
+nothing here.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class PooledModel:
     name: str
     size_mib: float | None
     source: str
-    """Where the size comes from: measured (by the pool), footprint, estimate, or unknown."""
+    """Where the size comes from: measured (by the pool), estimate, or unknown."""
 
 
 @dataclass(frozen=True)
