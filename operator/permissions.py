@@ -136,11 +136,11 @@ def operator_permissions() -> Permissions:
                     "its spec changed or its OptimizedModel was deleted"),
                Rule("", ("events",), ("list",), "trainer pipeline backend: why a TrainJob or Job runs nothing yet "
                                                 "(Trainer and the Job controller say so only in Events)"))
-    pools = (Rule("apps", ("deployments",), ("get", "delete", *APPLY), "pools: each pool's Pod (a Deployment of one)"),
+    pools = (Rule("apps", ("deployments",), ("get", "delete", *APPLY), "pools: each pool's Pods (a Deployment)"),
              Rule("", ("services", "configmaps"), ("list", "delete", *APPLY),
                   "pools: each pool's Service, its config, and its routes (a key per pooled InferenceService)"),
-             Rule("", ("services/proxy",), ("get",),
-                  "pools: whether the pool's front answers a pooled InferenceService's model ready"))
+             Rule("", ("pods/proxy",), ("get",),
+                  "pools: whether each pool Pod's front answers a pooled InferenceService's model ready"))
     return Permissions(namespaced=namespaced, cluster=cluster, gateway=gateway, kserve=kserve,
                        kserve_cluster=kserve_cluster, dra=dra, dra_cluster=dra_cluster, materialize=materialize,
                        trainer=trainer, pools=pools)

@@ -1205,6 +1205,117 @@ def test_a_pool_pod_serves_fifty_inference_services_within_its_members_budgets_o
     assert real.kube.list("v1", "ConfigMap", namespace, "kubeloop.dev/pool=shared") == []
 
 
+
+# Requests to the services in turn, each on a new connection, for a while;
+# what was answered and what failed (with the second it failed at).
+ROLL_CLIENT = """
+import json, sys, time, urllib.request
+url, names, body, seconds = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].encode(), float(sys.argv[4])
+started = time.monotonic()
+answered, failures, i = 0, [], 0
+while time.monotonic() - started < seconds:
+    name = names[i % len(names)]
+    i += 1
+    try:
+        request = urllib.request.Request(f"{url}/v2/models/{name}/infer", body, {"Content-Type": "application/json"})
+        json.loads(urllib.request.urlopen(request, timeout=60).read())["outputs"][0]["data"]
+        answered += 1
+    except Exception as exc:
+        failures.append(f"{time.monotonic() - started:.1f} s {name}: {exc}"[:200])
+    time.sleep(0.05)
+open("/dev/termination-log", "w").write(json.dumps({"answered": answered, "failed": len(failures),
+                                                     "failures": failures[:5]}))
+"""
+ROLL_CLIENT_SECONDS = 180
+
+
+@pytest.mark.timeout(900)
+def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_real_node(real, tmp_path):
+    """Cluster path (kubernetes backend, the real node): a pool sized with
+    two replicas serves four InferenceServices from two Pods, each a whole
+    pool (front, repository container, one Triton member), and each Pod's
+    front answers every service with the registered version's answer. A
+    new size (the operator started again with another spreadAt) rolls the
+    Pods, a new one first: it is Ready only once its front has taken up
+    every route, and an old one keeps serving while it leaves the Service's
+    endpoints. A client Pod calling the services through the pool's Service
+    all along gets every request answered, and no service leaves Ready.
+    (The pool's single Pod used to be recreated: a new size was an outage.)"""
+    import requests
+    from concurrent.futures import ThreadPoolExecutor
+    from kubeloop.serving.builders.pools import pool_name
+    from kubeloop.serving.builders.workloads import ROUTER_PORT
+    from mlflow import MlflowClient
+
+    namespace, env = real.namespace(), real.platform.env()
+    uri = env["MLFLOW_TRACKING_URI"]
+    model = f"{namespace}-rolled"
+    version = register_model(uri, model, seed=5)
+    MlflowClient(uri).set_registered_model_alias(model, "champion", version)
+
+    def operator_with(spread_at: int, log: str) -> OperatorProcess:
+        pools = {"shared": {"members": 1, "memoryMiB": 400, "replicas": 2, "spreadAt": spread_at}}
+        return serving_operator(real, namespace, tmp_path / log, front=True, KUBELOOP_SERVING_POOLS=json.dumps(pools),
+                                KUBELOOP_OPERATOR_NAMESPACE=namespace, KUBELOOP_RESYNC_SECONDS="10")
+
+    def pool_pods() -> list[dict]:
+        return real.kube.list("v1", "Pod", namespace, "kubeloop.dev/pool=shared")
+
+    names = [f"rolled-{i}" for i in range(4)]
+    models = [f"{namespace}.{n}" for n in names]
+    rows = [[round(float(v), 4) for v in row] for row in synthetic(rows=3, seed=11)[0]]
+    expected = expected_probabilities(uri, model, version, rows)
+    operator = operator_with(4, "first")
+    try:
+        for name in names:
+            real.kube.create(inference_service(namespace, name, model, pool="shared"))
+        wait_for(lambda: all(isvc_status(real.kube, namespace, n).get("phase") == "Ready" for n in names),
+                 timeout=300, interval=2, what="the pooled InferenceServices Ready")
+        before = pool_pods()
+        assert len(before) == 2, [p["metadata"]["name"] for p in before]
+        for pod in before:
+            for served in models:
+                answer = requests.post(f"http://{pod['status']['podIP']}:{ROUTER_PORT}/v2/models/{served}/infer",
+                                       json=v2_body(rows), timeout=120)
+                assert answer.status_code == 200, (pod["metadata"]["name"], served, answer.text)
+                got = answer.json()["outputs"][0]["data"]
+                assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-4, (pod["metadata"]["name"], served)
+        operator.stop()
+        service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
+        with ThreadPoolExecutor(1) as calls:
+            client = calls.submit(client_pod_answer, real, namespace, ROLL_CLIENT, [
+                f"http://{service['spec']['clusterIP']}", json.dumps(models), json.dumps(v2_body(rows)),
+                str(ROLL_CLIENT_SECONDS)], timeout=ROLL_CLIENT_SECONDS + 120)
+            wait_for(lambda: any(p["metadata"]["name"].startswith("client-") and p["status"].get("phase") == "Running"
+                                 for p in real.kube.list("v1", "Pod", namespace)), timeout=60, what="the client calling")
+            calling = time.monotonic()
+            operator = operator_with(3, "second")
+            old, left_ready = {p["metadata"]["name"] for p in before}, set()
+
+            def rolled() -> bool:
+                left_ready.update(n for n in names if isvc_status(real.kube, namespace, n).get("phase") != "Ready")
+                pods = pool_pods()
+                return len(pods) == 2 and not old & {p["metadata"]["name"] for p in pods} and all(
+                    _serving_pod(p) for p in pods)
+
+            wait_for(rolled, timeout=ROLL_CLIENT_SECONDS, interval=1, what="the pool's Pods rolled")
+            roll_seconds = time.monotonic() - calling
+            report = client.result()
+        print(f"pool of two Pods rolled in {roll_seconds:.0f} s while a client called it: {report}")
+        assert roll_seconds < ROLL_CLIENT_SECONDS - 10, "the roll must end while the client still calls"
+        assert report["failed"] == 0 and report["answered"] >= 100, report
+        assert left_ready == set(), f"services that left Ready during the roll: {sorted(left_ready)}"
+    finally:
+        _delete_inference_services(real.kube, [namespace])
+        operator.stop()
+    assert real.kube.get("apps/v1", "Deployment", pool_name("shared"), namespace) is None
+
+
+def _serving_pod(pod: dict) -> bool:
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
 def test_kserve_predictors_claim_their_gpu_slice_through_dra_from_the_real_scheduler(real, tmp_path):
     """Cluster path (kserve backend, KUBELOOP_GPU_ALLOCATION=dra): the
     predictor kubeloop asks KServe for carries a claim from kubeloop's

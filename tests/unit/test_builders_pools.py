@@ -5,14 +5,16 @@ the real node is tests/e2e/test_real_node.py (cluster path)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kubeloop.serving.base import PoolSize
 from kubeloop.serving.builders.pools import (
-    LABEL_ROUTES_SHARD, MEMBER_PORT, ROUTE_SHARDS, ROUTES_DIR, SERVED_DIR, build_pool, build_routes, front_config,
-    route_manager, route_shard,
+    LABEL_ROUTES_SHARD, MEMBER_PORT, ROUTE_SHARDS, ROUTES_DIR, SERVED_DIR, STOP_DELAY_SECONDS, build_pool, build_routes,
+    front_config, route_manager, route_shard,
 )
 from kubeloop.serving.builders.workloads import ServingImages
 from kubeloop.serving.clusterpools import ClusterPools
+from kubeloop.serving.poolsync import PoolFolders
 
 SIZE = PoolSize(members=3, memory_mib=400, spread_at=2)
 IMAGES = ServingImages(triton="triton:1", puller="runtime:1", router="runtime:1", triton_backend="python",
@@ -27,7 +29,9 @@ def test_one_pod_holds_the_front_the_repository_container_and_each_member():
     objects = by_kind(build_pool("shared", SIZE, "kubeloop-system", IMAGES))
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     assert objects["Deployment"]["spec"]["replicas"] == 1
-    assert objects["Deployment"]["spec"]["strategy"] == {"type": "Recreate"}
+    # Rolled a new Pod before an old one goes: the pool's services stay answered through a change of size.
+    assert objects["Deployment"]["spec"]["strategy"] == {"type": "RollingUpdate",
+                                                         "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     assert pod["shareProcessNamespace"] is True and pod["automountServiceAccountToken"] is False
     containers = {c["name"]: c for c in pod["containers"]}
     assert list(containers) == ["front", "repository", "member-0", "member-1", "member-2"]
@@ -43,12 +47,26 @@ def test_one_pod_holds_the_front_the_repository_container_and_each_member():
     assert mounts["served"]["mountPath"] == SERVED_DIR and "routes" not in mounts
     assert {m["name"]: m["mountPath"] for m in containers["repository"]["volumeMounts"]}["routes"] == ROUTES_DIR
     assert objects["Service"]["spec"]["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    # Every container keeps serving while the stopping Pod leaves the Service's endpoints.
+    assert all(c["lifecycle"] == {"preStop": {"sleep": {"seconds": STOP_DELAY_SECONDS}}} for c in containers.values())
+    assert pod["terminationGracePeriodSeconds"] > STOP_DELAY_SECONDS
+
+
+def test_replicas_are_whole_pools_and_a_new_count_changes_no_pod():
+    three = PoolSize(members=3, memory_mib=400, spread_at=2, replicas=3)
+    deployment = by_kind(build_pool("shared", three, "ns", IMAGES))["Deployment"]
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["template"] == by_kind(build_pool("shared", SIZE, "ns", IMAGES))["Deployment"]["spec"][
+        "template"], "a new count of replicas adds or removes Pods, it rolls none"
 
 
 def test_the_fronts_members_are_found_by_port_with_the_budget_the_operator_sized():
     config = front_config("shared", SIZE)
     assert config["members"]["member-1"] == {"url": f"http://127.0.0.1:{MEMBER_PORT + 10}", "budget_mib": 400}
     assert config["spread_at"] == 2 and config["routes"] == SERVED_DIR
+    # The front is ready once the file the repository container writes after its first round is there.
+    served = PoolFolders(Path(ROUTES_DIR), Path(SERVED_DIR), Path("/models"), Path("/work"))
+    assert config["synced"] == str(served.synced)
     data = json.loads(by_kind(build_pool("shared", SIZE, "ns", IMAGES))["ConfigMap"]["data"]["pool.json"])
     assert data == config
 
@@ -124,3 +142,44 @@ def test_a_pool_needs_the_front_the_operators_namespace_and_a_size():
     assert "KUBELOOP_OPERATOR_NAMESPACE" in ClusterPools(None, IMAGES, sizes, None).problem("shared")
     assert "no pool 'other'" in ClusterPools(None, IMAGES, sizes, "kubeloop-system").problem("other")
     assert ClusterPools(None, IMAGES, sizes, "kubeloop-system").problem("shared") is None
+
+
+class PoolPodsKube:
+    """The pool's Pods, and which of their fronts answer the model ready (a fake of one module's I/O)."""
+
+    def __init__(self, pods: list[dict], taken_up: set[str]):
+        self.pods, self.taken_up, self.asked = pods, taken_up, []
+
+    def list(self, api_version, kind, namespace, selector):  # noqa: ANN001, ANN201
+        return self.pods
+
+    def request(self, method, path, timeout):  # noqa: ANN001, ANN201
+        from kubeloop.kube import KubeError
+
+        pod = path.split("/pods/")[1].split(":")[0]
+        self.asked.append(pod)
+        if pod not in self.taken_up:
+            raise KubeError(404, "Not Found", "pool shared serves no model")
+        return {}
+
+
+def pool_pod(name: str, ready: bool = True, stopping: bool = False) -> dict:
+    metadata = {"name": name, **({"deletionTimestamp": "2026-12-05T06:00:00Z"} if stopping else {})}
+    return {"metadata": metadata, "status": {"conditions": [{"type": "Ready", "status": str(ready)}],
+                                             "containerStatuses": []}}
+
+
+def test_a_pooled_service_is_ready_once_every_pod_its_service_sends_requests_to_has_taken_it_up():
+    """Unit, plain data: with two pool Pods, a service one front has not
+    taken up yet is not Ready (a request could reach that Pod); a Pod not
+    yet Ready, or stopping, gets no requests and is not asked."""
+    deployment = {"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "availableReplicas": 2}}
+    pods = [pool_pod("pool-a"), pool_pod("pool-b"), pool_pod("pool-new", ready=False), pool_pod("pool-old", stopping=True)]
+    kube = PoolPodsKube(pods, taken_up={"pool-a"})
+    pools = ClusterPools(kube, IMAGES, {"shared": SIZE}, "ns")
+    waiting = pools._observe("shared", "ns.fraud", deployment, ["primary"])
+    assert waiting.ready == {"primary": False} and "pool-b is taking up ns.fraud" in waiting.message
+    assert sorted(kube.asked) == ["pool-a", "pool-b"]
+    kube.taken_up.add("pool-b")
+    serving = pools._observe("shared", "ns.fraud", deployment, ["primary"])
+    assert serving.ready == {"primary": True} and serving.ready_replicas == 2 and serving.message == ""

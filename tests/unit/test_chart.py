@@ -478,3 +478,21 @@ def test_pools_reach_the_operator_as_sized_with_their_rules_in_the_releases_name
     plain = render()
     assert "kubeloop-system/kubeloop-pools" not in _rules(plain, "Role")
     assert "KUBELOOP_SERVING_POOLS" not in {e["name"] for e in _pod_specs(plain)[0]["containers"][0]["env"]}
+
+
+def test_the_charts_pool_sizes_are_the_operators():
+    """values.schema.json refuses unknown keys of a pool: it must name every
+    field the operator's KUBELOOP_SERVING_POOLS reads, and nothing else."""
+    from kubeloop.serving.base import PoolSize
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pools = next(found for found in _walk(schema) if "pools" in found)["pools"]
+    fields = {field.alias or name for name, field in PoolSize.model_fields.items()}
+    assert set(pools["additionalProperties"]["properties"]) == fields
+
+
+def _walk(node):  # noqa: ANN001, ANN202
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _walk(value)

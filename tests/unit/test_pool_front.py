@@ -129,3 +129,39 @@ def test_the_front_takes_up_a_service_renamed_into_its_folder_while_it_skips_unc
     finally:
         loop.run_until_complete(front.stop())
         loop.close()
+
+
+def test_a_pool_pods_front_is_ready_only_once_it_has_taken_up_the_routes_found_at_its_start(tmp_path):
+    """A second pool Pod (or one started again) must not get requests for
+    services it does not know yet: its readiness waits for the repository
+    container's synced file, then for a round of its own after it. A front
+    with no synced file configured (the local backend's) is ready at once."""
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    synced = folder / ".synced"
+    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    front = PooledFront(PoolConfig("shared", {"m": member}, folder, synced=synced))
+    local = PooledFront(PoolConfig("local", {"m": member}, folder))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    def ready_within(seconds: float) -> bool:
+        for _ in range(int(seconds / 0.1)):
+            if status(front, "/v2/health/ready")[0] == 200:
+                return True
+            loop.run_until_complete(asyncio.sleep(0.1))  # the front's watcher runs meanwhile
+        return False
+
+    try:
+        loop.run_until_complete(front.start())
+        assert status(local, "/v2/health/ready")[0] == 200
+        assert status(front, "/v2/health/ready")[0] == 503 and status(front, "/v2/health/live")[0] == 200
+        assert not ready_within(1.2)
+        routes(folder, "ml.a", "fraud")
+        synced.touch()
+        assert ready_within(5)
+        assert status(front, "/v2/models/ml.a/ready")[0] == 200, "ready with every route written before the file"
+    finally:
+        loop.run_until_complete(front.stop())
+        local.pool.close()
+        loop.close()

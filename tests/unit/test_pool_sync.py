@@ -51,15 +51,18 @@ def test_a_route_reaches_the_front_once_fetched_and_a_failed_fetch_holds_back_on
     (where.routes / "ns.a.json").write_text(json.dumps(route("ns.a", "1", canary="2")))
     (where.routes / "ns.b.json").write_text(json.dumps(route("ns.b", "1")))
     fetch = Fetches(where.repository, failing={"ns.b"})
+    assert not where.synced.exists()
     problems = sync_once(where, fetch)
     assert [p.split(":")[0] for p in problems] == ["ns.b.json"] and "registry is down" in problems[0]
-    assert sorted(p.name for p in where.served.iterdir()) == ["ns.a.json"]
+    # The front is ready after the first round, with every route that round could fetch.
+    assert where.synced.exists()
+    assert sorted(p.name for p in where.served.glob("*.json")) == ["ns.a.json"]
     assert (where.repository / "ns.a" / "2").is_dir()
     assert (where.served / "ns.a.json").read_text() == (where.routes / "ns.a.json").read_text()
 
     fetch.failing = set()
     assert sync_once(where, fetch) == []
-    assert sorted(p.name for p in where.served.iterdir()) == ["ns.a.json", "ns.b.json"]
+    assert sorted(p.name for p in where.served.glob("*.json")) == ["ns.a.json", "ns.b.json"]
     # ns.a was up to date: fetched once, in the first round only.
     assert [c for c in fetch.calls if c[0] == "ns.a"] == [("ns.a", ("1", "2"), "1")]
 

@@ -41,6 +41,7 @@ from kubeloop.front.upstream import Upstreams, UpstreamError
 log = logging.getLogger("kubeloop.poolfront")
 WATCH_SECONDS = 0.5
 FULL_SYNC_ROUNDS = 120
+COARSE_CLOCK_NS = 50_000_000
 MEMBERS_UP_SECONDS = 600.0
 
 
@@ -66,6 +67,10 @@ class PoolConfig:
     """Requests under way to a model on each member holding it from which it is copied to another (0: never)."""
     detailed_metrics: int | None = None
     """Services whose histograms are their own (Metrics.detailed_limit)."""
+    synced: Path | None = None
+    """A file written once the routes folder holds every route there is (a
+    pool Pod's repository container writes it after its first round): the
+    front is not ready before it has taken them up. None: ready at once."""
 
     @classmethod
     def load(cls, path: Path) -> "PoolConfig":
@@ -73,7 +78,8 @@ class PoolConfig:
         members = {name: PoolMember(m["url"], int(m["pid"]) if m.get("pid") else None, float(m["budget_mib"]))
                    for name, m in data["members"].items()}
         return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)),
-                   int(data.get("spread_at", 0)), data.get("detailed_metrics"))
+                   int(data.get("spread_at", 0)), data.get("detailed_metrics"),
+                   Path(data["synced"]) if data.get("synced") else None)
 
 
 class Serving(NamedTuple):
@@ -99,6 +105,8 @@ class PooledFront:
         self.by_model: dict[str, list[Router]] = {}
         self.upstream = Upstreams()
         self._watching: asyncio.Task | None = None
+        self._synced_from: int | None = None
+        """When the latest sync began (ns since the epoch, as a file's mtime)."""
 
     def processes(self, member: str) -> dict[int, float]:
         """The member's memory by process; a member named by its port is
@@ -138,15 +146,28 @@ class PooledFront:
                 # full round now and then still catches a change a coarse
                 # clock hid.
                 folder = self.config.routes.stat().st_mtime_ns
-                if folder == seen and rounds % FULL_SYNC_ROUNDS:
+                if folder == seen and rounds % FULL_SYNC_ROUNDS and self.ready():
                     continue
                 await self.sync()
                 seen = folder
             except Exception:  # one bad round must not end route reloads for good
                 log.exception("the pool's front could not take up its routes; trying again")
 
+    def ready(self) -> bool:
+        """Whether the front has taken up every route (the synced file was
+        there before its latest sync began)."""
+        if self.config.synced is None:
+            return True
+        try:
+            written = self.config.synced.stat().st_mtime_ns
+        except FileNotFoundError:
+            return False
+        # A file's mtime comes from the kernel's coarse clock, up to a tick behind.
+        return self._synced_from is not None and written + COARSE_CLOCK_NS <= self._synced_from
+
     async def sync(self) -> None:
         """Take up new, changed and removed router files."""
+        began = time.time_ns()
         found = {p.name: p for p in self.config.routes.glob("*.json")}
         changed = set(self.routers) != set(found)
         for name in sorted(set(self.routers) - set(found)):
@@ -171,6 +192,7 @@ class PooledFront:
                 await self._settle(self.pool.reload(router.config.triton_model))
         if changed:
             self.by_model = index(self.routers.values())
+        self._synced_from = began
 
     @staticmethod
     async def _settle(change: Awaitable[None]) -> None:
@@ -197,7 +219,7 @@ class PooledFront:
         if request.path == "/pool":
             return json_response(self.describe())
         if parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("ready", "live"):
-            return Response(200)
+            return Response(200 if parts[2] == "live" or self.ready() else 503)
         if parts == ["v2"]:
             return json_response({"name": f"kubeloop pool {self.config.name}", "extensions": []})
         if parts[:2] != ["v2", "models"] or len(parts) < 3:

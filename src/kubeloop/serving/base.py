@@ -45,6 +45,11 @@ class PoolSize(BaseModel):
     spread_at: int = Field(default=4, ge=0, alias="spreadAt")
     """Requests under way to one model on every member holding it from which
     the model is loaded on another member with room too (0: never)."""
+    replicas: int = Field(default=1, ge=1, le=16)
+    """Copies of the pool on the kubernetes backend (Pods, each with its own
+    front and members, each loading the models its own traffic asks for):
+    more than one keeps the pool's services answered while a Pod or its
+    node is lost. The local backend runs one."""
     detailed_metrics: int = Field(default=100, ge=0, alias="detailedMetrics")
     """Services whose latency and prediction histograms are their own; the
     rest share series labelled _other (services in a rollout keep their own:

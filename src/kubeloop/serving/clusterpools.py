@@ -5,10 +5,10 @@ their own.
 
 The pool's objects belong to no service: the first to join creates them,
 each keeps them as the pool's size says, and the last to leave deletes
-them. A pooled service is Ready once the pool's front answers its model
-ready (asked through the API server's proxy to the pool's Service, which
-works wherever the operator runs): the front has its routes and its
-versions are in the repository. The model itself is loaded on its first
+them. A pooled service is Ready once the front of each pool Pod the
+pool's Service sends requests to answers its model ready (asked through
+the API server's proxy, which works wherever the operator runs): each has
+its routes and its versions are in its repository. The model itself is loaded on its first
 request, as in a local pool.
 """
 
@@ -24,7 +24,7 @@ from kubeloop.serving.builders.pools import (
     LABEL_POOL, LABEL_POOL_PART, LABEL_ROUTES_SHARD, build_pool, build_routes, grpc_address, pool_name, route_manager,
     route_shard, url,
 )
-from kubeloop.serving.builders.workloads import ServingImages, container_troubles
+from kubeloop.serving.builders.workloads import ROUTER_PORT, ServingImages, container_troubles
 from kubeloop.serving.routes import build_router_config
 
 
@@ -90,25 +90,32 @@ class ClusterPools:
         served = dict(url=url(pool, self.namespace), grpc_address=grpc_address(pool, self.namespace))
         status = deployment.get("status", {})
         current = deployment.get("metadata", {}).get("generation") == status.get("observedGeneration")
-        troubles = container_troubles(self.kube.list("v1", "Pod", self.namespace, f"{LABEL_POOL}={pool}"))
-        if not (current and status.get("availableReplicas", 0) >= 1):
+        pods = self.kube.list("v1", "Pod", self.namespace, f"{LABEL_POOL}={pool}")
+        troubles = container_troubles(pods)
+        serving = [p for p in pods if _serving(p)]
+        if not (current and status.get("availableReplicas", 0) >= 1 and serving):
             return ServingState(ready=dict.fromkeys(roles, False), message="; ".join([f"pool {pool}: its Pod is starting",
                                                                              *troubles]),
                                 failing=bool(troubles), **served)
-        ready, why = self._model_ready(pool, name)
-        message = "; ".join(([] if ready else [why]) + troubles)
-        return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=1 if ready else 0, message=message, **served)
+        waiting = [why for why in (self._model_ready(pool, name, pod) for pod in serving) if why]
+        ready = not waiting
+        message = "; ".join(waiting[:1] + troubles)
+        return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=len(serving) if ready else 0,
+                            message=message, **served)
 
-    def _model_ready(self, pool: str, name: str) -> tuple[bool, str]:
-        path = (f"/api/v1/namespaces/{self.namespace}/services/{pool_name(pool)}:http/proxy"
-                f"/v2/models/{name}/ready")
+    def _model_ready(self, pool: str, name: str, pod: dict) -> str | None:
+        """Why the pool Pod's front does not answer the model ready (None: it does).
+        Asked of each Pod its Service sends requests to, through the API
+        server's proxy (which works wherever the operator runs)."""
+        pod_name = pod["metadata"]["name"]
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod_name}:{ROUTER_PORT}/proxy/v2/models/{name}/ready"
         try:
             self.kube.request("GET", path, timeout=10)
         except KubeError as exc:
             if exc.status == 404:
-                return False, f"pool {pool}: its front is taking up {name} (its versions are being fetched)"
-            return False, f"pool {pool}: {name} is not ready: {exc}"
-        return True, ""
+                return f"pool {pool}: its front in {pod_name} is taking up {name} (its versions are being fetched)"
+            return f"pool {pool}: {name} is not ready in {pod_name}: {exc}"
+        return None
 
     def _routes_holding(self, ref: ObjectRef) -> dict[str, str]:
         """Pool -> the service's router file there, for each pool holding one
@@ -138,3 +145,10 @@ class ClusterPools:
                                        ("v1", "ConfigMap", pool_name(pool)),
                                        *(("v1", "ConfigMap", cm["metadata"]["name"]) for cm in shards)):
             self.kube.delete(api_version, kind, obj, self.namespace)
+
+
+def _serving(pod: dict) -> bool:
+    """Whether the pool's Service sends the Pod requests: Ready, and not stopping."""
+    conditions = pod.get("status", {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

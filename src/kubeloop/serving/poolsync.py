@@ -7,7 +7,8 @@ fetches every version a file names from the registry into the repository
 the pool's Tritons share (as the local backend does for a local pool,
 kubeloop.serving.repository.put_pooled), and only then copies the file into
 the folder the pool's front serves from: the front never routes to a model
-whose files are not there yet. A removed file is taken from the front's
+whose files are not there yet, and is not ready before this loop's first
+round has handed it every route it could. A removed file is taken from the front's
 folder first, then its model from the repository. A version that cannot be
 fetched (the registry down, a version deleted) is tried again next round,
 with the others going ahead, and said in the log.
@@ -39,6 +40,12 @@ class PoolFolders:
     work: Path
     """Fetched files and each version's own config."""
 
+    @property
+    def synced(self) -> Path:
+        """Written once the first round has handed the front every route it
+        could: the front is ready from then on (the pool's front_config)."""
+        return self.served / ".synced"
+
 
 def versions_of(route: dict) -> tuple[list[str], str]:
     """Every version a router file serves, and its primary (pure)."""
@@ -53,7 +60,7 @@ Fetch = Callable[[str, list[str], str, str], None]
 
 def sync_once(folders: PoolFolders, fetch: Fetch) -> list[str]:
     """One round; what could not be taken up (empty: the front's folder
-    matches the routes)."""
+    matches the routes). The first marks the folder synced."""
     folders.served.mkdir(parents=True, exist_ok=True)
     wanted = {path.name: path.read_text() for path in folders.routes.glob("*.json")}
     for gone in sorted(p for p in folders.served.glob("*.json") if p.name not in wanted):
@@ -75,6 +82,8 @@ def sync_once(folders: PoolFolders, fetch: Fetch) -> list[str]:
             continue
         write_if_changed(served, text)
         log.info("%s serves versions %s", route["triton_model"], ", ".join(versions))
+    if not folders.synced.exists():
+        folders.synced.touch()
     return problems
 
 

@@ -13,9 +13,14 @@ hundred router files of 2 to 3 KiB, so a pool's routes are spread over
 ROUTE_SHARDS ConfigMaps by a hash of the service's key, projected into one
 folder of the Pod.
 
-One replica, recreated rather than rolled: the front knows what each
-member holds because it loaded it there, so two fronts on one member set
-would each count the other's models as free room.
+Each Pod is a whole pool of its own (the front knows what each member
+holds because it loaded it there): `replicas` Pods, each loading what its
+share of the traffic asks for, rolled one new Pod at a time before an old
+one goes. A Pod is Ready once its front serves every route the repository
+container found at its start (the front's readiness; a new Pod gets no
+request for a service it does not know yet), and each container waits a
+few seconds after it is told to stop, so that callers are sent elsewhere
+before the front and its members close.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ its 1 MiB), and a service's reconcile reads only its own shard of each pool."""
 ROUTES_DIR = "/etc/kubeloop/routes"
 CONFIG_DIR = "/etc/kubeloop/pool"
 SERVED_DIR = "/var/run/kubeloop/served"
+SYNCED_FILE = f"{SERVED_DIR}/.synced"
+"""Written by the repository container once its first round has handed the
+front every route it could (kubeloop.serving.poolsync)."""
+STOP_DELAY_SECONDS = 5
+"""How long a stopping pool Pod's containers keep serving: the Pod has left
+its Service's endpoints by then (kube-proxy sends new connections elsewhere)."""
 WORK_DIR = "/var/run/kubeloop/work"
 MEMBER_PORT = 9000
 """Member i listens on MEMBER_PORT + 10 i (HTTP), + 1 (gRPC), + 2 (metrics)."""
@@ -94,8 +105,8 @@ def member_names(size: PoolSize) -> list[str]:
 def front_config(pool: str, size: PoolSize) -> dict:
     """The pool front's pool.json: members by port (found among the Pod's
     processes), routes from the folder the repository container fills."""
-    return {"name": pool, "routes": SERVED_DIR, "estimate_mib": size.estimate_mib, "spread_at": size.spread_at,
-            "detailed_metrics": size.detailed_metrics,
+    return {"name": pool, "routes": SERVED_DIR, "synced": SYNCED_FILE, "estimate_mib": size.estimate_mib,
+            "spread_at": size.spread_at, "detailed_metrics": size.detailed_metrics,
             "members": {m: {"url": f"http://127.0.0.1:{MEMBER_PORT + 10 * i}", "budget_mib": size.memory_mib}
                         for i, m in enumerate(member_names(size))}}
 
@@ -115,21 +126,22 @@ def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages)
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {**_metadata(pool, namespace, pool_name(pool), "pod")},
         "spec": {
-            "replicas": 1,
+            "replicas": size.replicas,
             "selector": {"matchLabels": {LABEL_POOL: pool, LABEL_POOL_PART: "pod"}},
-            "strategy": {"type": "Recreate"},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
                 "metadata": {"labels": labels, "annotations": {
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(ROUTER_PORT),
-                    # A change of members or budgets starts the pool again:
-                    # its members then hold nothing, and the front knows it.
+                    # A change of members or budgets rolls the pool's Pods:
+                    # a new one's members hold nothing, and its front knows it.
                     "kubeloop.dev/pool-hash": content_hash(config)}},
                 "spec": {
                     "automountServiceAccountToken": False, "shareProcessNamespace": True,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                                         "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [_front(images), _repository(images),
-                                   *(_member(images, size, i) for i in range(size.members))],
+                    "containers": [_stopping_late(c) for c in (_front(images), _repository(images),
+                                   *(_member(images, size, i) for i in range(size.members)))],
+                    "terminationGracePeriodSeconds": STOP_DELAY_SECONDS + 30,
                     "volumes": volumes,
                 },
             },
@@ -140,6 +152,10 @@ def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages)
                         "ports": [{"name": "http", "port": 80, "targetPort": "http"},
                                   {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}]}}
     return [config_map, with_input_hash(deployment), service]
+
+
+def _stopping_late(container: dict) -> dict:
+    return {**container, "lifecycle": {"preStop": {"sleep": {"seconds": STOP_DELAY_SECONDS}}}}
 
 
 def _front(images: ServingImages) -> dict:
