@@ -1244,7 +1244,10 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     """Cluster path (kubernetes backend, the real node): a pool sized with
     two replicas serves four InferenceServices from two Pods, each a whole
     pool (front, repository container, one Triton member), and each Pod's
-    front answers every service with the registered version's answer. A
+    front answers every service with the registered version's answer, each
+    model loaded on one Pod only: its owner's among the Pods the pool's
+    headless Service resolves to (the other Pod's front sends it on); a
+    hot model gets a copy on the Pod that sent its requests on. A
     new size (the operator started again with another spreadAt) rolls the
     Pods, a new one first: it is Ready only once its front has taken up
     every route, and an old one keeps serving while it leaves the Service's
@@ -1252,8 +1255,10 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     all along gets every request answered, and no service leaves Ready.
     (The pool's single Pod used to be recreated: a new size was an outage.)"""
     import requests
+    import threading
     from concurrent.futures import ThreadPoolExecutor
-    from kubeloop.serving.builders.pools import pool_name
+    from kubeloop.front.peers import owner
+    from kubeloop.serving.builders.pools import peers_name, pool_name
     from kubeloop.serving.builders.workloads import ROUTER_PORT
     from mlflow import MlflowClient
 
@@ -1283,13 +1288,57 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
                  timeout=300, interval=2, what="the pooled InferenceServices Ready")
         before = pool_pods()
         assert len(before) == 2, [p["metadata"]["name"] for p in before]
-        for pod in before:
+        fronts = [f"http://{pod['status']['podIP']}:{ROUTER_PORT}" for pod in before]
+        peers = {f"{pod['status']['podIP']}:{ROUTER_PORT}" for pod in before}
+        wait_for(lambda: all(set(requests.get(f"{f}/pool", timeout=10).json()["peers"]) == peers for f in fronts),
+                 timeout=60, interval=1, what="each pool Pod's front finding both Pods through the headless Service")
+        for front in fronts:
             for served in models:
-                answer = requests.post(f"http://{pod['status']['podIP']}:{ROUTER_PORT}/v2/models/{served}/infer",
-                                       json=v2_body(rows), timeout=120)
-                assert answer.status_code == 200, (pod["metadata"]["name"], served, answer.text)
+                answer = requests.post(f"{front}/v2/models/{served}/infer", json=v2_body(rows), timeout=120)
+                assert answer.status_code == 200, (front, served, answer.text)
                 got = answer.json()["outputs"][0]["data"]
-                assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-4, (pod["metadata"]["name"], served)
+                assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 1e-4, (front, served)
+        # Each model was asked of both Pods and loaded on one: its owner's.
+        held = {f"{urlsplit(f).hostname}:{ROUTER_PORT}": [m for member in requests.get(f"{f}/pool", timeout=10).json()[
+            "members"].values() for m in member["models"]] for f in fronts}
+        assert sorted(m for found in held.values() for m in found) == sorted(models), held
+        assert all(owner(m, peers) == pod for pod, found in held.items() for m in found), held
+        # What sending a request on costs: a loaded model asked of its owner, then of the other Pod.
+        warm = models[1]
+        at_owner = next(f for f in fronts if warm in held[f"{urlsplit(f).hostname}:{ROUTER_PORT}"])
+        timings = {}
+        for label, front in (("owner", at_owner), ("sent on", next(f for f in fronts if f != at_owner))):
+            took = []
+            for _ in range(40):
+                began = time.perf_counter()
+                assert requests.post(f"{front}/v2/models/{warm}/infer", json=v2_body(rows), timeout=60).ok
+                took.append(time.perf_counter() - began)
+            timings[label] = sorted(took)[len(took) // 2] * 1000
+        print("a loaded model's request, p50 of 40 from the host: " + ", ".join(
+            f"{label} {ms:.2f} ms" for label, ms in timings.items()))
+        # A hot model (eight callers at once at the Pod that sends it on; spreadAt 4, one member a Pod)
+        # gets a copy on that Pod, which then serves it itself.
+        hot = models[0]
+        sender = next(f for f in fronts if hot not in held[f"{urlsplit(f).hostname}:{ROUTER_PORT}"])
+        copied = threading.Event()
+
+        def call_hot() -> int:
+            calls = 0
+            while not copied.is_set() and calls < 2000:
+                answer = requests.post(f"{sender}/v2/models/{hot}/infer", json=v2_body(rows), timeout=120)
+                assert answer.status_code == 200, answer.text
+                calls += 1
+            return calls
+
+        with ThreadPoolExecutor(8) as callers:
+            calling = [callers.submit(call_hot) for _ in range(8)]
+            try:
+                wait_for(lambda: any(hot in member["models"] for member in requests.get(
+                    f"{sender}/pool", timeout=10).json()["members"].values()), timeout=120, interval=0.5,
+                         what="a copy of the hot model on the Pod that sent its requests on")
+            finally:
+                copied.set()
+            print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests")
         operator.stop()
         service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
         with ThreadPoolExecutor(1) as calls:
@@ -1322,6 +1371,7 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
         _delete_inference_services(real.kube, [namespace])
         operator.stop()
     assert real.kube.get("apps/v1", "Deployment", pool_name("shared"), namespace) is None
+    assert real.kube.get("v1", "Service", peers_name("shared"), namespace) is None
 
 
 def _serving_pod(pod: dict) -> bool:

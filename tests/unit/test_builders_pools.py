@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kubeloop.front import poolfront
 from kubeloop.serving.base import PoolSize
 from kubeloop.serving.builders.pools import (
-    LABEL_ROUTES_SHARD, MEMBER_PORT, ROUTE_SHARDS, ROUTES_DIR, SERVED_DIR, STOP_DELAY_SECONDS, build_pool, build_routes,
-    front_config, route_manager, route_shard,
+    LABEL_ROUTES_SHARD, MEMBER_PORT, MEMBER_STOP_DELAY_SECONDS, POD_IP, ROUTE_SHARDS, ROUTES_DIR, SERVED_DIR, STOP_DELAY_SECONDS, build_pool,
+    build_routes, front_config, route_manager, route_shard,
 )
 from kubeloop.serving.builders.workloads import ServingImages
 from kubeloop.serving.clusterpools import ClusterPools
@@ -22,7 +23,8 @@ IMAGES = ServingImages(triton="triton:1", puller="runtime:1", router="runtime:1"
 
 
 def by_kind(objects: list[dict]) -> dict[str, dict]:
-    return {o["kind"]: o for o in objects}
+    """Each object by its kind; the pool's second Service (its Pods' peers) by "Peers"."""
+    return {"Peers" if o["metadata"]["name"].endswith("-peers") else o["kind"]: o for o in objects}
 
 
 def test_one_pod_holds_the_front_the_repository_container_and_each_member():
@@ -47,9 +49,27 @@ def test_one_pod_holds_the_front_the_repository_container_and_each_member():
     assert mounts["served"]["mountPath"] == SERVED_DIR and "routes" not in mounts
     assert {m["name"]: m["mountPath"] for m in containers["repository"]["volumeMounts"]}["routes"] == ROUTES_DIR
     assert objects["Service"]["spec"]["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
-    # Every container keeps serving while the stopping Pod leaves the Service's endpoints.
-    assert all(c["lifecycle"] == {"preStop": {"sleep": {"seconds": STOP_DELAY_SECONDS}}} for c in containers.values())
-    assert pod["terminationGracePeriodSeconds"] > STOP_DELAY_SECONDS
+    # Every container keeps serving while the stopping Pod leaves the Service's endpoints, and the
+    # members outlive the front's grace for the requests it still has (other Pods may send it some).
+    delay = {name: c["lifecycle"]["preStop"]["sleep"]["seconds"] for name, c in containers.items()}
+    assert delay == {"front": STOP_DELAY_SECONDS, "repository": STOP_DELAY_SECONDS,
+                     **dict.fromkeys(("member-0", "member-1", "member-2"), MEMBER_STOP_DELAY_SECONDS)}
+    assert MEMBER_STOP_DELAY_SECONDS >= STOP_DELAY_SECONDS + 10, "the front waits up to 10 s for requests under way"
+    assert pod["terminationGracePeriodSeconds"] > MEMBER_STOP_DELAY_SECONDS
+
+
+def test_each_front_finds_its_peers_by_a_headless_service_of_the_ready_pods_and_itself_by_its_pod_ip():
+    objects = by_kind(build_pool("shared", SIZE, "team-ns", IMAGES))
+    peers = objects["Peers"]
+    assert peers["spec"]["clusterIP"] == "None" and not peers["spec"].get("publishNotReadyAddresses")
+    assert peers["spec"]["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    config = json.loads(objects["ConfigMap"]["data"]["pool.json"])
+    assert config["peers"] == {"host": "kubeloop-pool-shared-peers.team-ns.svc.cluster.local", "port": 8080}
+    assert peers["spec"]["ports"][0]["port"] == config["peers"]["port"]
+    front = next(c for c in objects["Deployment"]["spec"]["template"]["spec"]["containers"] if c["name"] == "front")
+    env = {e["name"]: e for e in front["env"]}
+    assert POD_IP == poolfront.POD_IP, "the builder sets the variable the front reads"
+    assert env[POD_IP]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def test_replicas_are_whole_pools_and_a_new_count_changes_no_pod():
@@ -61,7 +81,7 @@ def test_replicas_are_whole_pools_and_a_new_count_changes_no_pod():
 
 
 def test_the_fronts_members_are_found_by_port_with_the_budget_the_operator_sized():
-    config = front_config("shared", SIZE)
+    config = front_config("shared", "ns", SIZE)
     assert config["members"]["member-1"] == {"url": f"http://127.0.0.1:{MEMBER_PORT + 10}", "budget_mib": 400}
     assert config["spread_at"] == 2 and config["routes"] == SERVED_DIR
     # The front is ready once the file the repository container writes after its first round is there.

@@ -201,3 +201,19 @@ def test_a_member_that_started_again_holds_nothing_and_its_models_load_again():
     assert residency.members["a"].used_mib == 0 and not residency.held("m1")
     assert served(residency, "m1", 40) == Placement("a", load=True)
     assert (residency.counters.loads, residency.counters.unloads) == (3, 0)
+
+
+def test_a_model_is_busy_for_other_pool_pods_once_every_member_holding_it_loaded_has_spread_at_under_way():
+    residency = Residency({"a": 100.0, "b": 100.0}, spread_at=2)
+    assert not residency.busy("hot"), "held nowhere"
+    served(residency, "hot", 40)
+    residency.place("hot", 40, requests=2)
+    assert residency.busy("hot")
+    residency.members["b"].loaded["hot"] = 40  # a copy on b, idle
+    assert not residency.busy("hot"), "a member holding it has room for its requests"
+    residency.members["b"].in_use["hot"] = 2
+    assert residency.busy("hot")
+    off = Residency({"a": 100.0}, spread_at=0)
+    served(off, "hot", 40)
+    off.place("hot", 40, requests=8)
+    assert not off.busy("hot"), "spreading off"

@@ -87,6 +87,26 @@ class Pool:
         self.copies: set[asyncio.Task] = set()
         """Hot models' copies loading on further members (at most one per member and model)."""
 
+    def has_loaded(self, model: str) -> bool:
+        """Whether a member holds the model loaded (not only loading)."""
+        return any(model in m.loaded for m in self.residency.members.values())
+
+    def warm(self, model: str) -> None:
+        """Load a copy of a model that another pool Pod found hot, in the
+        background, where no member holds it and one has room (unloading
+        idle models only); its requests keep going to that Pod meanwhile.
+        A model whose last load here failed is left alone."""
+        if self.residency.held(model) or model in self.failures:
+            return
+        for member in self.urls:
+            self.residency.observe(member, self.used_mib(member))
+        try:
+            placement = self.residency.place(model, self._room(model))
+        except NoRoom:
+            return
+        self.residency.counters.spreads += 1
+        self._copy(placement, model)
+
     def any_url(self) -> str:
         """A member's URL, for what any member answers alike (the server's metadata)."""
         return next(iter(self.urls.values()))

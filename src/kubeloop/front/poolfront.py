@@ -8,7 +8,9 @@ backend writes and removes; the front takes up a new, changed or removed
 file within half a second. A request reaches the service whose model it
 names: the registered model's name where one service in the pool serves
 that model, the service's Triton name (namespace.name) always. A removed
-service's model is unloaded wherever it is loaded.
+service's model is unloaded wherever it is loaded. Where the pool is several
+Pods (a cluster's replicas), a request for a model no member here holds
+goes to the Pod that owns it (kubeloop.front.peers).
 
 Metrics on /metrics: every router's series (each carries its service), and
 the pool's, per member only: loads, unloads, hits, failed loads, cold-load
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 
 from kubeloop.front.memory import private_by_process, server_on_port
 from kubeloop.front.httpserver import Request, Response, json_response
+from kubeloop.front.peers import FORWARDED, Peers, marked_hot
 from kubeloop.front.pool import UNSERVED, Pool
 from kubeloop.front.router import Metrics, Router, listening, main
 from kubeloop.front.upstream import Upstreams, UpstreamError
@@ -43,6 +47,8 @@ WATCH_SECONDS = 0.5
 FULL_SYNC_ROUNDS = 120
 COARSE_CLOCK_NS = 50_000_000
 MEMBERS_UP_SECONDS = 600.0
+POD_IP = "KUBELOOP_POD_IP"
+"""The front's own address among its pool's Pods (the downward API's status.podIP)."""
 
 
 @dataclass(frozen=True)
@@ -71,15 +77,21 @@ class PoolConfig:
     """A file written once the routes folder holds every route there is (a
     pool Pod's repository container writes it after its first round): the
     front is not ready before it has taken them up. None: ready at once."""
+    peers: tuple[str, int] | None = None
+    """The pool's Pods (a headless Service's name, and their fronts' port)
+    among which each model has an owner (kubeloop.front.peers). None: one
+    front, as on one machine."""
 
     @classmethod
     def load(cls, path: Path) -> "PoolConfig":
         data = json.loads(path.read_text())
         members = {name: PoolMember(m["url"], int(m["pid"]) if m.get("pid") else None, float(m["budget_mib"]))
                    for name, m in data["members"].items()}
+        peers = data.get("peers")
         return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)),
                    int(data.get("spread_at", 0)), data.get("detailed_metrics"),
-                   Path(data["synced"]) if data.get("synced") else None)
+                   Path(data["synced"]) if data.get("synced") else None,
+                   (peers["host"], int(peers["port"])) if peers else None)
 
 
 class Serving(NamedTuple):
@@ -90,8 +102,9 @@ class Serving(NamedTuple):
 
 
 class PooledFront:
-    def __init__(self, config: PoolConfig):
+    def __init__(self, config: PoolConfig, peers: Peers | None = None):
         self.config = config
+        self.peers = peers
         self.metrics = Metrics(detailed_limit=config.detailed_metrics)
         self.pids = {n: m.pid for n, m in config.members.items()}
         self.pool: Pool | None = None
@@ -124,10 +137,14 @@ class PooledFront:
     async def start(self) -> None:
         await self.sync()
         self._watching = asyncio.create_task(self._watch())
+        if self.peers is not None:
+            await self.peers.start()
 
     async def stop(self) -> None:
         if self._watching:
             self._watching.cancel()
+        if self.peers is not None:
+            self.peers.close()
         for router in self.routers.values():
             await router.stop()
         self.pool.close()
@@ -210,7 +227,8 @@ class PooledFront:
         members = self.pool.residency.members
         return {"name": self.config.name, "sizesMiB": {m: round(v, 1) for m, v in self.pool.measured().items()},
                 "members": {name: {"budgetMiB": round(m.budget_mib, 1), "usedMiB": round(m.used_mib, 1),
-                                   "models": list(m.loaded)} for name, m in members.items()}}
+                                   "models": list(m.loaded)} for name, m in members.items()},
+                **({"peers": sorted(self.peers.peers), "me": self.peers.me} if self.peers else {})}
 
     async def handle(self, request: Request) -> Response:
         parts = request.path.strip("/").split("/")
@@ -231,7 +249,24 @@ class PooledFront:
                                            f"name one of {names}"}, 409)
         if not routers:
             return json_response({"error": f"pool {self.config.name} serves no model {parts[2]}"}, 404)
+        if self.peers is not None and request.method == "POST":
+            return await self._among_peers(routers[0], request)
         return await routers[0].handle(request)
+
+    async def _among_peers(self, router: Router, request: Request) -> Response:
+        """A request served here, or by its model's owner among the pool's Pods."""
+        model = router.config.triton_model
+        if FORWARDED in request.headers:
+            hot = self.pool.residency.busy(model)  # before this request counts
+            response = await router.handle(request)
+            return marked_hot(response) if hot and response.status == 200 else response
+        peer = None if self.pool.has_loaded(model) else self.peers.owner_elsewhere(model)
+        forwarded = await self.peers.forward(peer, request) if peer else None
+        if forwarded is None:
+            return await router.handle(request)
+        if forwarded.hot:
+            self.pool.warm(model)
+        return forwarded.response
 
 
 def index(routers) -> dict[str, list[Router]]:  # noqa: ANN001 - routers: an iterable of Router
@@ -264,6 +299,14 @@ class PoolCollector:
             family = CounterMetricFamily(f"kubeloop_pool_{field}", text, labels=["pool"])
             family.add_metric([name], getattr(counters, field))
             yield family
+        peers = self.front.peers
+        if peers is not None:
+            for field, text in (("forwarded", "Requests sent on to the pool Pod that owns their model."),
+                                ("unreachable", "Requests served here because their model's owner could not be "
+                                                "reached.")):
+                family = CounterMetricFamily(f"kubeloop_pool_peer_{field}", text, labels=["pool"])
+                family.add_metric([name], getattr(peers, field))
+                yield family
         cold = list(pool.cold_seconds)
         summary = SummaryMetricFamily("kubeloop_pool_cold_load_seconds",
                                       "Time from a request's arrival to its model loaded, over the latest "
@@ -311,7 +354,11 @@ async def running(config_path: Path, host: str = "127.0.0.1", port: int = 0,
                   grpc_port: int | None = None) -> AsyncIterator[Serving]:
     config = PoolConfig.load(config_path)
     await members_up(config)
-    front = PooledFront(config)
+    me = os.environ.get(POD_IP)
+    if config.peers and not me:
+        log.warning("the pool's config names its peers but %s is not set: this front serves every request itself",
+                    POD_IP)
+    front = PooledFront(config, Peers(*config.peers, me) if config.peers and me else None)
     await front.start()
     try:
         async with listening(front.handle, host, port, grpc_port) as (url, grpc_address):

@@ -182,6 +182,12 @@ class Residency:
         """Members holding the model loaded."""
         return sum(model in m.loaded for m in self.members.values())
 
+    def busy(self, model: str) -> bool:
+        """Whether every member holding the model loaded has spread_at of
+        its requests under way (never where spread_at is 0)."""
+        holders = [m for m in self.members.values() if model in m.loaded]
+        return bool(self.spread_at and holders and all(m.in_use.get(model, 0) >= self.spread_at for m in holders))
+
     def held(self, model: str) -> bool:
         """Whether a member holds (or is loading) the model."""
         return any(m.holds(model) for m in self.members.values())

@@ -30,6 +30,10 @@ class UpstreamError(Exception):
     """The server could not be reached, closed the connection or did not answer in time."""
 
 
+class Unreachable(UpstreamError):
+    """No connection could be made: the request was never sent."""
+
+
 class Answer(NamedTuple):
     status: int
     body: bytes
@@ -139,9 +143,10 @@ class _Pool:
     """One server's connections: idle ones reused most recent first, at most
     `limit` open or opening; callers beyond it wait for one to be released."""
 
-    def __init__(self, to: Target, limit: int):
+    def __init__(self, to: Target, limit: int, connect_timeout: float | None = None):
         self.to = to
         self.limit = limit
+        self.connect_timeout = connect_timeout
         self.loop = asyncio.get_running_loop()
         self.idle: deque[_Connection] = deque()
         self.open: set[_Connection] = set()
@@ -163,10 +168,10 @@ class _Pool:
         self.opening += 1
         try:
             context = ssl.create_default_context() if self.to.secure else None
-            _, connection = await self.loop.create_connection(lambda: _Connection(self), self.to.host, self.to.port,
-                                                              ssl=context)
-        except OSError as exc:
-            raise UpstreamError(f"cannot connect to {self.to.host}:{self.to.port}: {exc}") from exc
+            connecting = self.loop.create_connection(lambda: _Connection(self), self.to.host, self.to.port, ssl=context)
+            _, connection = await asyncio.wait_for(connecting, self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise Unreachable(f"cannot connect to {self.to.host}:{self.to.port}: {exc or 'timed out'}") from exc
         finally:
             self.opening -= 1
         self.open.add(connection)
@@ -211,9 +216,12 @@ class _Pool:
 class Upstreams:
     """Calls to HTTP servers (Triton's), on kept-alive connections per server."""
 
-    def __init__(self, limit: int = MAX_CONNECTIONS, timeout: float = TIMEOUT_SECONDS):
+    def __init__(self, limit: int = MAX_CONNECTIONS, timeout: float = TIMEOUT_SECONDS,
+                 connect_timeout: float | None = None):
         self.limit = limit
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        """None: as long as the system takes (a server on this machine refuses at once)."""
         self.pools: dict[tuple[bool, str, int], _Pool] = {}
         self._sweeper: asyncio.Task | None = None
 
@@ -222,7 +230,7 @@ class Upstreams:
         to = target(url)
         pool = self.pools.get((to.secure, to.host, to.port))
         if pool is None:
-            pool = self.pools[(to.secure, to.host, to.port)] = _Pool(to, self.limit)
+            pool = self.pools[(to.secure, to.host, to.port)] = _Pool(to, self.limit, self.connect_timeout)
         request = encode(method, to, body, headers)
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep())

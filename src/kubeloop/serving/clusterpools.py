@@ -21,8 +21,8 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.kube import Kube, KubeError
 from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, pooled_name, unknown_pool
 from kubeloop.serving.builders.pools import (
-    LABEL_POOL, LABEL_POOL_PART, LABEL_ROUTES_SHARD, build_pool, build_routes, grpc_address, pool_name, route_manager,
-    route_shard, url,
+    LABEL_POOL, LABEL_POOL_PART, LABEL_ROUTES_SHARD, build_pool, build_routes, grpc_address, peers_name, pool_name,
+    route_manager, route_shard, url,
 )
 from kubeloop.serving.builders.workloads import ROUTER_PORT, ServingImages, container_troubles
 from kubeloop.serving.routes import build_router_config
@@ -142,7 +142,7 @@ class ClusterPools:
         if any(cm.get("data") for cm in shards):
             return
         for api_version, kind, obj in (("apps/v1", "Deployment", pool_name(pool)), ("v1", "Service", pool_name(pool)),
-                                       ("v1", "ConfigMap", pool_name(pool)),
+                                       ("v1", "Service", peers_name(pool)), ("v1", "ConfigMap", pool_name(pool)),
                                        *(("v1", "ConfigMap", cm["metadata"]["name"]) for cm in shards)):
             self.kube.delete(api_version, kind, obj, self.namespace)
 

@@ -14,13 +14,15 @@ ROUTE_SHARDS ConfigMaps by a hash of the service's key, projected into one
 folder of the Pod.
 
 Each Pod is a whole pool of its own (the front knows what each member
-holds because it loaded it there): `replicas` Pods, each loading what its
-share of the traffic asks for, rolled one new Pod at a time before an old
-one goes. A Pod is Ready once its front serves every route the repository
+holds because it loaded it there): `replicas` Pods, rolled one new Pod at a
+time before an old one goes. A front sends a request for a model its
+members do not hold to the model's owner among the Pods (found through a
+headless Service of the pool's ready Pods, kubeloop.front.peers), so a
+model is loaded on one Pod, not on every Pod its callers happen to reach. A Pod is Ready once its front serves every route the repository
 container found at its start (the front's readiness; a new Pod gets no
 request for a service it does not know yet), and each container waits a
 few seconds after it is told to stop, so that callers are sent elsewhere
-before the front and its members close.
+before the front closes, and its members outlive it.
 """
 
 from __future__ import annotations
@@ -47,17 +49,28 @@ SYNCED_FILE = f"{SERVED_DIR}/.synced"
 """Written by the repository container once its first round has handed the
 front every route it could (kubeloop.serving.poolsync)."""
 STOP_DELAY_SECONDS = 5
-"""How long a stopping pool Pod's containers keep serving: the Pod has left
-its Service's endpoints by then (kube-proxy sends new connections elsewhere)."""
+"""How long a stopping pool Pod's front keeps serving: the Pod has left its
+Service's endpoints by then (kube-proxy sends new connections elsewhere)."""
+MEMBER_STOP_DELAY_SECONDS = STOP_DELAY_SECONDS + 10
+"""The members outlive the front by its grace for requests under way: the
+other Pods' fronts may still send it requests until their next look at the
+headless Service (cluster DNS caches it), and those must not reach members
+that are gone."""
 WORK_DIR = "/var/run/kubeloop/work"
 MEMBER_PORT = 9000
 """Member i listens on MEMBER_PORT + 10 i (HTTP), + 1 (gRPC), + 2 (metrics)."""
+POD_IP = "KUBELOOP_POD_IP"
+"""The front's own address among its peers (kubeloop.front.poolfront reads it)."""
 EMPTY_MEMBER_MIB = 512
 """A member's own memory beside its budget (the server holding no model), in its container's limit."""
 
 
 def pool_name(pool: str) -> str:
     return dns_name("kubeloop-pool", pool)
+
+
+def peers_name(pool: str) -> str:
+    return dns_name("kubeloop-pool", pool, "peers")
 
 
 def routes_name(pool: str, shard: int) -> str:
@@ -102,18 +115,20 @@ def member_names(size: PoolSize) -> list[str]:
     return [f"member-{i}" for i in range(size.members)]
 
 
-def front_config(pool: str, size: PoolSize) -> dict:
+def front_config(pool: str, namespace: str, size: PoolSize) -> dict:
     """The pool front's pool.json: members by port (found among the Pod's
-    processes), routes from the folder the repository container fills."""
+    processes), routes from the folder the repository container fills,
+    peers from the headless Service."""
     return {"name": pool, "routes": SERVED_DIR, "synced": SYNCED_FILE, "estimate_mib": size.estimate_mib,
             "spread_at": size.spread_at, "detailed_metrics": size.detailed_metrics,
+            "peers": {"host": f"{peers_name(pool)}.{namespace}.svc.cluster.local", "port": ROUTER_PORT},
             "members": {m: {"url": f"http://127.0.0.1:{MEMBER_PORT + 10 * i}", "budget_mib": size.memory_mib}
                         for i, m in enumerate(member_names(size))}}
 
 
 def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages) -> list[dict]:
-    """The pool's config, Deployment and Service."""
-    config = front_config(pool, size)
+    """The pool's config, Deployment, Service and its Pods' headless Service."""
+    config = front_config(pool, namespace, size)
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(pool, namespace, pool_name(pool), "config"),
                   "data": {"pool.json": json.dumps(config, indent=2, sort_keys=True)}}
     labels = {LABEL_POOL: pool, LABEL_POOL_PART: "pod", "app.kubernetes.io/name": "kubeloop-pool"}
@@ -139,9 +154,10 @@ def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages)
                     "automountServiceAccountToken": False, "shareProcessNamespace": True,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                                         "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [_stopping_late(c) for c in (_front(images), _repository(images),
-                                   *(_member(images, size, i) for i in range(size.members)))],
-                    "terminationGracePeriodSeconds": STOP_DELAY_SECONDS + 30,
+                    "containers": [_stopping_late(_front(images)), _stopping_late(_repository(images)),
+                                   *(_stopping_late(_member(images, size, i), MEMBER_STOP_DELAY_SECONDS)
+                                     for i in range(size.members))],
+                    "terminationGracePeriodSeconds": MEMBER_STOP_DELAY_SECONDS + 30,
                     "volumes": volumes,
                 },
             },
@@ -151,11 +167,15 @@ def build_pool(pool: str, size: PoolSize, namespace: str, images: ServingImages)
                "spec": {"selector": {LABEL_POOL: pool, LABEL_POOL_PART: "pod"},
                         "ports": [{"name": "http", "port": 80, "targetPort": "http"},
                                   {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"}]}}
-    return [config_map, with_input_hash(deployment), service]
+    # Its name resolves to the ready Pods' own addresses: each front's list of its peers.
+    peers = {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(pool, namespace, peers_name(pool), "peers"),
+             "spec": {"clusterIP": "None", "selector": {LABEL_POOL: pool, LABEL_POOL_PART: "pod"},
+                      "ports": [{"name": "http", "port": ROUTER_PORT, "targetPort": "http"}]}}
+    return [config_map, with_input_hash(deployment), service, peers]
 
 
-def _stopping_late(container: dict) -> dict:
-    return {**container, "lifecycle": {"preStop": {"sleep": {"seconds": STOP_DELAY_SECONDS}}}}
+def _stopping_late(container: dict, seconds: int = STOP_DELAY_SECONDS) -> dict:
+    return {**container, "lifecycle": {"preStop": {"sleep": {"seconds": seconds}}}}
 
 
 def _front(images: ServingImages) -> dict:
@@ -168,9 +188,10 @@ def _front(images: ServingImages) -> dict:
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10,
                           "failureThreshold": 6, "initialDelaySeconds": 30},
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "env": ([{"name": name, "value": images.object_store_endpoint}
-                 for name in ("AWS_ENDPOINT_URL_S3", "FEAST_S3_ENDPOINT_URL")]
-                if images.object_store_endpoint else []),
+        "env": [{"name": POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                *([{"name": name, "value": images.object_store_endpoint}
+                   for name in ("AWS_ENDPOINT_URL_S3", "FEAST_S3_ENDPOINT_URL")]
+                  if images.object_store_endpoint else [])],
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "served", "mountPath": SERVED_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
