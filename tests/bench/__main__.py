@@ -10,6 +10,7 @@
     python -m tests.bench trainer         # the trainer backend against the local one, and a lost node
     python -m tests.bench pool            # 1,000 models on a pool of four Tritons, against one Triton each
     python -m tests.bench pooled          # 1,000 pooled InferenceServices through the operator and the pool's front
+    python -m tests.bench peers           # a pool's two Pods as peers (each model on its owner) against each alone
     python -m tests.bench scale           # one operator keeping 5,000 InferenceServices converged
 
 Each suite measures against a baseline in the same process and reports the
@@ -44,6 +45,7 @@ from tests.bench import (  # noqa: E402
     operator_suite,
     optimization_suite,
     outcomes_suite,
+    pool_peers_suite,
     pool_suite,
     pooled_services_suite,
     scale_suite,
@@ -59,7 +61,7 @@ SUITES = {"operator": operator_suite.run, "training": training_suite.run, "optim
           "features": features_suite.run, "front": front_suite.run, "fleet": fleet_suite.run,
           "outcomes": outcomes_suite.run, "gpu": gpu_suite.run, "trainjob": trainjob_suite.run,
           "trainer": trainer_suite.run, "pool": pool_suite.run, "pooled": pooled_services_suite.run,
-          "scale": scale_suite.run}
+          "peers": pool_peers_suite.run, "scale": scale_suite.run}
 RESULTS = Path(__file__).resolve().parents[2] / "bench-results"
 
 
