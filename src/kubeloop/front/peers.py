@@ -4,8 +4,8 @@ Each pool Pod on a cluster is a whole pool (its front and its members), and
 its Service spreads callers over the Pods. Left at that, every Pod would
 load every model its share of the callers asks for: two Pods would hold two
 copies of each model and make two cold loads where one would do. So a
-front that receives a request for a model none of its members holds (or is
-loading) sends it on to the model's owner among the pool's ready Pods, and
+front that receives a request for a model none of its members holds
+loaded sends it on to the model's owner among the pool's ready Pods, and
 the owner serves it as any request (its canary split, request log and
 metrics): the model is loaded once, on one Pod.
 
@@ -14,8 +14,8 @@ every front computes alike from the same list, and which moves only the
 models of a Pod that comes or goes. The list is the pool's headless
 Service, resolved every few seconds, plus the front itself: two fronts may
 see the list differently for a while (cluster DNS caches its answers), and
-then a model is loaded on two Pods, as it was before there were owners;
-never twice on one. A request sent on is marked, and a marked request is
+then a model may be loaded on two Pods, as it was before there were
+owners. A request sent on is marked, and a marked request is
 served where it arrives, so none goes round. A model a front holds loaded
 is served there (after a roll, until it is unloaded as any idle model).
 
@@ -23,7 +23,7 @@ A hot model is spread over Pods as over a Pod's members: an owner whose
 every member holding the model has the pool's spreadAt of its requests
 under way marks its answer to a request sent on (HOT), and the front that
 sent it loads a copy in the background; its requests for the model go to
-the owner until the copy is loaded, and are served there after. An
+the owner until the copy is loaded, and are served where it is after. An
 owner that cannot be reached (a Pod gone, its address not yet out of the
 list) is left out until the next resolution and the request served where
 it arrived; an owner reached that fails to answer is a 502 naming it (the
