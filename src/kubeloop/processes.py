@@ -221,8 +221,8 @@ def free_port(node_port: bool = False) -> int:
     itself (bind to 0) can be taken by any outgoing connection in the seconds
     before the server binds it, which failed a CI run (mlflow: address already
     in use), and below Kubernetes' NodePort range. A port is never handed
-out twice by this process, nor by another on this machine while its
-reservation lasts (RESERVATION_SECONDS).
+    out twice by this process, nor by another on this machine while its
+    reservation lasts (RESERVATION_SECONDS).
 
     node_port: one of the NodePort range's first ports instead, the band the
     API server keeps for Services that name their nodePort (it assigns the

@@ -35,8 +35,8 @@ from kubeloop.front.peers import Peers, owner
 from kubeloop.front.pool import Pool
 from kubeloop.front.poolfront import PoolConfig, PooledFront, PoolMember
 from kubeloop.front.router import listening
-from tests.bench.pool_suite import BODY, CALLERS, _repository, _start
-from tests.bench.repeat import RUNS, Figure
+from tests.bench.pool_suite import BODY, CALLERS, _repository, _start, interleaved_ratios
+from tests.bench.repeat import Figure
 
 SPREAD_AT = 4
 """The operator's default spreadAt."""
@@ -150,14 +150,8 @@ async def _sent_on_rounds(session: aiohttp.ClientSession, fronts: dict[PooledFro
     by_address = {front.peers.me: url for front, url in fronts.items()}
     at_owner = by_address[owner("model-0", by_address)]
     elsewhere = next(url for url in by_address.values() if url != at_owner)
-    ratios: dict[str, list[float]] = {"p50": [], "p99": []}
-    for _ in range(RUNS):
-        direct, sent = [], []
-        for _ in range(200):
-            direct.append(await _infer(session, at_owner, "model-0"))
-            sent.append(await _infer(session, elsewhere, "model-0"))
-        for q, key in ((50, "p50"), (99, "p99")):
-            ratios[key].append(float(np.percentile(sent, q) / np.percentile(direct, q)))
+    ratios = await interleaved_ratios(lambda: _infer(session, elsewhere, "model-0"),
+                                      lambda: _infer(session, at_owner, "model-0"))
     return {"sent_on_p50": Figure("loaded model p50, sent on / served by its owner", ratios["p50"], "x"),
             "sent_on_p99": Figure("loaded model p99, sent on / served by its owner", ratios["p99"], "x")}
 

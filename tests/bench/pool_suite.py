@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import aiohttp
 import numpy as np
@@ -141,12 +142,20 @@ async def _direct(session: aiohttp.ClientSession, url: str, model: str) -> float
 async def _loaded_rounds(pool: Pool, session: aiohttp.ClientSession, dedicated: str) -> dict[str, list[float]]:
     """model-0 (the most requested) is loaded on a pool member and on the
     dedicated Triton: 200 requests one at a time to each, alternating, per round."""
+    return await interleaved_ratios(lambda: _through_pool(pool, session, "model-0"),
+                                    lambda: _direct(session, dedicated, "model-0"))
+
+
+async def interleaved_ratios(measured: Callable[[], Awaitable[float]],
+                             baseline: Callable[[], Awaitable[float]]) -> dict[str, list[float]]:
+    """p50 and p99 of measured against baseline (each call's seconds), per
+    round of 200 calls to each, alternating, for RUNS rounds."""
     ratios: dict[str, list[float]] = {"p50": [], "p99": []}
     for _ in range(RUNS):
         through, direct = [], []
         for _ in range(200):
-            through.append(await _through_pool(pool, session, "model-0"))
-            direct.append(await _direct(session, dedicated, "model-0"))
+            through.append(await measured())
+            direct.append(await baseline())
         for q, key in ((50, "p50"), (99, "p99")):
             ratios[key].append(float(np.percentile(through, q) / np.percentile(direct, q)))
     return ratios

@@ -98,10 +98,8 @@ class Pool:
         A model whose last load here failed is left alone."""
         if self.residency.held(model) or model in self.failures:
             return
-        for member in self.urls:
-            self.residency.observe(member, self.used_mib(member))
         try:
-            placement = self.residency.place(model, self._room(model))
+            placement = self._placement_now(model, 1)
         except NoRoom:
             return
         self.residency.counters.spreads += 1
@@ -183,11 +181,8 @@ class Pool:
         LOAD_TIMEOUT_SECONDS)."""
         deadline = time.monotonic() + LOAD_TIMEOUT_SECONDS
         while True:
-            if not self.residency.held(model):  # a cold load: place it by the members' memory now
-                for member in self.urls:
-                    self.residency.observe(member, self.used_mib(member))
             try:
-                return self.residency.place(model, self._room(model), requests)
+                return self._placement_now(model, requests)
             except TooLarge:
                 raise
             except NoRoom:
@@ -198,6 +193,13 @@ class Pool:
                     await asyncio.wait_for(released.wait(), timeout=deadline - time.monotonic())
                 except TimeoutError:
                     continue
+
+    def _placement_now(self, model: str, requests: int) -> Placement:
+        """Where the model's request goes as the members stand; NoRoom where none has room now."""
+        if not self.residency.held(model):  # a cold load: place it by the members' memory now
+            for member in self.urls:
+                self.residency.observe(member, self.used_mib(member))
+        return self.residency.place(model, self._room(model), requests)
 
     async def _cold(self, placement: Placement, model: str, key: tuple[str, str]) -> None:
         done = asyncio.get_running_loop().create_future()

@@ -290,23 +290,16 @@ class PoolCollector:
 
     def collect(self) -> Iterator:
         pool, name = self.front.pool, self.front.config.name
-        counters = pool.residency.counters
-        for field, text in (("loads", "Models loaded on a member (cold loads)."),
-                            ("unloads", "Models unloaded to make room or no longer served."),
-                            ("hits", "Requests to a model already loaded (or loading) on a member."),
-                            ("spreads", "Loads of a hot model's copy on a further member (in loads too)."),
-                            ("failed", "Loads that failed.")):
-            family = CounterMetricFamily(f"kubeloop_pool_{field}", text, labels=["pool"])
-            family.add_metric([name], getattr(counters, field))
-            yield family
-        peers = self.front.peers
-        if peers is not None:
-            for field, text in (("forwarded", "Requests sent on to the pool Pod that owns their model."),
-                                ("unreachable", "Requests served here because their model's owner could not be "
-                                                "reached.")):
-                family = CounterMetricFamily(f"kubeloop_pool_peer_{field}", text, labels=["pool"])
-                family.add_metric([name], getattr(peers, field))
-                yield family
+        yield from _counters(name, "kubeloop_pool_", pool.residency.counters, (
+            ("loads", "Models loaded on a member (cold loads)."),
+            ("unloads", "Models unloaded to make room or no longer served."),
+            ("hits", "Requests to a model already loaded (or loading) on a member."),
+            ("spreads", "Loads of a hot model's copy on a further member (in loads too)."),
+            ("failed", "Loads that failed.")))
+        if self.front.peers is not None:
+            yield from _counters(name, "kubeloop_pool_peer_", self.front.peers, (
+                ("forwarded", "Requests sent on to the pool Pod that owns their model."),
+                ("unreachable", "Requests served here because their model's owner could not be reached.")))
         cold = list(pool.cold_seconds)
         summary = SummaryMetricFamily("kubeloop_pool_cold_load_seconds",
                                       "Time from a request's arrival to its model loaded, over the latest "
@@ -324,6 +317,14 @@ class PoolCollector:
             budget.add_metric([name, member], state.budget_mib)
             held.add_metric([name, member], len(state.loaded))
         yield from (used, budget, held)
+
+
+def _counters(pool: str, prefix: str, source: object, fields: tuple[tuple[str, str], ...]) -> Iterator:
+    """A counter family per field of source, labelled with the pool."""
+    for field, text in fields:
+        family = CounterMetricFamily(f"{prefix}{field}", text, labels=["pool"])
+        family.add_metric([pool], getattr(source, field))
+        yield family
 
 
 async def members_up(config: PoolConfig) -> None:
