@@ -1094,14 +1094,17 @@ def expected_probabilities(uri: str, model: str, version: str, rows: list[list[f
     return session.run(None, {session.get_inputs()[0].name: np.array(rows, dtype=np.float32)})[0].reshape(-1).tolist()
 
 
-def assert_pool_pod_conforms(real: RealPlatform, namespace: str, name: str, pod_ip: str, version: str) -> None:
-    """NVIDIA's clients see the pool Pod's front as they see the member in
-    it that holds the service's model, both reached at the Pod's address
-    from this host: every HTTP encoding and gRPC case of the conformance
-    test (tests/support/conformance.py) gets the same tensors, refusals and
-    statistics' form."""
+def assert_pool_pod_conforms(real: RealPlatform, namespace: str, name: str, pod_ip: str, version: str,
+                             asked_at: str | None = None) -> None:
+    """NVIDIA's clients see the pool's front as they see the member of the
+    Pod at pod_ip that holds the service's model, reached at the Pod's
+    address from this host: every HTTP encoding and gRPC case of the
+    conformance test (tests/support/conformance.py) gets the same tensors,
+    refusals and statistics' form. The front asked is the service's (its
+    Service's addresses), or the one of the pool Pod at asked_at."""
     import requests
     from kubeloop.serving.builders.pools import MEMBER_PORT, pool_name, route_shard, routes_name
+    from kubeloop.serving.builders.workloads import ROUTER_GRPC_PORT, ROUTER_PORT
     from kubeloop.story.cluster import Endpoints
 
     key = f"{namespace}.{name}.json"
@@ -1119,11 +1122,13 @@ def assert_pool_pod_conforms(real: RealPlatform, namespace: str, name: str, pod_
         return find
 
     reach, status = Endpoints(real.kube), isvc_status(real.kube, namespace, name)
+    if asked_at:
+        url, grpc_address = f"http://{asked_at}:{ROUTER_PORT}", f"{asked_at}:{ROUTER_GRPC_PORT}"
+    else:
+        url, grpc_address = reach(status["url"]), reach.address(status["grpcAddress"], "grpc")
     rows = synthetic(rows=3, seed=11)[0]
-    answered = assert_conforms(reach(status["url"]), f"{namespace}.{name}", holder(0, "http://"), rows,
-                               route["output"])
-    answered += assert_grpc_conforms(reach.address(status["grpcAddress"], "grpc"), f"{namespace}.{name}",
-                                     holder(1, ""), rows, route["output"])
+    answered = assert_conforms(url, f"{namespace}.{name}", holder(0, "http://"), rows, route["output"])
+    answered += assert_grpc_conforms(grpc_address, f"{namespace}.{name}", holder(1, ""), rows, route["output"])
     assert set(answered) == {version}, answered
     assert pool_name("shared") in status["url"]
 
@@ -1316,6 +1321,15 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
             timings[label] = sorted(took)[len(took) // 2] * 1000
         print("a loaded model's request, p50 of 40 from the host: " + ", ".join(
             f"{label} {ms:.2f} ms" for label, ms in timings.items()))
+        # NVIDIA's clients, every encoding and gRPC, asking the Pod that does not hold a model: each call
+        # (inference, metadata, config, statistics, readiness) is sent on and answered as its owner's member
+        # answers it, and none loads a copy there.
+        conformed = models[2]
+        holder_ip = next(urlsplit(f).hostname for f in fronts if conformed in held[f"{urlsplit(f).hostname}:{ROUTER_PORT}"])
+        asked_ip = next(urlsplit(f).hostname for f in fronts if urlsplit(f).hostname != holder_ip)
+        assert_pool_pod_conforms(real, namespace, names[2], holder_ip, version, asked_at=asked_ip)
+        assert not any(conformed in member["models"] for member in requests.get(
+            f"http://{asked_ip}:{ROUTER_PORT}/pool", timeout=10).json()["members"].values())
         # A hot model (eight callers at once at the Pod that sends it on; spreadAt 4, one member a Pod)
         # gets a copy on that Pod, which then serves it itself.
         hot = models[0]
@@ -1331,6 +1345,7 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
             return calls
 
         with ThreadPoolExecutor(8) as callers:
+            began = time.monotonic()
             calling = [callers.submit(call_hot) for _ in range(8)]
             try:
                 wait_for(lambda: any(hot in member["models"] for member in requests.get(
@@ -1338,7 +1353,8 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
                          what="a copy of the hot model on the Pod that sent its requests on")
             finally:
                 copied.set()
-            print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests")
+            print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests "
+                  f"({time.monotonic() - began:.1f} s)")
         operator.stop()
         service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
         with ThreadPoolExecutor(1) as calls:

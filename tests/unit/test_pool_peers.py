@@ -19,6 +19,7 @@ import os
 from contextlib import AsyncExitStack
 
 import orjson
+import requests
 
 from kubeloop.front.httpserver import Request, Response, json_response
 from kubeloop.front.peers import FORWARDED, Peers, owner
@@ -90,11 +91,14 @@ def test_a_front_sends_a_request_on_to_its_models_owner_and_serves_it_where_the_
             status, body = await infer(client, a_url, model)
             assert status == 503 and "model server unavailable" in body["error"], body
             assert (served(a), served(b)) == (0, 1) and (a.peers.forwarded, b.peers.forwarded) == (1, 0)
+            # Its readiness is its owner's: unready after the load that failed there.
+            ready = await client.call(b"GET", f"{a_url}/v2/models/{model}/ready", b"", b"")
+            assert ready.status == 503 and a.peers.forwarded == 2, ready.body
             # Asked of its owner, it stays there; a request a peer sent on is served where it arrives.
             await infer(client, b_url, model)
             assert (served(a), served(b)) == (0, 2) and b.peers.forwarded == 0
             await infer(client, a_url, model, FORWARDED + b": 1\r\n")
-            assert (served(a), served(b)) == (1, 2) and a.peers.forwarded == 1
+            assert (served(a), served(b)) == (1, 2) and a.peers.forwarded == 2
             # The owner gone (its address still listed): a serves the request itself and leaves it out.
             gone = f"127.0.0.1:{free_port()}"
             resolved[:] = [a.peers.me, gone]
@@ -107,7 +111,7 @@ def test_a_front_sends_a_request_on_to_its_models_owner_and_serves_it_where_the_
             assert a.peers.unreachable == 1 and a.peers.peers == {a.peers.me}
             metrics = {s.name: s.value for metric in a.metrics.registry.collect()
                        if metric.name.startswith("kubeloop_pool_peer") for s in metric.samples}
-            assert metrics == {"kubeloop_pool_peer_forwarded_total": 1.0, "kubeloop_pool_peer_unreachable_total": 1.0}
+            assert metrics == {"kubeloop_pool_peer_forwarded_total": 2.0, "kubeloop_pool_peer_unreachable_total": 1.0}
 
     run(scenario)
 
@@ -139,6 +143,12 @@ def test_a_models_owner_finding_it_busy_gets_a_copy_loaded_by_the_front_that_sen
             await b.sync()
             assert (await infer(client, a_url, model))[0] == 200
             assert b.pool.has_loaded(model) and not a.pool.residency.held(model), "loaded on its owner only"
+            # The model's metadata (a client's HEAD too) is its owner's to answer: a loads no copy for it.
+            answer = await client.call(b"GET", f"{a_url}/v2/models/{model}", b"", b"")
+            assert (answer.status, answer.body) == (200, b"{}"), answer
+            head = await asyncio.to_thread(requests.head, f"{a_url}/v2/models/{model}", timeout=10)
+            assert (head.status_code, head.content) == (200, b""), head
+            assert a.peers.forwarded == 3 and not a.pool.residency.held(model), "a metadata call loads no copy"
             # Two requests under way on b's only member holding it: busy.
             b.pool.residency.members["m"].in_use[model] = 2
             assert (await infer(client, a_url, model))[0] == 200
@@ -149,7 +159,7 @@ def test_a_models_owner_finding_it_busy_gets_a_copy_loaded_by_the_front_that_sen
             assert a.pool.has_loaded(model), "the front that sent the busy model on loads a copy"
             assert a.pool.residency.counters.spreads == 1 and served(a) == 0
             assert (await infer(client, a_url, model))[0] == 200
-            assert served(a) == 1 and a.peers.forwarded == 2, "served where its copy is loaded"
+            assert served(a) == 1 and a.peers.forwarded == 4, "served where its copy is loaded"
 
     run(scenario)
 

@@ -5,8 +5,9 @@ its Service spreads callers over the Pods. Left at that, every Pod would
 load every model its share of the callers asks for: two Pods would hold two
 copies of each model and make two cold loads where one would do. So a
 front that receives a request for a model none of its members holds
-loaded sends it on to the model's owner among the pool's ready Pods, and
-the owner serves it as any request (its canary split, request log and
+loaded (inference, or the model's metadata, config, statistics or
+readiness) sends it on to the model's owner among the pool's ready Pods,
+and the owner serves it as any request (its canary split, request log and
 metrics): the model is loaded once, on one Pod.
 
 The owner is chosen by rendezvous hashing over the Pods' addresses, which
@@ -133,8 +134,10 @@ class Peers:
     async def forward(self, peer: str, request: Request) -> Forwarded | None:
         """The owner's answer; None when it could not be reached (serve it here)."""
         lines = b"".join(b"%s: %s\r\n" % (k, v) for k, v in request.headers.items() if k not in _NOT_SENT_ON)
+        # A HEAD is sent on as its GET: this front answers its caller without the body.
+        method = b"GET" if request.method == "HEAD" else request.method.encode()
         try:
-            answer = await self.upstream.call(request.method.encode(), f"http://{peer}{request.path}", request.body,
+            answer = await self.upstream.call(method, f"http://{peer}{request.path}", request.body,
                                               lines + FORWARDED + b": 1\r\n")
         except Unreachable as exc:
             log.warning("pool peer %s cannot be reached (%s): serving here until it resolves again", peer, exc)

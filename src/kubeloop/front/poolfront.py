@@ -249,15 +249,19 @@ class PooledFront:
                                            f"name one of {names}"}, 409)
         if not routers:
             return json_response({"error": f"pool {self.config.name} serves no model {parts[2]}"}, 404)
-        if self.peers is not None and request.method == "POST":
+        if self.peers is not None:
             return await self._among_peers(routers[0], request)
         return await routers[0].handle(request)
 
     async def _among_peers(self, router: Router, request: Request) -> Response:
-        """A request served here, or by its model's owner among the pool's Pods."""
+        """A request served here, or by its model's owner among the pool's
+        Pods: inference, and the model's metadata, config, statistics and
+        readiness, which a Pod not holding the model could only answer by
+        loading a copy of it (or, for readiness, without knowing the owner's
+        failed load)."""
         model = router.config.triton_model
         if FORWARDED in request.headers:
-            hot = self.pool.residency.busy(model)  # before this request counts
+            hot = request.method == "POST" and self.pool.residency.busy(model)  # before this request counts
             response = await router.handle(request)
             return marked_hot(response) if hot and response.status == 200 else response
         peer = None if self.pool.has_loaded(model) else self.peers.owner_elsewhere(model)
