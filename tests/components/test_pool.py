@@ -9,33 +9,44 @@ spread over both. Local backend's runtime; no control plane, no router
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
 import torch
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from kubeloop import processes
 from kubeloop.api.signature import ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import write_repository
 from kubeloop.front.memory import private_by_process
-from kubeloop.front.pool import Pool
+from kubeloop.front.pool import LoadError, Pool
+from kubeloop.serving.repository import write_config
 from kubeloop.serving.runtime import TritonRuntime
 from tests.support.waiting import wait_for
 
 N_INPUTS = 4
 MODELS = 8
+BROKEN = "two-versions"
+"""A model of two versions, the second of which Triton cannot load."""
 SIGNATURE = ModelSignature(feature_columns=[f"f{i}" for i in range(N_INPUTS)], threshold=0.5)
 ROWS = np.random.default_rng(3).normal(0, 1, (3, N_INPUTS)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
-def members(tmp_path_factory):
+def repository(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pool") / "repository"
+
+
+@pytest.fixture(scope="module")
+def members(repository):
     """Two tritonservers over one repository of MODELS models, none
     loaded; each model a different small network (its answer names it)."""
-    root = tmp_path_factory.mktemp("pool")
-    repository, expected = root / "repository", {}
+    root, expected = repository.parent, {}
     for seed in range(MODELS):
         torch.manual_seed(seed)
         model = build_model(Architecture("binary", N_INPUTS, 1, parameters={"hidden_units": [8], "dropout": 0.0}))
@@ -43,6 +54,7 @@ def members(tmp_path_factory):
                          None, "python")
         with torch.no_grad():
             expected[f"model-{seed}"] = model(torch.from_numpy(ROWS)).numpy().ravel()
+    _with_a_version_that_cannot_load(repository, "model-0", BROKEN)
     runtime, servers = TritonRuntime.discover(), {}
     try:
         for name in ("a", "b"):
@@ -132,6 +144,53 @@ async def _spread(servers, expected, memory) -> None:  # noqa: ANN001
         assert all(np.allclose(answer, expected["model-5"], atol=1e-4) for answer in answers)
         assert set(seen) == set(urls.values()), f"all of them went to {seen[0]}, {holder} holding it first"
     pool.close()
+
+
+def _with_a_version_that_cannot_load(repository: Path, source: str, name: str) -> None:
+    """name: source's version 1, and beside it a version 2 whose ONNX file
+    is garbage, which the model's config does not serve yet (offer() does)."""
+    shutil.copytree(repository / source, repository / name)
+    shutil.copytree(repository / name / "1", repository / name / "2")
+    for onnx in (repository / name / "2").rglob("*.onnx"):
+        onnx.write_bytes(b"not a model")
+    offer(repository, name, ["1"])
+
+
+def offer(repository: Path, name: str, versions: list[str]) -> None:
+    config = text_format.Parse((repository / name / "config.pbtxt").read_text(), mc.ModelConfig())
+    config.name = name
+    write_config(repository, config, versions)
+
+
+def test_a_version_that_cannot_load_is_named_and_the_versions_loaded_before_keep_serving(members, repository):
+    """Triton loads a model's versions all or none. A loaded model offered
+    a version 2 that cannot load fails its reload, keeps serving version 1,
+    and the pool says version 2 is why (its service's canary is rolled
+    back, the primary stays ready); a cold load of the two fails whole."""
+    servers, _ = members
+
+    async def scenario() -> Pool:
+        pool = Pool({"a": servers["a"][1]}, {"a": 1e9}, lambda _name: {})
+        try:
+            async with aiohttp.ClientSession() as session:
+                await _infer(pool, session, BROKEN)
+                offer(repository, BROKEN, ["1", "2"])
+                with pytest.raises(LoadError, match="version 2"):
+                    await pool.reload(BROKEN)
+                assert "Protobuf parsing failed" in pool.unready(BROKEN, "2"), pool.failed_versions
+                assert pool.unready(BROKEN, "1") is None and pool.has_loaded(BROKEN)
+                await _infer(pool, session, BROKEN)  # version 1 still answers
+                await pool.forget(BROKEN)
+                with pytest.raises(LoadError, match="version 2"):
+                    async with pool.serving(BROKEN):
+                        pass
+                assert "Protobuf parsing failed" in pool.unready(BROKEN, "2") and pool.unready(BROKEN, "1") is None
+                assert not pool.residency.held(BROKEN)
+        finally:
+            pool.close()
+        return pool
+
+    asyncio.run(scenario())
 
 
 async def _infer(pool: Pool, session: aiohttp.ClientSession, model: str, seen: list | None = None) -> np.ndarray:

@@ -38,7 +38,7 @@ from kubeloop.serving.builders.kserve import GRPC_PORT as KSERVE_GRPC_PORT, KSER
 from kubeloop.serving.builders.workloads import GRPC_PORT
 from tests.e2e.conftest import _delete_inference_services
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
-from tests.support.models import N_FEATURES, register_model, synthetic
+from tests.support.models import N_FEATURES, register_broken, register_model, synthetic
 from tests.support.operator import OperatorProcess
 from tests.support.stories import quick_optimisation, timed_steps
 from tests.support.waiting import wait_for
@@ -1355,6 +1355,7 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
                 copied.set()
             print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests "
                   f"({time.monotonic() - began:.1f} s)")
+        _a_canary_that_cannot_load_is_rolled_back(real, namespace, names[0], fronts, model, version, rows)
         operator.stop()
         service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
         with ThreadPoolExecutor(1) as calls:
@@ -1388,6 +1389,42 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
         operator.stop()
     assert real.kube.get("apps/v1", "Deployment", pool_name("shared"), namespace) is None
     assert real.kube.get("v1", "Service", peers_name("shared"), namespace) is None
+
+
+def _a_canary_that_cannot_load_is_rolled_back(real: RealPlatform, namespace: str, name: str, fronts: list[str],
+                                              model: str, version: str, rows: list[list[float]]) -> None:
+    """A pooled service's canary version Triton cannot load (its model held
+    on both Pods): each Pod's front fails the reload and keeps serving the
+    champion, the operator (asking each Pod through the API server's proxy)
+    rolls the canary back, and taking the canary out makes it Ready again."""
+    import requests
+    from mlflow import MlflowClient
+
+    uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+    broken = register_broken(uri, model)
+    MlflowClient(uri).set_registered_model_alias(model, "challenger", broken)
+
+    def apply(**spec) -> None:  # noqa: ANN003 - fields to set, or to drop where None
+        live = real.kube.get(API_VERSION, "InferenceService", name, namespace)
+        kept = {k: v for k, v in {**live["spec"], **spec}.items() if v is not None}
+        real.kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}, "spec": kept},
+                        field_manager="test")
+
+    asked = time.monotonic()
+    apply(canary={"alias": "challenger", "percent": 20})
+    wait_for(lambda: isvc_status(real.kube, namespace, name).get("rolledBackVersion") == broken, timeout=180,
+             interval=1, what="the pooled canary that cannot load rolled back")
+    print(f"pooled canary that cannot load rolled back {time.monotonic() - asked:.0f} s after it was asked")
+
+    def champion_everywhere() -> bool:
+        answers = [requests.post(f"{front}/v2/models/{namespace}.{name}/infer", json=v2_body(rows), timeout=60,
+                                 headers={"X-Request-Key": f"k{i}"}) for front in fronts for i in range(20)]
+        return all(a.status_code == 200 and a.headers["X-Model-Version"] == version for a in answers)
+
+    wait_for(champion_everywhere, timeout=60, interval=1, what="every Pod answering with the champion alone")
+    apply(canary=None)
+    wait_for(lambda: isvc_status(real.kube, namespace, name).get("phase") == "Ready", timeout=60, interval=1,
+             what="the service Ready again without its canary")
 
 
 def _serving_pod(pod: dict) -> bool:

@@ -22,6 +22,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -35,7 +37,7 @@ from kubeloop.cli.placement import render_text
 from kubeloop.requestlog import request_records
 from kubeloop.serving.instances import InstanceState
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
-from tests.support.models import N_FEATURES, register_model
+from tests.support.models import N_FEATURES, register_broken, register_model
 from tests.support.poolmemory import MemorySampler
 from tests.support.waiting import wait_for
 
@@ -218,3 +220,95 @@ def assert_clients_conform(kube, namespace: str, operator, url: str, state: Inst
     answered += assert_grpc_conforms(status["grpcAddress"], f"{namespace}.lone", holder("grpc", ""), ROWS,
                                      route["output"])
     assert set(answered) == {"1"}, answered
+
+
+def test_a_pooled_service_keeps_its_canary_shadow_log_and_roll_forward(platform, kube, namespace, operator):
+    """Local backend: a service in a pool is served as one of its own is.
+    Its canary takes its share of keyed callers and a caller sticks to a
+    version; its shadow is mirrored and logged, never returned; moving the
+    champion alias rolls the pool's copy of the model forward; a canary
+    version Triton cannot load is rolled back while the primary serves."""
+    uri = platform.env()["MLFLOW_TRACKING_URI"]
+    client = MlflowClient(uri)
+    model = f"{namespace}-versions"
+    v1 = register_model(uri, model, seed=1)
+    client.set_registered_model_alias(model, "champion", v1)
+    kube.apply(isvc(namespace, "versions", model, pool="shared", requestLogging={"sampleRate": 1.0}))
+    status = wait_for(lambda: (s := (kube.get(API_VERSION, "InferenceService", "versions", namespace) or {})
+                               .get("status", {})).get("phase") == "Ready" and s, timeout=120, what="the pooled service")
+    url, served = status["url"], f"{namespace}.versions"
+
+    def versions(keys: list[str]) -> list[str]:
+        """The version that answered each caller (or the status it got instead)."""
+        body = {"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "FP32",
+                            "data": ROWS[:1].tolist()}]}
+        answers = [requests.post(f"{url}/v2/models/{served}/infer", json=body, timeout=120,
+                                 headers={"X-Request-Key": key}) for key in keys]
+        return [a.headers["X-Model-Version"] if a.status_code == 200 else f"status {a.status_code}" for a in answers]
+
+    def change(**spec) -> None:  # noqa: ANN003 - fields to set, or to drop where None
+        live = kube.get(API_VERSION, "InferenceService", "versions", namespace)
+        kept = {k: v for k, v in {**live["spec"], **spec}.items() if v is not None}
+        kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}, "spec": kept},
+                   field_manager="test")
+
+    def status_of(field: str) -> str | None:
+        return kube.get(API_VERSION, "InferenceService", "versions", namespace)["status"].get(field)
+
+    assert set(versions(["first"])) == {v1}
+    v2 = register_model(uri, model, seed=2)
+    client.set_registered_model_alias(model, "challenger", v2)
+    change(canary={"alias": "challenger", "percent": 20})
+    wait_for(lambda: status_of("canaryVersion") == v2 and status_of("phase") == "Ready", timeout=60,
+             what="the pooled canary ready")
+    wait_for(lambda: v2 in versions([f"probe-{i}" for i in range(40)]), timeout=30, what="the front splitting")
+    split = versions([f"caller-{i}" for i in range(400)])
+    assert set(split) == {v1, v2} and abs(split.count(v2) / len(split) - 0.2) <= 0.06, split.count(v2)
+    assert versions(["caller-7"] * 5) == [split[7]] * 5, "a caller sticks to its version"
+
+    v3 = register_model(uri, model, seed=3)
+    change(shadow={"version": v3, "percent": 100})
+    wait_for(lambda: status_of("shadowVersion") == v3, timeout=60, what="the pooled shadow")
+
+    def shadow_logged() -> bool:
+        versions(["shadowed"])  # traffic to mirror meanwhile
+        return any(r["role"] == "shadow" and r["version"] == v3
+                   for r in request_records(operator.requests / f"{namespace}-versions"))
+
+    wait_for(shadow_logged, timeout=60, what="a shadow row in the service's request log")
+    assert set(versions([f"s-{i}" for i in range(20)])) <= {v1, v2}, "the shadow's answers are never returned"
+
+    # A challenger Triton cannot load: Triton loads the model's versions all or none, so the service
+    # answers 503 until the canary is rolled back and has left the pool, then the primary alone.
+    broken = register_broken(uri, model)
+    moved = time.monotonic()
+    client.set_registered_model_alias(model, "challenger", broken)
+    stop = threading.Event()
+
+    def call_all_along() -> list[tuple[float, str]]:
+        found = []
+        while not stop.wait(0.05):
+            found.append((time.monotonic() - moved, versions([f"during-{len(found)}"])[0]))
+        return found
+
+    with ThreadPoolExecutor(1) as calling:
+        seen = calling.submit(call_all_along)
+        try:
+            wait_for(lambda: status_of("rolledBackVersion") == broken, timeout=120, what="the broken canary rolled back")
+            rolled_back = time.monotonic() - moved
+            assert status_of("canaryVersion") is None
+            wait_for(lambda: set(versions([f"after-{i}" for i in range(40)])) == {v1}, timeout=30,
+                     what="the primary alone answering")
+        finally:
+            stop.set()
+    answered = seen.result()
+    failed = [at for at, got in answered if got != v1]
+    print(f"a canary version that cannot load: rolled back {rolled_back:.1f} s after the alias moved; of "
+          f"{len(answered)} requests meanwhile {len(failed)} failed, the last {max(failed, default=0):.1f} s after it")
+    assert set(got for _, got in answered) <= {v1, v2, "status 503"}, "never the broken version's answer"
+
+    change(canary=None, shadow=None)
+    client.set_registered_model_alias(model, "champion", v2)
+    wait_for(lambda: status_of("modelVersion") == v2, timeout=60, what="the champion's new version in status")
+    wait_for(lambda: set(versions([f"rolled-{i}" for i in range(40)])) == {v2}, timeout=60,
+             what="the pool serving the new champion to every caller")

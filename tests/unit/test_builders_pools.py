@@ -169,6 +169,8 @@ class PoolPodsKube:
 
     def __init__(self, pods: list[dict], taken_up: set[str]):
         self.pods, self.taken_up, self.asked = pods, taken_up, []
+        self.failed: dict[str, str] = {}
+        """Version -> why the fronts say its load failed."""
 
     def list(self, api_version, kind, namespace, selector):  # noqa: ANN001, ANN201
         return self.pods
@@ -180,6 +182,9 @@ class PoolPodsKube:
         self.asked.append(pod)
         if pod not in self.taken_up:
             raise KubeError(404, "Not Found", "pool shared serves no model")
+        version = path.split("/versions/")[1].split("/")[0]
+        if version in self.failed:
+            raise KubeError(503, "Service Unavailable", f"version {version} failed to load: {self.failed[version]}")
         return {}
 
 
@@ -197,9 +202,25 @@ def test_a_pooled_service_is_ready_once_every_pod_its_service_sends_requests_to_
     pods = [pool_pod("pool-a"), pool_pod("pool-b"), pool_pod("pool-new", ready=False), pool_pod("pool-old", stopping=True)]
     kube = PoolPodsKube(pods, taken_up={"pool-a"})
     pools = ClusterPools(kube, IMAGES, {"shared": SIZE}, "ns")
-    waiting = pools._observe("shared", "ns.fraud", deployment, ["primary"])
+    waiting = pools._observe("shared", "ns.fraud", deployment, {"primary": "1"})
     assert waiting.ready == {"primary": False} and "pool-b is taking up ns.fraud" in waiting.message
     assert sorted(kube.asked) == ["pool-a", "pool-b"]
     kube.taken_up.add("pool-b")
-    serving = pools._observe("shared", "ns.fraud", deployment, ["primary"])
+    serving = pools._observe("shared", "ns.fraud", deployment, {"primary": "1"})
     assert serving.ready == {"primary": True} and serving.ready_replicas == 2 and serving.message == ""
+
+
+def test_a_pooled_canary_whose_version_failed_to_load_is_rolled_back_and_the_primary_stays_ready():
+    """Unit, plain data: Triton loads a model's versions all or none, so a
+    canary version the fronts say failed to load is rolled back (to leave
+    the model), while the primary, which the fronts answer ready, stays."""
+    deployment = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "availableReplicas": 1}}
+    kube = PoolPodsKube([pool_pod("pool-a")], taken_up={"pool-a"})
+    kube.failed["2"] = "Internal: InvalidProtobuf"
+    pools = ClusterPools(kube, IMAGES, {"shared": SIZE}, "ns")
+    state = pools._observe("shared", "ns.fraud", deployment, {"primary": "1", "canary": "2"})
+    assert state.rolled_back == ("canary",) and state.ready == {"primary": True}, state
+    assert "version 2 failed to load: Internal: InvalidProtobuf" in state.message
+    kube.failed["1"] = "Internal: InvalidProtobuf"  # the primary's own version: nothing to roll back to
+    state = pools._observe("shared", "ns.fraud", deployment, {"primary": "1", "canary": "2"})
+    assert state.rolled_back == () and state.ready == {"primary": False, "canary": False}, state

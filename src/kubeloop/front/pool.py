@@ -25,7 +25,7 @@ import orjson
 
 from kubeloop.front.memory import growth
 from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
-from kubeloop.front.upstream import Upstreams
+from kubeloop.front.upstream import UpstreamError, Upstreams
 
 log = logging.getLogger("kubeloop.pool")
 LOAD_TIMEOUT_SECONDS = 300.0
@@ -84,6 +84,10 @@ class Pool:
         """The latest cold loads' times, from the request's arrival to the model ready."""
         self.failures: dict[str, str] = {}
         """Model -> why its last load failed (until one succeeds); bounded by the models served."""
+        self.failed_versions: dict[str, dict[str, str]] = {}
+        """Model -> the versions its last failed load could not load, and why
+        (Triton loads a model's versions all or none: one version that cannot
+        load fails the rest too)."""
         self.copies: set[asyncio.Task] = set()
         """Hot models' copies loading on further members (at most one per member and model)."""
 
@@ -112,15 +116,44 @@ class Pool:
     async def reload(self, model: str) -> None:
         """The model's config or versions changed: the members holding it
         load it again (Triton loads the new versions before it unloads the
-        old ones: requests keep being answered)."""
+        old ones: requests keep being answered). Where a new version cannot
+        load, Triton keeps serving the versions it had: the failure names it
+        (its service's canary is rolled back), and the model stays held."""
         for name, member in self.residency.members.items():
             if model in member.loaded:
                 async with self.locks[name]:
-                    await self._repository(name, model, "load")
+                    try:
+                        await self._repository(name, model, "load")
+                    except LoadError as exc:
+                        await self._failed(name, model, exc)
+                        raise
+                self.failures.pop(model, None)
+                self.failed_versions.pop(model, None)
+
+    def unready(self, model: str, version: str) -> str | None:
+        """Why a version of the model cannot be served (None: it can, or is
+        loaded by its next request): it failed to load, or the model's last
+        load failed and named no version."""
+        failed = self.failed_versions.get(model)
+        if failed is None:
+            return self.failures.get(model)
+        return f"version {version} failed to load: {failed[version]}" if version in failed else None
+
+    async def _failed(self, member: str, model: str, exc: Exception) -> None:
+        """Record why the model's load on the member failed, and which of its versions failed there."""
+        self.failures[model] = str(exc)
+        try:
+            self.failed_versions[model] = await self._unavailable(member, model)
+        except (LoadError, UpstreamError) as error:
+            log.warning("cannot read which versions of %s failed on %s: %s", model, member, error)
+            self.failed_versions.pop(model, None)
+        if not self.failed_versions.get(model):
+            self.failed_versions.pop(model, None)
 
     async def forget(self, model: str) -> None:
         """The model is served no more: unloaded where it is held."""
         self.failures.pop(model, None)
+        self.failed_versions.pop(model, None)
         self.sizes.pop(model, None)
         self.peaks.pop(model, None)
         for member in self.residency.forget(model):
@@ -141,8 +174,11 @@ class Pool:
             if placement.load:
                 try:
                     await self._cold(placement, model, key)
+                except LoadError as exc:  # the service is unready with it (a copy's failure is not)
+                    await self._failed(placement.member, model, exc)
+                    raise
                 except BaseException as exc:
-                    self.failures[model] = str(exc)  # the service is unready with it (a copy's failure is not)
+                    self.failures[model] = str(exc)
                     raise
                 self.cold_seconds.append(time.perf_counter() - started)
             elif key in self.pending:
@@ -215,6 +251,7 @@ class Pool:
             self.pending.pop(key, None)
         extra = self.residency.loaded(placement.member, model, measured)
         self.failures.pop(model, None)
+        self.failed_versions.pop(model, None)
         done.set_result(None)
         if extra:
             log.info("%s measured %.0f MiB on %s, more than its room: unloading %s", model, measured,
@@ -320,12 +357,21 @@ class Pool:
                 return
 
     async def _ready(self, member: str, models: list[str] | tuple[str, ...]) -> list[str]:
+        ready = {entry.get("name") for entry in await self._index(member) if entry.get("state") == "READY"}
+        return [m for m in models if m in ready]
+
+    async def _unavailable(self, member: str, model: str) -> dict[str, str]:
+        """The model's versions the member lists as unavailable, with Triton's reasons."""
+        return {str(entry.get("version")): entry.get("reason", "") for entry in await self._index(member)
+                if entry.get("name") == model and entry.get("state") == "UNAVAILABLE"}
+
+    async def _index(self, member: str) -> list[dict]:
+        """The member's repository index: each model version's state (and a failed one's reason)."""
         answer = await self.repository.call(b"POST", f"{self.urls[member]}/v2/repository/index", b"{}",
                                             b"Content-Type: application/json\r\n")
         if answer.status != 200:
             raise LoadError(f"Triton ({member}) did not list its models: {answer.status}")
-        ready = {entry.get("name") for entry in orjson.loads(answer.body) if entry.get("state") == "READY"}
-        return [m for m in models if m in ready]
+        return orjson.loads(answer.body)
 
     async def _repository(self, member: str, model: str, action: str) -> None:
         url = f"{self.urls[member]}/v2/repository/models/{model}/{action}"

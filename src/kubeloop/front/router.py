@@ -848,12 +848,13 @@ class Router:
 
     async def ready(self, route: Route) -> Response:
         """Ready when the route's version is, and every version's feature
-        store is open. A pooled model is ready unless its last load failed:
-        it is loaded by its first request, never by a readiness check."""
+        store is open. A pooled version is ready unless its last load failed
+        (or the model's, naming no version): it is loaded by its first
+        request, never by a readiness check."""
         if not self.stores_open():
             return Response(503, b"opening the feature stores", "text/plain")
         if self.pool is not None:
-            failure = self.pool.failures.get(self.config.triton_model)
+            failure = self.pool.unready(self.config.triton_model, route.version)
             return Response(503, failure.encode(), "text/plain") if failure else Response(200)
         try:
             answer = await self.upstream.call(b"GET", f"{self.config.version_url(route.version)}/ready",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -117,6 +117,33 @@ class ServingState:
     @property
     def primary_ready(self) -> bool:
         return self.ready.get("primary", False)
+
+
+def pooled_readiness(answers: dict[str, tuple[bool, str]]) -> tuple[dict[str, bool], tuple[str, ...], str]:
+    """A pooled service's readiness per role, from the pool front's answer
+    to each role's version (ready, and why not where it says): the roles
+    ready, those rolled back (a canary or shadow whose version failed to
+    load while the primary's answers ready: Triton loads a model's versions
+    all or none, so it must leave for the primary to load again), and what
+    to say (pure)."""
+    primary = answers["primary"][0]
+    rolled_back = tuple(role for role, (ready, why) in answers.items()
+                        if role != "primary" and primary and not ready and why)
+    ready = {role: answer[0] for role, answer in answers.items() if role not in rolled_back}
+    message = "; ".join(f"{role} {answers[role][1]}; rolled back" for role in rolled_back) or next(
+        (why for ready, why in answers.values() if not ready and why), "")
+    return ready, rolled_back, message
+
+
+def taken_out(ensure: Callable[[ServingRequest], ServingState], request: ServingRequest) -> ServingState:
+    """A pooled service's ensure(request); where it rolls roles back, their
+    versions leave the pool's routes and repository at once (ensured again
+    without them): a pool loads a model's versions all or none, so its
+    primary serves again only once they have gone."""
+    state = ensure(request)
+    if state.rolled_back:
+        ensure(replace(request, versions=tuple(v for v in request.versions if v.role not in state.rolled_back)))
+    return state
 
 
 class ServingBackend(abc.ABC):

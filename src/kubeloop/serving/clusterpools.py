@@ -14,12 +14,13 @@ request, as in a local pool.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from kubeloop.api.constants import ANNOTATION_INPUT_HASH
 from kubeloop.api.refs import ObjectRef
 from kubeloop.kube import Kube, KubeError
-from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, pooled_name, unknown_pool
+from kubeloop.serving.base import (
+    PoolSize, ServingRequest, ServingState, pooled_name, pooled_readiness, taken_out, unknown_pool)
 from kubeloop.serving.builders.pools import (
     LABEL_POOL, LABEL_POOL_PART, LABEL_ROUTES_SHARD, build_pool, build_routes, grpc_address, peers_name, pool_name,
     route_manager, route_shard, url,
@@ -62,6 +63,9 @@ class ClusterPools:
         return own(request)
 
     def ensure(self, request: ServingRequest, request_log: str | None) -> ServingState:
+        return taken_out(lambda wanted: self._ensure(wanted, request_log), request)
+
+    def _ensure(self, request: ServingRequest, request_log: str | None) -> ServingState:
         pool, ref = request.spec.pool, request.ref
         name = pooled_name(ref)
         config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"),
@@ -72,7 +76,7 @@ class ClusterPools:
         if held.get(pool) != routes["data"][f"{name}.json"]:
             self.kube.apply(routes, field_manager=route_manager(name))
         deployment = self._ensure_pool(pool)
-        return self._observe(pool, name, deployment, [v.role for v in request.versions])
+        return self._observe(pool, name, deployment, {v.role: v.model.version for v in request.versions})
 
     def _ensure_pool(self, pool: str) -> dict:
         """The pool's objects as its size says (applied only when the live
@@ -86,7 +90,7 @@ class ClusterPools:
             live = next(o for o in applied if o["kind"] == "Deployment")
         return live
 
-    def _observe(self, pool: str, name: str, deployment: dict, roles: list[str]) -> ServingState:
+    def _observe(self, pool: str, name: str, deployment: dict, versions: dict[str, str]) -> ServingState:
         served = dict(url=url(pool, self.namespace), grpc_address=grpc_address(pool, self.namespace))
         status = deployment.get("status", {})
         current = deployment.get("metadata", {}).get("generation") == status.get("observedGeneration")
@@ -94,28 +98,35 @@ class ClusterPools:
         troubles = container_troubles(pods)
         serving = [p for p in pods if _serving(p)]
         if not (current and status.get("availableReplicas", 0) >= 1 and serving):
-            return ServingState(ready=dict.fromkeys(roles, False), message="; ".join([f"pool {pool}: its Pod is starting",
-                                                                             *troubles]),
+            return ServingState(ready=dict.fromkeys(versions, False),
+                                message="; ".join([f"pool {pool}: its Pod is starting", *troubles]),
                                 failing=bool(troubles), **served)
-        waiting = [why for why in (self._model_ready(pool, name, pod) for pod in serving) if why]
-        ready = not waiting
-        message = "; ".join(waiting[:1] + troubles)
-        return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=len(serving) if ready else 0,
-                            message=message, **served)
+        answers = {role: [self._version_ready(pool, name, pod, version) for pod in serving]
+                   for role, version in versions.items()}
+        ready, rolled_back, why = pooled_readiness({role: (all(a.ready for a in found), next(
+            (a.failed for a in found if a.failed), "")) for role, found in answers.items()})
+        waiting = [a.waiting for found in answers.values() for a in found if a.waiting]
+        message = "; ".join(([why] if why else waiting[:1]) + troubles)
+        return ServingState(ready=ready, ready_replicas=len(serving) if ready["primary"] else 0,
+                            message=message, rolled_back=rolled_back, **served)
 
-    def _model_ready(self, pool: str, name: str, pod: dict) -> str | None:
-        """Why the pool Pod's front does not answer the model ready (None: it does).
+    def _version_ready(self, pool: str, name: str, pod: dict, version: str) -> VersionAnswer:
+        """Whether the pool Pod's front answers a version of the model ready.
         Asked of each Pod its Service sends requests to, through the API
         server's proxy (which works wherever the operator runs)."""
         pod_name = pod["metadata"]["name"]
-        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod_name}:{ROUTER_PORT}/proxy/v2/models/{name}/ready"
+        path = (f"/api/v1/namespaces/{self.namespace}/pods/{pod_name}:{ROUTER_PORT}/proxy/v2/models/{name}"
+                f"/versions/{version}/ready")
         try:
             self.kube.request("GET", path, timeout=10)
         except KubeError as exc:
             if exc.status == 404:
-                return f"pool {pool}: its front in {pod_name} is taking up {name} (its versions are being fetched)"
-            return f"pool {pool}: {name} is not ready in {pod_name}: {exc}"
-        return None
+                return VersionAnswer(False, waiting=f"pool {pool}: its front in {pod_name} is taking up {name} "
+                                                    "(its versions are being fetched)")
+            if exc.status == 503 and exc.message:  # the front's reason: a failed load, or its stores opening
+                return VersionAnswer(False, failed=f"pool {pool}: {exc.message} ({pod_name})")
+            return VersionAnswer(False, waiting=f"pool {pool}: {name} is not ready in {pod_name}: {exc}")
+        return VersionAnswer(True)
 
     def _routes_holding(self, ref: ObjectRef) -> dict[str, str]:
         """Pool -> the service's router file there, for each pool holding one
@@ -145,6 +156,16 @@ class ClusterPools:
                                        ("v1", "Service", peers_name(pool)), ("v1", "ConfigMap", pool_name(pool)),
                                        *(("v1", "ConfigMap", cm["metadata"]["name"]) for cm in shards)):
             self.kube.delete(api_version, kind, obj, self.namespace)
+
+
+class VersionAnswer(NamedTuple):
+    """A pool Pod's front's answer to a version's readiness."""
+
+    ready: bool
+    failed: str = ""
+    """Why the front says it is not ready (its load failed, or its feature stores are opening)."""
+    waiting: str = ""
+    """What it is waiting for, where the front did not say (it has not taken the version up yet)."""
 
 
 def _serving(pod: dict) -> bool:

@@ -27,7 +27,8 @@ import requests
 from kubeloop import processes
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_if_changed
-from kubeloop.serving.base import PoolSize, ServingRequest, ServingState, pooled_name, unknown_pool
+from kubeloop.serving.base import (
+    PoolSize, ServingRequest, ServingState, pooled_name, pooled_readiness, taken_out, unknown_pool)
 from kubeloop.serving.instances import InstanceState, ensure_process
 from kubeloop.serving.repository import put_pooled, remove_pooled
 from kubeloop.serving.routes import build_router_config
@@ -54,6 +55,9 @@ class LocalPools:
         return self.root / pool
 
     def ensure(self, request: ServingRequest, request_log: str | None) -> ServingState:
+        return taken_out(lambda wanted: self._ensure(wanted, request_log), request)
+
+    def _ensure(self, request: ServingRequest, request_log: str | None) -> ServingState:
         pool = request.spec.pool
         folder, name = self.folder(pool), pooled_name(request.ref)
         repository, routes = folder / "repository", folder / "routes"
@@ -63,11 +67,12 @@ class LocalPools:
         config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"))
         write_if_changed(routes / f"{name}.json", json.dumps(config, indent=2))
         with self._locks[pool]:
-            return self._ensure_running(folder, name, self.sizes[pool], [v.role for v in request.versions])
+            return self._ensure_running(folder, name, self.sizes[pool],
+                                        {v.role: v.model.version for v in request.versions})
 
-    def _ensure_running(self, folder: Path, name: str, size: PoolSize, roles: list[str]) -> ServingState:
+    def _ensure_running(self, folder: Path, name: str, size: PoolSize, versions: dict[str, str]) -> ServingState:
         """The pool's members and front started (never waited for), and
-        whether the front answers the service's model ready."""
+        whether the front answers each role's version of the service ready."""
         state_path = folder / "state.json"
         state = InstanceState.read(state_path) or InstanceState(ports={}, processes={})
         members = [f"member-{i}" for i in range(size.members)]
@@ -78,7 +83,7 @@ class LocalPools:
         starting = self._ensure_members(state, state_path, folder, folder / "repository", members, size)
         url = f"http://127.0.0.1:{state.ports['front']}"
         served = dict(url=url, grpc_address=f"127.0.0.1:{state.ports['front-grpc']}")
-        roles = dict.fromkeys(roles, False)
+        roles = dict.fromkeys(versions, False)
         if starting:
             return ServingState(ready=roles, message=starting, **served)
         starting, died = ensure_process(state, state_path, "front", [
@@ -87,10 +92,11 @@ class LocalPools:
             ready=f"{url}/v2/health/live")
         if starting:
             return ServingState(ready=roles, message=starting, failing=died, **served)
-        ready, why = _model_ready(f"{url}/v2/models/{name}/ready")
-        message = "" if ready else why or f"the pool's front is taking up {name}"
-        return ServingState(ready=dict.fromkeys(roles, ready), ready_replicas=1 if ready else 0, message=message,
-                            **served)
+        ready, rolled_back, why = pooled_readiness(
+            {role: _model_ready(f"{url}/v2/models/{name}/versions/{version}/ready") for role, version in versions.items()})
+        message = why or ("" if all(ready.values()) else f"the pool's front is taking up {name}")
+        return ServingState(ready=ready, ready_replicas=1 if ready["primary"] else 0, message=message,
+                            rolled_back=rolled_back, **served)
 
     def _ensure_members(self, state: InstanceState, state_path: Path, folder: Path, repository: Path,
                         members: list[str], size: PoolSize) -> str:
@@ -137,7 +143,7 @@ class LocalPools:
 
 
 def _model_ready(url: str) -> tuple[bool, str]:
-    """Whether the front answers the model ready; else why, where it says
+    """Whether the front answers a version ready; else why, where it says
     (the reason its last load failed)."""
     try:
         answer = requests.get(url, timeout=2)
