@@ -10,7 +10,8 @@ pool measured, request logs stay per service, and tritonclient gets the
 same answers, refusals and statistics through the pool's front (HTTP and
 gRPC) as from the member that holds the model. Also: a pool the operator does
 not run is refused by a condition, and a deleted service's model leaves
-the pool. Local backend only (the cluster path's pool, a Pod on the real
+the pool. A second test: a pooled service's canary split, shadow and log,
+a canary version that cannot load rolled back, and roll-forward. Local backend only (the cluster path's pool, a Pod on the real
 node: tests/e2e/test_real_node.py).
 
 KUBELOOP_POOL_E2E_SERVICES sets how many services (24 in make test; the

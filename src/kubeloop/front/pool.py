@@ -43,6 +43,10 @@ unloaded: what serving grows a member by between two measurements (the
 backend's buffers as requests run) stays within the budget."""
 
 
+UNLOADED = "unloaded"
+"""Triton's reason for a version that is unavailable because it was unloaded."""
+
+
 class LoadError(RuntimeError):
     """Triton could not load (or unload) a model."""
 
@@ -361,9 +365,12 @@ class Pool:
         return [m for m in models if m in ready]
 
     async def _unavailable(self, member: str, model: str) -> dict[str, str]:
-        """The model's versions the member lists as unavailable, with Triton's reasons."""
+        """The model's versions the member lists as failed, with Triton's
+        reasons: unavailable for another reason than having been unloaded
+        (the versions a failed load unloads again, or that left the config)."""
         return {str(entry.get("version")): entry.get("reason", "") for entry in await self._index(member)
-                if entry.get("name") == model and entry.get("state") == "UNAVAILABLE"}
+                if entry.get("name") == model and entry.get("state") == "UNAVAILABLE"
+                and entry.get("reason") != UNLOADED}
 
     async def _index(self, member: str) -> list[dict]:
         """The member's repository index: each model version's state (and a failed one's reason)."""
