@@ -90,6 +90,10 @@ class ServingRequest:
     def version(self, role: Role) -> ServedVersion | None:
         return next((v for v in self.versions if v.role == role), None)
 
+    def by_role(self) -> dict[str, str]:
+        """Role -> the registered version it serves."""
+        return {v.role: v.model.version for v in self.versions}
+
 
 @dataclass(frozen=True)
 class ServingState:

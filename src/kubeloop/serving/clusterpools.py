@@ -76,7 +76,7 @@ class ClusterPools:
         if held.get(pool) != routes["data"][f"{name}.json"]:
             self.kube.apply(routes, field_manager=route_manager(name))
         deployment = self._ensure_pool(pool)
-        return self._observe(pool, name, deployment, {v.role: v.model.version for v in request.versions})
+        return self._observe(pool, name, deployment, request.by_role())
 
     def _ensure_pool(self, pool: str) -> dict:
         """The pool's objects as its size says (applied only when the live

@@ -92,7 +92,7 @@ class LocalServing(ServingBackend):
         repository = folder / "repository"
         model = request.versions[0].model.name
         name = triton_name(model)
-        wanted = {v.role: v.model.version for v in request.versions}
+        wanted = request.by_role()
         self._fetch(repository, model, folder, set(wanted.values()))
         primary = wanted["primary"]
         config_text = (folder / "configs" / f"{primary}.pbtxt").read_text()

@@ -67,8 +67,7 @@ class LocalPools:
         config = build_router_config(request, name, "", request_log, ("primary", "canary", "shadow"))
         write_if_changed(routes / f"{name}.json", json.dumps(config, indent=2))
         with self._locks[pool]:
-            return self._ensure_running(folder, name, self.sizes[pool],
-                                        {v.role: v.model.version for v in request.versions})
+            return self._ensure_running(folder, name, self.sizes[pool], request.by_role())
 
     def _ensure_running(self, folder: Path, name: str, size: PoolSize, versions: dict[str, str]) -> ServingState:
         """The pool's members and front started (never waited for), and
