@@ -14,7 +14,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, Mapping, TypeVar
 
 import kubernetes
 import urllib3
@@ -167,6 +167,14 @@ class Kube:
         headers = {"Content-Type": content_type} if content_type else {}
         raw = self._call(method, path, body, query=query, headers=headers, timeout=timeout).data
         return json.loads(raw) if raw else None
+
+    def headers(self, method: str, path: str, *, timeout: float = 30) -> Mapping[str, str]:
+        """A request's response headers, any case (a proxied Pod's own,
+        through the API server's proxy); a failure is a KubeError, as for
+        request()."""
+        answer = self._call(method, path, timeout=timeout)
+        answer.drain_conn()
+        return answer.headers
 
     def _call(self, method: str, path: str, body: Any = None, *, query: Iterable[tuple[str, str]] = (),
               headers: dict[str, str] | None = None, timeout: float = 30) -> urllib3.HTTPResponse:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,6 +41,7 @@ from tests.e2e.conftest import _delete_inference_services
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_broken, register_model, synthetic
 from tests.support.operator import OperatorProcess
+from tests.support.rollouts import rollout_of
 from tests.support.stories import quick_optimisation, timed_steps
 from tests.support.waiting import wait_for
 
@@ -812,12 +814,6 @@ def steady_traffic(real: RealPlatform, namespace: str, service: str, model: str,
     return name
 
 
-def rollout_of(kube, namespace: str, name: str, challenger: str, timeout: float) -> dict:
-    return wait_for(lambda: (r := isvc_status(kube, namespace, name).get("rollout") or {})
-                    .get("challenger") == challenger and r.get("phase") in ("Promoted", "Aborted") and r,
-                    timeout=timeout, interval=1, what=f"the rollout of version {challenger} ending")
-
-
 @pytest.mark.timeout(1200)
 def test_rollouts_through_router_pods_promote_a_good_challenger_and_abort_a_contrary_one_on_the_real_node(
         real, tmp_path):
@@ -1252,7 +1248,9 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     front answers every service with the registered version's answer, each
     model loaded on one Pod only: its owner's among the Pods the pool's
     headless Service resolves to (the other Pod's front sends it on); a
-    hot model gets a copy on the Pod that sent its requests on. A
+    hot model gets a copy on the Pod that sent its requests on. A canary
+    that cannot load is rolled back, and a rollout over both Pods is
+    promoted on what their fronts measured (Prometheus scraping each). A
     new size (the operator started again with another spreadAt) rolls the
     Pods, a new one first: it is Ready only once its front has taken up
     every route, and an old one keeps serving while it leaves the Service's
@@ -1276,7 +1274,8 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     def operator_with(spread_at: int, log: str) -> OperatorProcess:
         pools = {"shared": {"members": 1, "memoryMiB": 400, "replicas": 2, "spreadAt": spread_at}}
         return serving_operator(real, namespace, tmp_path / log, front=True, KUBELOOP_SERVING_POOLS=json.dumps(pools),
-                                KUBELOOP_OPERATOR_NAMESPACE=namespace, KUBELOOP_RESYNC_SECONDS="10")
+                                KUBELOOP_OPERATOR_NAMESPACE=namespace, KUBELOOP_RESYNC_SECONDS="10",
+                                KUBELOOP_PROMETHEUS_URL=env["PROMETHEUS_URL"])
 
     def pool_pods() -> list[dict]:
         return real.kube.list("v1", "Pod", namespace, "kubeloop.dev/pool=shared")
@@ -1356,6 +1355,7 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
             print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests "
                   f"({time.monotonic() - began:.1f} s)")
         _a_canary_that_cannot_load_is_rolled_back(real, namespace, names[0], fronts, model, version, rows)
+        _a_rollout_is_judged_on_what_both_pods_measured(real, namespace, names, fronts, model)
         operator.stop()
         service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
         with ThreadPoolExecutor(1) as calls:
@@ -1404,14 +1404,8 @@ def _a_canary_that_cannot_load_is_rolled_back(real: RealPlatform, namespace: str
     broken = register_broken(uri, model)
     MlflowClient(uri).set_registered_model_alias(model, "challenger", broken)
 
-    def apply(**spec) -> None:  # noqa: ANN003 - fields to set, or to drop where None
-        live = real.kube.get(API_VERSION, "InferenceService", name, namespace)
-        kept = {k: v for k, v in {**live["spec"], **spec}.items() if v is not None}
-        real.kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}, "spec": kept},
-                        field_manager="test")
-
     asked = time.monotonic()
-    apply(canary={"alias": "challenger", "percent": 20})
+    change_spec(real.kube, namespace, name, canary={"alias": "challenger", "percent": 20})
     wait_for(lambda: isvc_status(real.kube, namespace, name).get("rolledBackVersion") == broken, timeout=180,
              interval=1, what="the pooled canary that cannot load rolled back")
     print(f"pooled canary that cannot load rolled back {time.monotonic() - asked:.0f} s after it was asked")
@@ -1422,9 +1416,75 @@ def _a_canary_that_cannot_load_is_rolled_back(real: RealPlatform, namespace: str
         return all(a.status_code == 200 and a.headers["X-Model-Version"] == version for a in answers)
 
     wait_for(champion_everywhere, timeout=60, interval=1, what="every Pod answering with the champion alone")
-    apply(canary=None)
+    change_spec(real.kube, namespace, name, canary=None)
     wait_for(lambda: isvc_status(real.kube, namespace, name).get("phase") == "Ready", timeout=60, interval=1,
              what="the service Ready again without its canary")
+
+
+def change_spec(kube, namespace: str, name: str, **spec) -> None:  # noqa: ANN001, ANN003 - fields to set or drop (None)
+    live = kube.get(API_VERSION, "InferenceService", name, namespace)
+    kept = {k: v for k, v in {**live["spec"], **spec}.items() if v is not None}
+    kube.apply({**live, "metadata": {k: live["metadata"][k] for k in ("name", "namespace")}, "spec": kept},
+               field_manager="test")
+
+
+def _a_rollout_is_judged_on_what_both_pods_measured(real: RealPlatform, namespace: str, names: list[str],
+                                                    fronts: list[str], model: str) -> None:
+    """A pooled service's rollout on the cluster path: callers keyed and
+    spread over both pool Pods (one sends the model's requests on to its
+    owner), the platform's Prometheus scraping each Pod's front, and the
+    operator's analysis of those series promoting a challenger as good as
+    the champion, the alias moved. Every service of that model then rolls
+    forward to it, and none leaves Ready meanwhile: the old version answers
+    while the Pods fetch and take up the new one."""
+    import random
+    import threading
+
+    import requests
+    from mlflow import MlflowClient
+
+    uri = real.platform.env()["MLFLOW_TRACKING_URI"]
+    registry = MlflowClient(uri)
+    good = register_model(uri, model, seed=6)
+    registry.set_registered_model_alias(model, "challenger", good)
+    name = names[-1]
+    change_spec(real.kube, namespace, name, canary={"alias": "challenger", "percent": 50},
+                rollout={"steps": [{"weight": 50, "duration": "20s"}],
+                         "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "latencyTolerance": "100ms",
+                                      "maxDisagreement": 0.3}})
+    stop, rng, answered = threading.Event(), random.Random(3), []
+
+    def call() -> None:
+        while not stop.wait(1 / 30):
+            rows = [[rng.gauss(0, 1) for _ in range(N_FEATURES)] for _ in range(4)]
+            answer = requests.post(f"{rng.choice(fronts)}/v2/models/{namespace}.{name}/infer", json=v2_body(rows),
+                                   timeout=60, headers={"X-Request-Key": uuid.uuid4().hex})
+            answered.append(answer.headers.get("X-Model-Version") if answer.ok else answer.status_code)
+
+    caller = threading.Thread(target=call)
+    began = time.monotonic()
+    caller.start()
+    try:
+        promoted = rollout_of(real.kube, namespace, name, good, timeout=240)
+    finally:
+        stop.set()
+        caller.join()
+    print(f"pooled rollout over two Pods: {promoted['phase']} {time.monotonic() - began:.0f} s after traffic began "
+          f"({promoted['analysis']}); answers {Counter(answered)}")
+    assert promoted["phase"] == "Promoted" and promoted["analysis"]["verdict"] == "Pass", promoted
+    assert promoted["analysis"]["requests"] >= 60, promoted
+    assert registry.get_model_version_by_alias(model, "champion").version == good
+    assert all(isinstance(a, str) for a in answered), Counter(answered)
+    change_spec(real.kube, namespace, name, canary=None, rollout=None)
+    left_ready = set()
+
+    def rolled_forward() -> bool:
+        found = {n: isvc_status(real.kube, namespace, n) for n in names}
+        left_ready.update(n for n, status in found.items() if status.get("phase") != "Ready")
+        return all(status.get("modelVersion") == good for status in found.values())
+
+    wait_for(rolled_forward, timeout=120, interval=0.5, what=f"every service of {model} on version {good}")
+    assert left_ready == set(), f"services that left Ready while rolling forward: {sorted(left_ready)}"
 
 
 def _serving_pod(pod: dict) -> bool:

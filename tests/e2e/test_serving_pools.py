@@ -11,8 +11,10 @@ same answers, refusals and statistics through the pool's front (HTTP and
 gRPC) as from the member that holds the model. Also: a pool the operator does
 not run is refused by a condition, and a deleted service's model leaves
 the pool. A second test: a pooled service's canary split, shadow and log,
-a canary version that cannot load rolled back, and roll-forward. Local backend only (the cluster path's pool, a Pod on the real
-node: tests/e2e/test_real_node.py).
+a canary version that cannot load rolled back, and roll-forward. A third:
+a pooled service's rollout, judged on the series the platform's Prometheus
+scraped from the pool's front. Local backend only (the cluster path's
+pools, Pods on the real node: tests/e2e/test_real_node.py).
 
 KUBELOOP_POOL_E2E_SERVICES sets how many services (24 in make test; the
 issue's 200 is the same test with 200)."""
@@ -25,6 +27,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -40,6 +44,7 @@ from kubeloop.serving.instances import InstanceState
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_broken, register_model
 from tests.support.poolmemory import MemorySampler
+from tests.support.rollouts import rollout_of
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +70,8 @@ def operator(platform, namespace, start_operator, tmp_path):
     op = start_operator([namespace], KUBELOOP_REGISTRY="mlflow", MLFLOW_TRACKING_URI=env["MLFLOW_TRACKING_URI"],
                         KUBELOOP_SERVING_BACKENDS="local", KUBELOOP_SERVING_BACKEND="local",
                         KUBELOOP_SERVING_POOLS=json.dumps(pools), KUBELOOP_REQUEST_LOG=str(tmp_path / "requests"),
-                        KUBELOOP_WORK_DIR=str(tmp_path / "work"))
+                        KUBELOOP_WORK_DIR=str(tmp_path / "work"), KUBELOOP_PROMETHEUS_URL=env["PROMETHEUS_URL"],
+                        KUBELOOP_PROMETHEUS_TARGETS=env["KUBELOOP_PROMETHEUS_TARGETS"])
     op.wait_for_log("Initial authentication has finished")
     op.requests, op.work, op.pools = tmp_path / "requests", tmp_path / "work", json.dumps(pools)
     return op
@@ -240,12 +246,7 @@ def test_a_pooled_service_keeps_its_canary_shadow_log_and_roll_forward(platform,
     url, served = status["url"], f"{namespace}.versions"
 
     def versions(keys: list[str]) -> list[str]:
-        """The version that answered each caller (or the status it got instead)."""
-        body = {"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "FP32",
-                            "data": ROWS[:1].tolist()}]}
-        answers = [requests.post(f"{url}/v2/models/{served}/infer", json=body, timeout=120,
-                                 headers={"X-Request-Key": key}) for key in keys]
-        return [a.headers["X-Model-Version"] if a.status_code == 200 else f"status {a.status_code}" for a in answers]
+        return answering(url, served, keys)
 
     def change(**spec) -> None:  # noqa: ANN003 - fields to set, or to drop where None
         live = kube.get(API_VERSION, "InferenceService", "versions", namespace)
@@ -313,3 +314,75 @@ def test_a_pooled_service_keeps_its_canary_shadow_log_and_roll_forward(platform,
     wait_for(lambda: status_of("modelVersion") == v2, timeout=60, what="the champion's new version in status")
     wait_for(lambda: set(versions([f"rolled-{i}" for i in range(40)])) == {v2}, timeout=60,
              what="the pool serving the new champion to every caller")
+
+
+def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform, kube, namespace, operator):
+    """Local backend: the pool registers its front with the platform's
+    Prometheus, and a pooled service's rollout is judged on the front's
+    series as a dedicated service's is: a challenger as good as the champion
+    steps 20% -> 50% and is promoted, the alias moved; a challenger that
+    decides the opposite is aborted at its first step by the paired
+    disagreement, and every caller gets the champion again."""
+    uri = platform.env()["MLFLOW_TRACKING_URI"]
+    registry = MlflowClient(uri)
+    model = f"{namespace}-rolled"
+    champion, good = (register_model(uri, model, seed=seed) for seed in (1, 2))
+    contrary = register_model(uri, model, seed=3, contrary=True)
+    registry.set_registered_model_alias(model, "champion", champion)
+    registry.set_registered_model_alias(model, "challenger", good)
+    rollout = {"steps": [{"weight": 20, "duration": "20s"}, {"weight": 50, "duration": "20s"}],
+               "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "latencyTolerance": "100ms",
+                            "maxDisagreement": 0.3}}
+    kube.apply(isvc(namespace, "rolled", model, pool="shared", canary={"alias": "challenger", "percent": 20},
+                    rollout=rollout))
+    url = wait_for(lambda: (s := (kube.get(API_VERSION, "InferenceService", "rolled", namespace) or {})
+                            .get("status", {})).get("phase") == "Ready" and s.get("canaryVersion") == good
+                   and s["url"], timeout=120, what="the pooled service and its canary")
+    rng, stop = np.random.default_rng(7), threading.Event()
+
+    def versions_answering() -> Counter:
+        """Keyed callers of varied rows, ~30 a second, until stopped."""
+        seen = Counter()
+        while not stop.wait(1 / 30):
+            rows = rng.normal(0, 1, (4, N_FEATURES)).astype(np.float32)
+            body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
+                                "data": rows.tolist()}]}
+            answer = requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30,
+                                   headers={"X-Request-Key": uuid.uuid4().hex})
+            seen[answer.headers.get("X-Model-Version") if answer.ok else f"status {answer.status_code}"] += 1
+        return seen
+
+    with ThreadPoolExecutor(1) as calling:
+        calls = calling.submit(versions_answering)
+        try:
+            began = time.monotonic()
+            promoted = rollout_of(kube, namespace, "rolled", good, timeout=300)
+            took = time.monotonic() - began
+            assert promoted["phase"] == "Promoted", promoted
+            assert promoted["analysis"]["verdict"] == "Pass" and promoted["analysis"]["requests"] >= 60, promoted
+            assert registry.get_model_version_by_alias(model, "champion").version == good
+
+            registry.set_registered_model_alias(model, "challenger", contrary)
+            aborted = rollout_of(kube, namespace, "rolled", contrary, timeout=300)
+            assert aborted["phase"] == "Aborted" and aborted["step"] == 0 and aborted["weight"] == 0, aborted
+            assert aborted["analysis"]["disagreement"] > 0.3 and "decided differently" in aborted["message"]
+            assert registry.get_model_version_by_alias(model, "champion").version == good
+            at = time.monotonic()
+            wait_for(lambda: set(answering(url, model, [uuid.uuid4().hex for _ in range(20)])) == {good},
+                     timeout=60, what=f"every caller answered by version {good} again")
+            back = time.monotonic() - at
+        finally:
+            stop.set()
+    answered = calls.result()
+    print(f"pooled rollout: version {good} promoted {took:.0f} s after traffic began; version {contrary} aborted "
+          f"at step 1 (disagreement {aborted['analysis']['disagreement']:.2f}), every caller on the champion "
+          f"{back:.1f} s later; answers by version: {dict(answered)}")
+    assert set(answered) <= {champion, good, contrary}, answered
+
+
+def answering(url: str, model: str, keys: list[str]) -> list[str]:
+    """The version that answered each keyed caller (or the status it got instead)."""
+    body = {"inputs": [{"name": "features", "shape": [1, N_FEATURES], "datatype": "FP32", "data": ROWS[:1].tolist()}]}
+    answers = [requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=120,
+                             headers={"X-Request-Key": key}) for key in keys]
+    return [a.headers["X-Model-Version"] if a.status_code == 200 else f"status {a.status_code}" for a in answers]

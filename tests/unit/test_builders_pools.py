@@ -171,6 +171,8 @@ class PoolPodsKube:
         self.pods, self.taken_up, self.asked = pods, taken_up, []
         self.failed: dict[str, str] = {}
         """Version -> why the fronts say its load failed."""
+        self.answering: dict[str, str] = {}
+        """Pod -> the version its front answers the model with (not there: none)."""
 
     def list(self, api_version, kind, namespace, selector):  # noqa: ANN001, ANN201
         return self.pods
@@ -186,6 +188,15 @@ class PoolPodsKube:
         if version in self.failed:
             raise KubeError(503, "Service Unavailable", f"version {version} failed to load: {self.failed[version]}")
         return {}
+
+
+    def headers(self, method, path, timeout):  # noqa: ANN001, ANN201
+        from kubeloop.kube import KubeError
+
+        pod = path.split("/pods/")[1].split(":")[0]
+        if pod not in self.answering:
+            raise KubeError(404, "Not Found", "pool shared serves no model")
+        return {"X-Model-Version": self.answering[pod]}
 
 
 def pool_pod(name: str, ready: bool = True, stopping: bool = False) -> dict:
@@ -208,6 +219,25 @@ def test_a_pooled_service_is_ready_once_every_pod_its_service_sends_requests_to_
     kube.taken_up.add("pool-b")
     serving = pools._observe("shared", "ns.fraud", deployment, {"primary": "1"})
     assert serving.ready == {"primary": True} and serving.ready_replicas == 2 and serving.message == ""
+
+
+def test_while_the_fronts_take_up_a_new_primary_the_old_version_is_said_to_answer():
+    """Unit, plain data: a new primary version one Pod's front has not
+    taken up is not ready, but both fronts still answer the service (one
+    with the old version): the old version answers, and the Pods count as
+    serving; once neither front answers, nothing does."""
+    deployment = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "availableReplicas": 2}}
+    kube = PoolPodsKube([pool_pod("pool-a"), pool_pod("pool-b")], taken_up={"pool-a"})
+    kube.answering = {"pool-a": "3", "pool-b": "1"}
+    pools = ClusterPools(kube, IMAGES, {"shared": SIZE}, "ns")
+    state = pools._observe("shared", "ns.fraud", deployment, {"primary": "3"})
+    assert (state.ready, state.answering, state.ready_replicas) == ({"primary": False}, "1", 2), state
+    kube.answering = {}
+    state = pools._observe("shared", "ns.fraud", deployment, {"primary": "3"})
+    assert (state.answering, state.ready_replicas) == (None, 0), state
+    kube.taken_up.add("pool-b")
+    state = pools._observe("shared", "ns.fraud", deployment, {"primary": "3"})
+    assert (state.ready, state.answering) == ({"primary": True}, None), state
 
 
 def test_a_pooled_canary_whose_version_failed_to_load_is_rolled_back_and_the_primary_stays_ready():

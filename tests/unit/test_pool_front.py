@@ -3,7 +3,8 @@ services: by a registered model's name where one service serves it, by a
 service's Triton name always; a removed routes file takes its service away;
 services share the pool's metrics without clearing each other's series,
 a removed service's series go with it, and histograms are a service's own
-only up to the pool's limit (or in a rollout).
+only up to the pool's limit (or in a rollout); a ready answer names the
+version the service's routes answer with.
 Unit: no Triton (a pooled model's readiness is answered without loading it);
 the pool's loads against real tritonservers are tests/components/test_pool.py,
 the whole path tests/e2e/test_serving_pools.py (local backend)."""
@@ -50,6 +51,8 @@ def test_a_pools_front_reaches_each_service_by_its_model(tmp_path):
         loop.run_until_complete(front.start())
         assert status(front, "/v2/models/ml.a/ready")[0] == 200
         assert status(front, "/v2/models/churn/ready")[0] == 200
+        ready = loop.run_until_complete(front.handle(Request("GET", "/v2/models/ml.a/ready", {}, b"")))
+        assert b"X-Model-Version: 1\r\n" in ready.headers, "a ready answer names the version its routes answer with"
         code, body = status(front, "/v2/models/fraud/ready")
         assert code == 409 and b"ml.a, ml.b" in body
         assert status(front, "/v2/models/nothing/ready")[0] == 404

@@ -1,7 +1,8 @@
 """A pooled service's readiness per role (kubeloop.serving.base): Triton
 loads a model's versions all or none, so a canary or shadow version that
 failed to load is rolled back and leaves the pool at once, while a primary
-that failed has nothing to roll back to. Unit, plain data; the pool's
+that failed has nothing to roll back to; while a new primary is taken up,
+the old version the fronts still answer with is said to answer. Unit, plain data; the pool's
 front naming the failed version against real tritonservers:
 tests/components/test_pool.py; through the operator on the local backend:
 tests/e2e/test_serving_pools.py."""
@@ -12,7 +13,8 @@ from kubeloop.api.refs import ObjectRef
 from kubeloop.api.serving import InferenceServiceSpec
 from kubeloop.gpu.placement import PlacementDecision
 from kubeloop.registry.base import ModelVersion
-from kubeloop.serving.base import ServedVersion, ServingRequest, ServingState, pooled_readiness, taken_out
+from kubeloop.serving.base import (
+    ServedVersion, ServingRequest, ServingState, pooled_answering, pooled_readiness, taken_out)
 
 FAILED = "version 2 failed to load: Internal: InvalidProtobuf"
 
@@ -49,3 +51,15 @@ def test_roles_rolled_back_leave_the_pool_in_the_same_reconcile():
     asked.clear()
     assert taken_out(ensure, ServingRequest(request.ref, spec, versions[:1], placement)).rolled_back == ()
     assert asked == [["primary"]], "nothing rolled back: ensured once"
+
+
+def test_the_old_version_answers_while_every_front_still_serves_one():
+    """One front or two, mid-way: the old version answers; a front that
+    answers nothing, a new version that is ready, or one that every front
+    routes but none answers ready (its load failed) name none."""
+    assert pooled_answering("3", False, ["1"]) == "1"
+    assert pooled_answering("3", False, ["3", "1"]) == "1"
+    assert pooled_answering("3", False, ["1", None]) is None
+    assert pooled_answering("3", True, ["1"]) is None
+    assert pooled_answering("3", False, ["3", "3"]) is None
+    assert pooled_answering("3", False, []) is None

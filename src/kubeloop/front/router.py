@@ -850,18 +850,25 @@ class Router:
         """Ready when the route's version is, and every version's feature
         store is open. A pooled version is ready unless its last load failed
         (or the model's, naming no version): it is loaded by its first
-        request, never by a readiness check."""
+        request, never by a readiness check. A ready answer names the
+        version, as an inference answer does: asked of the model, the
+        version its routes answer with now (a backend taking up a new
+        primary tells from it whether the old one still answers)."""
         if not self.stores_open():
             return Response(503, b"opening the feature stores", "text/plain")
         if self.pool is not None:
             failure = self.pool.unready(self.config.triton_model, route.version)
-            return Response(503, failure.encode(), "text/plain") if failure else Response(200)
+            return Response(503, failure.encode(), "text/plain") if failure else self._ready(route)
         try:
             answer = await self.upstream.call(b"GET", f"{self.config.version_url(route.version)}/ready",
                                               headers=NO_COMPRESSION)
         except UpstreamError:
             return Response(503)
-        return Response(answer.status)
+        return self._ready(route) if answer.status == 200 else Response(answer.status)
+
+    @staticmethod
+    def _ready(route: Route) -> Response:
+        return Response(200, headers=_answer_headers(route.version, route.role))
 
     async def forward(self, version: str | None, path: str) -> Response:
         """Triton's answer to a GET of path on a server of the version (None:

@@ -139,6 +139,18 @@ def pooled_readiness(answers: dict[str, tuple[bool, str]]) -> tuple[dict[str, bo
     return ready, rolled_back, message
 
 
+def pooled_answering(primary: str, ready: bool, fronts: list[str | None]) -> str | None:
+    """While a pooled service's new primary version is being taken up (its
+    version fetched, its route read), the old version the pool's fronts
+    still answer with: each front asked names the version its routes answer
+    with (None: none, or not ready). None once the new version is ready, or
+    while a front answers nothing (pure)."""
+    older = {version for version in fronts if version != primary}
+    if ready or not fronts or None in older or len(older) != 1:
+        return None
+    return older.pop()
+
+
 def taken_out(ensure: Callable[[ServingRequest], ServingState], request: ServingRequest) -> ServingState:
     """A pooled service's ensure(request); where it rolls roles back, their
     versions leave the pool's routes and repository at once (ensured again

@@ -20,7 +20,8 @@ from kubeloop.api.constants import ANNOTATION_INPUT_HASH
 from kubeloop.api.refs import ObjectRef
 from kubeloop.kube import Kube, KubeError
 from kubeloop.serving.base import (
-    PoolSize, ServingRequest, ServingState, pooled_name, pooled_readiness, taken_out, unknown_pool)
+    PoolSize, ServingRequest, ServingState, pooled_answering, pooled_name, pooled_readiness, taken_out,
+    unknown_pool)
 from kubeloop.serving.builders.pools import (
     LABEL_POOL, LABEL_POOL_PART, LABEL_ROUTES_SHARD, build_pool, build_routes, grpc_address, peers_name, pool_name,
     route_manager, route_shard, url,
@@ -107,8 +108,18 @@ class ClusterPools:
             (a.failed for a in found if a.failed), "")) for role, found in answers.items()})
         waiting = [a.waiting for found in answers.values() for a in found if a.waiting]
         message = "; ".join(([why] if why else waiting[:1]) + troubles)
-        return ServingState(ready=ready, ready_replicas=len(serving) if ready["primary"] else 0,
-                            message=message, rolled_back=rolled_back, **served)
+        answering = None if ready["primary"] else pooled_answering(
+            versions["primary"], False, [self._answering(name, pod) for pod in serving])
+        return ServingState(ready=ready, ready_replicas=len(serving) if ready["primary"] or answering else 0,
+                            message=message, rolled_back=rolled_back, answering=answering, **served)
+
+    def _answering(self, name: str, pod: dict) -> str | None:
+        """The version the pool Pod's front answers the model with now (None: none)."""
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}:{ROUTER_PORT}/proxy/v2/models/{name}/ready"
+        try:
+            return self.kube.headers("GET", path, timeout=10).get("X-Model-Version")
+        except KubeError:
+            return None
 
     def _version_ready(self, pool: str, name: str, pod: dict, version: str) -> VersionAnswer:
         """Whether the pool Pod's front answers a version of the model ready.

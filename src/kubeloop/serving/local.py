@@ -50,7 +50,7 @@ class LocalServing(ServingBackend):
     def __init__(self, work_dir: Path, tracking_uri: str, runtime: TritonRuntime | None = None,
                  log_root: str | None = None, targets: Path | None = None, pools: dict[str, PoolSize] | None = None):
         self.root = Path(work_dir) / "serving"
-        self.pools = LocalPools(self.root, tracking_uri, pools or {}, lambda: self.runtime)
+        self.pools = LocalPools(self.root, tracking_uri, pools or {}, lambda: self.runtime, targets)
         self.tracking_uri = tracking_uri
         self._runtime = runtime
         self.log_root = log_root

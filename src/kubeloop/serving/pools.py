@@ -28,7 +28,8 @@ from kubeloop import processes
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_if_changed
 from kubeloop.serving.base import (
-    PoolSize, ServingRequest, ServingState, pooled_name, pooled_readiness, taken_out, unknown_pool)
+    PoolSize, ServingRequest, ServingState, pooled_answering, pooled_name, pooled_readiness, taken_out,
+    unknown_pool)
 from kubeloop.serving.instances import InstanceState, ensure_process
 from kubeloop.serving.repository import put_pooled, remove_pooled
 from kubeloop.serving.routes import build_router_config
@@ -39,11 +40,13 @@ MEMBER_PORTS = ("http", "grpc", "metrics")
 
 class LocalPools:
     def __init__(self, root: Path, tracking_uri: str, sizes: dict[str, PoolSize],
-                 runtime: Callable[[], TritonRuntime]):
+                 runtime: Callable[[], TritonRuntime], targets: Path | None = None):
         self.root = root / "pools"
         self.tracking_uri = tracking_uri
         self.sizes = sizes
         self._runtime = runtime
+        self.targets = targets
+        """A Prometheus file_sd folder: each pool registers its front and members there."""
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         """Per pool: services reconciled at once start its members once."""
 
@@ -79,6 +82,7 @@ class LocalPools:
             if port not in state.ports:  # never setdefault: its free_port() would burn a port per reconcile
                 state.ports[port] = processes.free_port()
         state.write(state_path)
+        self._register_targets(folder.name, state, members)
         starting = self._ensure_members(state, state_path, folder, folder / "repository", members, size)
         url = f"http://127.0.0.1:{state.ports['front']}"
         served = dict(url=url, grpc_address=f"127.0.0.1:{state.ports['front-grpc']}")
@@ -94,8 +98,10 @@ class LocalPools:
         ready, rolled_back, why = pooled_readiness(
             {role: _model_ready(f"{url}/v2/models/{name}/versions/{version}/ready") for role, version in versions.items()})
         message = why or ("" if all(ready.values()) else f"the pool's front is taking up {name}")
-        return ServingState(ready=ready, ready_replicas=1 if ready["primary"] else 0, message=message,
-                            rolled_back=rolled_back, **served)
+        answering = None if ready["primary"] else pooled_answering(
+            versions["primary"], False, [_answering(f"{url}/v2/models/{name}/ready")])
+        return ServingState(ready=ready, ready_replicas=1 if ready["primary"] or answering else 0, message=message,
+                            rolled_back=rolled_back, answering=answering, **served)
 
     def _ensure_members(self, state: InstanceState, state_path: Path, folder: Path, repository: Path,
                         members: list[str], size: PoolSize) -> str:
@@ -120,6 +126,20 @@ class LocalPools:
                 processes.stop(front)
         return "; ".join(doing)
 
+    def _register_targets(self, pool: str, state: InstanceState, members: list[str]) -> None:
+        """The front's metrics carry each service's (a rollout's analysis and
+        the alerts read them); the members' are Triton's own."""
+        if not self.targets:
+            return
+        targets = [{"targets": [f"127.0.0.1:{state.ports['front']}"], "labels": {"pool": pool, "job": "kubeloop-router"}},
+                   *({"targets": [f"127.0.0.1:{state.ports[f'{m}-metrics']}"],
+                      "labels": {"pool": pool, "member": m, "job": "triton"}} for m in members)]
+        self.targets.mkdir(parents=True, exist_ok=True)
+        write_if_changed(self._targets_file(pool), json.dumps(targets))
+
+    def _targets_file(self, pool: str) -> Path:
+        return self.targets / f"pool-{pool}.json"
+
     def delete(self, ref: ObjectRef, pool: str) -> None:
         """The service leaves its pool (the front unloads its model); the
         last to leave stops the pool."""
@@ -133,12 +153,23 @@ class LocalPools:
             state = InstanceState.read(folder / "state.json")
             for record in (state.record(n) for n in state.processes) if state else ():
                 processes.stop(record)
+            if self.targets:
+                self._targets_file(pool).unlink(missing_ok=True)
             shutil.rmtree(folder, ignore_errors=True)
 
     def pools_of(self, ref: ObjectRef) -> list[str]:
         """The pools holding the service's routes (where its spec no longer says)."""
         name = pooled_name(ref)
         return [p.parent.parent.name for p in self.root.glob(f"*/routes/{name}.json")]
+
+
+def _answering(url: str) -> str | None:
+    """The version the front answers the model with now (None: it answers nothing)."""
+    try:
+        answer = requests.get(url, timeout=2)
+    except requests.RequestException:
+        return None
+    return answer.headers.get("X-Model-Version") if answer.status_code == 200 else None
 
 
 def _model_ready(url: str) -> tuple[bool, str]:
