@@ -13,7 +13,7 @@ not run is refused by a condition, and a deleted service's model leaves
 the pool. A second test: a pooled service's canary split, shadow and log,
 a canary version that cannot load rolled back, and roll-forward. A third:
 a pooled service's rollout, judged on the series the platform's Prometheus
-scraped from the pool's front. Local backend only (the cluster path's
+scraped from the pool's front, and its drift job reading the pool's log. Local backend only (the cluster path's
 pools, Pods on the real node: tests/e2e/test_real_node.py).
 
 KUBELOOP_POOL_E2E_SERVICES sets how many services (24 in make test; the
@@ -322,7 +322,8 @@ def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform
     series as a dedicated service's is: a challenger as good as the champion
     steps 20% -> 50% and is promoted, the alias moved; a challenger that
     decides the opposite is aborted at its first step by the paired
-    disagreement, and every caller gets the champion again."""
+    disagreement, and every caller gets the champion again. Meanwhile the
+    service's drift job reads its rows of the pool's request log."""
     uri = platform.env()["MLFLOW_TRACKING_URI"]
     registry = MlflowClient(uri)
     model = f"{namespace}-rolled"
@@ -334,7 +335,8 @@ def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform
                "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "latencyTolerance": "100ms",
                             "maxDisagreement": 0.3}}
     kube.apply(isvc(namespace, "rolled", model, pool="shared", canary={"alias": "challenger", "percent": 20},
-                    rollout=rollout))
+                    rollout=rollout, requestLogging={"sampleRate": 1.0},
+                    monitoring={"schedule": "10s", "window": "1h", "minRows": 200}))
     url = wait_for(lambda: (s := (kube.get(API_VERSION, "InferenceService", "rolled", namespace) or {})
                             .get("status", {})).get("phase") == "Ready" and s.get("canaryVersion") == good
                    and s["url"], timeout=120, what="the pooled service and its canary")
@@ -374,9 +376,13 @@ def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform
         finally:
             stop.set()
     answered = calls.result()
+    drift = wait_for(lambda: (d := (kube.get(API_VERSION, "InferenceService", "rolled", namespace)["status"]
+                                    .get("drift") or {})).get("rows", 0) >= 200 and d, timeout=60,
+                     what="a drift job reading the service's rows of the pool's request log")
+    assert "share" in drift and "message" not in drift, drift
     print(f"pooled rollout: version {good} promoted {took:.0f} s after traffic began; version {contrary} aborted "
           f"at step 1 (disagreement {aborted['analysis']['disagreement']:.2f}), every caller on the champion "
-          f"{back:.1f} s later; answers by version: {dict(answered)}")
+          f"{back:.1f} s later; answers by version: {dict(answered)}; drift over the pool's log: {drift}")
     assert set(answered) <= {champion, good, contrary}, answered
 
 
