@@ -55,11 +55,10 @@ def test_roles_rolled_back_leave_the_pool_in_the_same_reconcile():
 
 def test_the_old_version_answers_while_every_front_still_serves_one():
     """One front or two, mid-way: the old version answers; a front that
-    answers nothing, a new version that is ready, or one that every front
-    routes but none answers ready (its load failed) name none."""
-    assert pooled_answering("3", False, ["1"]) == "1"
-    assert pooled_answering("3", False, ["3", "1"]) == "1"
-    assert pooled_answering("3", False, ["1", None]) is None
-    assert pooled_answering("3", True, ["1"]) is None
-    assert pooled_answering("3", False, ["3", "3"]) is None
-    assert pooled_answering("3", False, []) is None
+    answers nothing, or a new version every front routes to (not ready
+    there: its load failed), name none."""
+    assert pooled_answering("3", ["1"]) == "1"
+    assert pooled_answering("3", ["3", "1"]) == "1"
+    assert pooled_answering("3", ["1", None]) is None
+    assert pooled_answering("3", ["3", "3"]) is None
+    assert pooled_answering("3", []) is None

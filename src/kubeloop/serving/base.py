@@ -139,14 +139,14 @@ def pooled_readiness(answers: dict[str, tuple[bool, str]]) -> tuple[dict[str, bo
     return ready, rolled_back, message
 
 
-def pooled_answering(primary: str, ready: bool, fronts: list[str | None]) -> str | None:
-    """While a pooled service's new primary version is being taken up (its
-    version fetched, its route read), the old version the pool's fronts
-    still answer with: each front asked names the version its routes answer
-    with (None: none, or not ready). None once the new version is ready, or
-    while a front answers nothing (pure)."""
+def pooled_answering(primary: str, fronts: list[str | None]) -> str | None:
+    """While a pooled service's new primary version, not ready yet, is being
+    taken up (its version fetched, its route read), the old version the
+    pool's fronts still answer with: each front asked names the version its
+    routes answer with (None: none, or not ready). None while a front
+    answers nothing, or where none answers an older version (pure)."""
     older = {version for version in fronts if version != primary}
-    if ready or not fronts or None in older or len(older) != 1:
+    if not fronts or None in older or len(older) != 1:
         return None
     return older.pop()
 

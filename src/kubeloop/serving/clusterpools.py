@@ -109,7 +109,7 @@ class ClusterPools:
         waiting = [a.waiting for found in answers.values() for a in found if a.waiting]
         message = "; ".join(([why] if why else waiting[:1]) + troubles)
         answering = None if ready["primary"] else pooled_answering(
-            versions["primary"], False, [self._answering(name, pod) for pod in serving])
+            versions["primary"], [self._answering(name, pod) for pod in serving])
         return ServingState(ready=ready, ready_replicas=len(serving) if ready["primary"] or answering else 0,
                             message=message, rolled_back=rolled_back, answering=answering, **served)
 

@@ -99,7 +99,7 @@ class LocalPools:
             {role: _model_ready(f"{url}/v2/models/{name}/versions/{version}/ready") for role, version in versions.items()})
         message = why or ("" if all(ready.values()) else f"the pool's front is taking up {name}")
         answering = None if ready["primary"] else pooled_answering(
-            versions["primary"], False, [_answering(f"{url}/v2/models/{name}/ready")])
+            versions["primary"], [_answering(f"{url}/v2/models/{name}/ready")])
         return ServingState(ready=ready, ready_replicas=1 if ready["primary"] or answering else 0, message=message,
                             rolled_back=rolled_back, answering=answering, **served)
 
