@@ -13,7 +13,8 @@ not run is refused by a condition, and a deleted service's model leaves
 the pool. A second test: a pooled service's canary split, shadow and log,
 a canary version that cannot load rolled back, and roll-forward. A third:
 a pooled service's rollout, judged on the series the platform's Prometheus
-scraped from the pool's front, and its drift job reading the pool's log. Local backend only (the cluster path's
+scraped from the pool's front, and its drift and outcome jobs reading the
+pool's log. Local backend only (the cluster path's
 pools, Pods on the real node: tests/e2e/test_real_node.py).
 
 KUBELOOP_POOL_E2E_SERVICES sets how many services (24 in make test; the
@@ -41,6 +42,7 @@ from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.placement import render_text
 from kubeloop.requestlog import request_records
 from kubeloop.serving.instances import InstanceState
+from kubeloop.story.labels import LabelFeed
 from tests.support.conformance import assert_conforms, assert_grpc_conforms
 from tests.support.models import N_FEATURES, register_broken, register_model
 from tests.support.poolmemory import MemorySampler
@@ -316,14 +318,16 @@ def test_a_pooled_service_keeps_its_canary_shadow_log_and_roll_forward(platform,
              what="the pool serving the new champion to every caller")
 
 
-def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform, kube, namespace, operator):
+def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform, kube, namespace, operator,
+                                                                         tmp_path):
     """Local backend: the pool registers its front with the platform's
     Prometheus, and a pooled service's rollout is judged on the front's
     series as a dedicated service's is: a challenger as good as the champion
     steps 20% -> 50% and is promoted, the alias moved; a challenger that
     decides the opposite is aborted at its first step by the paired
     disagreement, and every caller gets the champion again. Meanwhile the
-    service's drift job reads its rows of the pool's request log."""
+    service's drift job reads its rows of the pool's request log, and its
+    outcome job joins the callers' late labels to them (live quality)."""
     uri = platform.env()["MLFLOW_TRACKING_URI"]
     registry = MlflowClient(uri)
     model = f"{namespace}-rolled"
@@ -331,12 +335,16 @@ def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform
     contrary = register_model(uri, model, seed=3, contrary=True)
     registry.set_registered_model_alias(model, "champion", champion)
     registry.set_registered_model_alias(model, "challenger", good)
+    # The labels are arbitrary, so the live-loss guardrail is left out of the verdicts asserted here.
     rollout = {"steps": [{"weight": 20, "duration": "20s"}, {"weight": 50, "duration": "20s"}],
                "analysis": {"minRequests": 60, "maxLatencyRatio": 4.0, "latencyTolerance": "100ms",
-                            "maxDisagreement": 0.3}}
+                            "maxDisagreement": 0.3, "maxLossIncrease": 10.0}}
+    labels = LabelFeed(tmp_path / "labels", delay=1.0).start()
     kube.apply(isvc(namespace, "rolled", model, pool="shared", canary={"alias": "challenger", "percent": 20},
                     rollout=rollout, requestLogging={"sampleRate": 1.0},
-                    monitoring={"schedule": "10s", "window": "1h", "minRows": 200}))
+                    monitoring={"schedule": "10s", "window": "1h", "minRows": 200,
+                                "groundTruth": {"location": str(labels.folder), "maxDelay": "10m"},
+                                "performance": {"schedule": "10s", "window": "1h", "minRows": 50}}))
     url = wait_for(lambda: (s := (kube.get(API_VERSION, "InferenceService", "rolled", namespace) or {})
                             .get("status", {})).get("phase") == "Ready" and s.get("canaryVersion") == good
                    and s["url"], timeout=120, what="the pooled service and its canary")
@@ -349,9 +357,12 @@ def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform
             rows = rng.normal(0, 1, (4, N_FEATURES)).astype(np.float32)
             body = {"inputs": [{"name": "features", "shape": list(rows.shape), "datatype": "FP32",
                                 "data": rows.tolist()}]}
+            key = uuid.uuid4().hex
             answer = requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30,
-                                   headers={"X-Request-Key": uuid.uuid4().hex})
+                                   headers={"X-Request-Key": key})
             seen[answer.headers.get("X-Model-Version") if answer.ok else f"status {answer.status_code}"] += 1
+            if answer.ok:
+                labels.record(key, [int(row[0] > 0) for row in rows], time.time())
         return seen
 
     with ThreadPoolExecutor(1) as calling:
@@ -380,9 +391,24 @@ def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform
                                     .get("drift") or {})).get("rows", 0) >= 200 and d, timeout=60,
                      what="a drift job reading the service's rows of the pool's request log")
     assert "share" in drift and "message" not in drift, drift
+
+    def latest() -> dict:
+        return kube.get(API_VERSION, "InferenceService", "rolled", namespace)["status"].get("performance") or {}
+
+    def judged() -> dict:
+        """The latest outcome run, once it judged the primary (the new champion) on its labelled rows."""
+        found = latest()
+        return {v["version"]: v["rows"] for v in found.get("versions", [])}.get(good, 0) >= 50 and found
+
+    performance = wait_for(judged, timeout=90, what="an outcome job judging the primary on labels joined to the "
+                           "pool's logged rows", seen=lambda: repr(latest()))
+    labels.stop()
+    assert performance["labels"]["matched"] >= 200 and "message" not in performance, performance
+    rows = {v["version"]: v["rows"] for v in performance["versions"]}
     print(f"pooled rollout: version {good} promoted {took:.0f} s after traffic began; version {contrary} aborted "
           f"at step 1 (disagreement {aborted['analysis']['disagreement']:.2f}), every caller on the champion "
-          f"{back:.1f} s later; answers by version: {dict(answered)}; drift over the pool's log: {drift}")
+          f"{back:.1f} s later; answers by version: {dict(answered)}; drift over the pool's log: {drift}; "
+          f"labelled rows by version: {rows}, labels {performance['labels']}")
     assert set(answered) <= {champion, good, contrary}, answered
 
 
