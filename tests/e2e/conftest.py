@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -60,6 +61,20 @@ def pytest_configure(config):
 
 def _terminal():
     return _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_tracking_left_as_found():
+    """Registering a model (kubeloop's components, in the test's process)
+    sets mlflow's global tracking URI, and with it the process's
+    MLFLOW_TRACKING_URI: left set, the next test on the worker talked to the
+    last one's MLflow (a real-node test's platform) and failed a runs:/
+    download with a 404."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    mlflow.set_tracking_uri(before)
 
 
 @pytest.fixture(scope="session")

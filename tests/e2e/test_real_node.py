@@ -1084,8 +1084,7 @@ def expected_probabilities(uri: str, model: str, version: str, rows: list[list[f
     from mlflow import MlflowClient
 
     run_id = MlflowClient(uri).get_model_version(model, version).run_id
-    mlflow.set_tracking_uri(uri)
-    path = mlflow.artifacts.download_artifacts(f"runs:/{run_id}/exported/model.onnx")
+    path = mlflow.artifacts.download_artifacts(f"runs:/{run_id}/exported/model.onnx", tracking_uri=uri)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     return session.run(None, {session.get_inputs()[0].name: np.array(rows, dtype=np.float32)})[0].reshape(-1).tolist()
 

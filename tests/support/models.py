@@ -59,16 +59,17 @@ def register_model(tracking_uri: str, name: str, seed: int = 0, pipeline_run: st
 
 def register_broken(tracking_uri: str, name: str) -> str:
     """A version whose ONNX file is garbage: Triton cannot load it."""
-    import mlflow
+    import tempfile
+
     from mlflow import MlflowClient
 
     version = register_model(tracking_uri, name, seed=99, pipeline_run=f"broken-{name}")
-    run_id = MlflowClient(tracking_uri).get_model_version(name, version).run_id
-    mlflow.set_tracking_uri(tracking_uri)
-    with mlflow.start_run(run_id=run_id):
-        path = Path(mlflow.artifacts.download_artifacts(f"runs:/{run_id}/exported/model.onnx")).with_name("model.onnx")
+    client = MlflowClient(tracking_uri)
+    run_id = client.get_model_version(name, version).run_id
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.onnx"
         path.write_bytes(b"not an onnx model")
-        mlflow.log_artifact(str(path), "exported")
+        client.log_artifact(run_id, str(path), "exported")
     return version
 
 
