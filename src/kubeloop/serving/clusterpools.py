@@ -115,9 +115,9 @@ class ClusterPools:
 
     def _answering(self, name: str, pod: dict) -> str | None:
         """The version the pool Pod's front answers the model with now (None: none)."""
-        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}:{ROUTER_PORT}/proxy/v2/models/{name}/ready"
         try:
-            return self.kube.headers("GET", path, timeout=10).get("X-Model-Version")
+            return self.kube.headers("GET", self._front_path(pod, f"/v2/models/{name}/ready"),
+                                     timeout=10).get("X-Model-Version")
         except KubeError:
             return None
 
@@ -126,8 +126,7 @@ class ClusterPools:
         Asked of each Pod its Service sends requests to, through the API
         server's proxy (which works wherever the operator runs)."""
         pod_name = pod["metadata"]["name"]
-        path = (f"/api/v1/namespaces/{self.namespace}/pods/{pod_name}:{ROUTER_PORT}/proxy/v2/models/{name}"
-                f"/versions/{version}/ready")
+        path = self._front_path(pod, f"/v2/models/{name}/versions/{version}/ready")
         try:
             self.kube.request("GET", path, timeout=10)
         except KubeError as exc:
@@ -138,6 +137,10 @@ class ClusterPools:
                 return VersionAnswer(False, failed=f"pool {pool}: {exc.message} ({pod_name})")
             return VersionAnswer(False, waiting=f"pool {pool}: {name} is not ready in {pod_name}: {exc}")
         return VersionAnswer(True)
+
+    def _front_path(self, pod: dict, path: str) -> str:
+        """A path of the pool Pod's front, through the API server's proxy."""
+        return f"/api/v1/namespaces/{self.namespace}/pods/{pod['metadata']['name']}:{ROUTER_PORT}/proxy{path}"
 
     def _routes_holding(self, ref: ObjectRef) -> dict[str, str]:
         """Pool -> the service's router file there, for each pool holding one
