@@ -63,18 +63,23 @@ def _terminal():
     return _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
 
 
+# Read at import, before any fixture: a module- or session-scoped fixture
+# that registers a model runs before a function-scoped one could look.
+_MLFLOW_TRACKING_URI_AT_START = os.environ.get("MLFLOW_TRACKING_URI")
+
+
 @pytest.fixture(autouse=True)
 def _mlflow_tracking_left_as_found():
     """Registering a model (kubeloop's components, in the test's process)
     sets mlflow's global tracking URI, and with it the process's
     MLFLOW_TRACKING_URI: left set, the next test on the worker talked to the
     last one's MLflow (a real-node test's platform) and failed a runs:/
-    download with a 404."""
+    download with a 404. Each test starts and ends with the worker's own."""
     import mlflow
 
-    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(_MLFLOW_TRACKING_URI_AT_START)
     yield
-    mlflow.set_tracking_uri(before)
+    mlflow.set_tracking_uri(_MLFLOW_TRACKING_URI_AT_START)
 
 
 @pytest.fixture(scope="session")

@@ -145,9 +145,12 @@ def test_mlflow_keeps_artifacts_in_the_bucket_and_serves_them_back(platform, tmp
     client.create_registered_model(name)
     version = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", platform.env()["MLFLOW_TRACKING_URI"])  # models:/ resolves through it
+    tracking = platform.env()["MLFLOW_TRACKING_URI"]
+    # mlflow resolves models:/ through the process's registry URI, whatever
+    # registry_uri download_artifacts is given.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)
     for uri in (f"runs:/{run.info.run_id}/model", f"models:/{name}/{version.version}"):
-        out = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / uri.split(":")[0]))
+        out = mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / uri.split(":")[0]), tracking_uri=tracking)
         assert (Path(out) / "weights.bin").read_bytes() == payload, uri
     keys = [o["Key"] for o in s3_client(platform).list_objects_v2(Bucket="mlflow")["Contents"]]
     assert any(key.endswith(f"{run.info.run_id}/artifacts/model/weights.bin") for key in keys), keys

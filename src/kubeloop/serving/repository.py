@@ -39,15 +39,15 @@ def fetch_version(tracking_uri: str, model: str, version: str, repository: Path,
     client = MlflowClient(tracking_uri)
     mv = client.get_model_version(model, version)
     name = triton_name(model)
-    mlflow.set_tracking_uri(tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp)
         try:
-            mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/triton/{backend}", dst_path=str(staging))
+            mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/triton/{backend}", dst_path=str(staging),
+                                            tracking_uri=tracking_uri)
             source = next((staging / backend).iterdir())
         except (mlflow.exceptions.MlflowException, StopIteration, FileNotFoundError):
             onnx_path = Path(mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/exported/model.onnx",
-                                                                 dst_path=str(staging)))
+                                                                 dst_path=str(staging), tracking_uri=tracking_uri))
             source = write_repository(staging / "built", name, onnx_path, ModelSignature.from_tags(mv.tags),
                                       DEFAULT_PLAN, backend)
         target = repository / name / str(version)
