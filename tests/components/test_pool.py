@@ -162,44 +162,57 @@ def offer(repository: Path, name: str, versions: list[str]) -> None:
     write_config(repository, config, versions)
 
 
-def test_a_version_that_cannot_load_is_named_and_the_versions_loaded_before_keep_serving(members, repository):
-    """Triton loads a model's versions all or none. A loaded model offered
-    a version 2 that cannot load fails its reload, keeps serving version 1,
-    and the pool says version 2 is why (its service's canary is rolled
-    back, the primary stays ready); a cold load of the two fails whole."""
+def test_a_version_that_cannot_load_is_named_and_the_others_serve(members, repository):
+    """Triton loads a model's versions all or none. A pool that reads the
+    repository loads a model offered a version 2 that cannot load with
+    its other versions, on a held model's reload and on a cold load alike:
+    version 1 answers and the pool says version 2 is why (its service's
+    canary is rolled back, the primary stays ready). A pool without the
+    repository fails the cold load whole."""
     servers, _ = members
 
-    async def scenario() -> Pool:
-        pool = Pool({"a": servers["a"][1]}, {"a": 1e9}, lambda _name: {})
+    async def scenario() -> None:
+        pool = Pool({"a": servers["a"][1]}, {"a": 1e9}, lambda _name: {}, repository=repository)
+        blind = Pool({"a": servers["a"][1]}, {"a": 1e9}, lambda _name: {})
         try:
             async with aiohttp.ClientSession() as session:
                 await _infer(pool, session, BROKEN)
                 offer(repository, BROKEN, ["1", "2"])
-                with pytest.raises(LoadError, match="version 2"):
-                    await pool.reload(BROKEN)
-                assert "Protobuf parsing failed" in pool.unready(BROKEN, "2"), pool.failed_versions
-                assert pool.unready(BROKEN, "1") is None and pool.has_loaded(BROKEN)
-                await _infer(pool, session, BROKEN)  # version 1 still answers
+                await pool.reload(BROKEN)
+                _version_2_named(pool)
+                assert pool.has_loaded(BROKEN)
+                await _infer(pool, session, BROKEN)  # version 1 answers
                 await pool.forget(BROKEN)
+                await _infer(pool, session, BROKEN)  # a cold load: version 1 alone
+                _version_2_named(pool)
+                assert await pool._ready("a", [BROKEN]) == [BROKEN] and pool.residency.held(BROKEN)
+                await pool.forget(BROKEN)
+
                 with pytest.raises(LoadError, match="version 2"):
-                    async with pool.serving(BROKEN):
+                    async with blind.serving(BROKEN):
                         pass
-                assert "Protobuf parsing failed" in pool.unready(BROKEN, "2") and pool.unready(BROKEN, "1") is None
-                assert not pool.residency.held(BROKEN)
+                _version_2_named(blind)
+                assert not blind.residency.held(BROKEN)
                 # Read once the failed load has unloaded version 1 again ("unloaded"): still not a failure of it.
                 for _ in range(200):
-                    if {e.get("reason") for e in await pool._index("a") if e.get("name") == BROKEN} >= {"unloaded"}:
+                    if {e.get("reason") for e in await blind._index("a") if e.get("name") == BROKEN} >= {"unloaded"}:
                         break
                     await asyncio.sleep(0.05)
                 else:
                     raise AssertionError("Triton never listed version 1 as unloaded after the failed load")
-                await pool._failed("a", BROKEN, LoadError("the same load"))
-                assert pool.unready(BROKEN, "1") is None and "Protobuf" in pool.unready(BROKEN, "2")
+                await blind._failed("a", BROKEN, LoadError("the same load"))
+                _version_2_named(blind)
         finally:
             pool.close()
-        return pool
+            blind.close()
+            offer(repository, BROKEN, ["1"])
 
     asyncio.run(scenario())
+
+
+def _version_2_named(pool: Pool) -> None:
+    assert "Protobuf parsing failed" in (pool.unready(BROKEN, "2") or ""), pool.failed_versions
+    assert pool.unready(BROKEN, "1") is None, pool.failed_versions
 
 
 async def _infer(pool: Pool, session: aiohttp.ClientSession, model: str, seen: list | None = None) -> np.ndarray:

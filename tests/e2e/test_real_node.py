@@ -1247,8 +1247,10 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     front answers every service with the registered version's answer, each
     model loaded on one Pod only: its owner's among the Pods the pool's
     headless Service resolves to (the other Pod's front sends it on); a
-    hot model gets a copy on the Pod that sent its requests on. A canary
-    that cannot load is rolled back, and a rollout over both Pods is
+    hot model gets a copy on the Pod that sent its requests on. A drift
+    Job reads a pooled service's rows of the log the fronts write to the
+    object store. A canary that cannot load is rolled back (the model held,
+    or idle: then loaded without it), and a rollout over both Pods is
     promoted on what their fronts measured (Prometheus scraping each). A
     new size (the operator started again with another spreadAt) rolls the
     Pods, a new one first: it is Ready only once its front has taken up
@@ -1270,11 +1272,17 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     version = register_model(uri, model, seed=5)
     MlflowClient(uri).set_registered_model_alias(model, "champion", version)
 
+    real.kube.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "request-log", "namespace": namespace},
+                      "stringData": {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+
     def operator_with(spread_at: int, log: str) -> OperatorProcess:
         pools = {"shared": {"members": 1, "memoryMiB": 400, "replicas": 2, "spreadAt": spread_at}}
         return serving_operator(real, namespace, tmp_path / log, front=True, KUBELOOP_SERVING_POOLS=json.dumps(pools),
                                 KUBELOOP_OPERATOR_NAMESPACE=namespace, KUBELOOP_RESYNC_SECONDS="10",
-                                KUBELOOP_PROMETHEUS_URL=env["PROMETHEUS_URL"])
+                                KUBELOOP_PROMETHEUS_URL=env["PROMETHEUS_URL"], KUBELOOP_DRIFT_MONITOR="kubernetes",
+                                KUBELOOP_REQUEST_LOG=env["KUBELOOP_REQUEST_LOG"],
+                                KUBELOOP_OBJECT_STORE_SECRET="request-log",
+                                KUBELOOP_OBJECT_STORE_ENDPOINT=env["AWS_ENDPOINT_URL_S3"])
 
     def pool_pods() -> list[dict]:
         return real.kube.list("v1", "Pod", namespace, "kubeloop.dev/pool=shared")
@@ -1353,8 +1361,10 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
                 copied.set()
             print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests "
                   f"({time.monotonic() - began:.1f} s)")
+        drift_asked = _drift_asked_of_the_pools_log(real, namespace, names[3], fronts, rows)
         _a_canary_that_cannot_load_is_rolled_back(real, namespace, names[0], fronts, model, version, rows)
         _a_rollout_is_judged_on_what_both_pods_measured(real, namespace, names, fronts, model)
+        _drift_reported(real, namespace, names[3], drift_asked)
         operator.stop()
         service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
         with ThreadPoolExecutor(1) as calls:
@@ -1395,7 +1405,11 @@ def _a_canary_that_cannot_load_is_rolled_back(real: RealPlatform, namespace: str
     """A pooled service's canary version Triton cannot load (its model held
     on both Pods): each Pod's front fails the reload and keeps serving the
     champion, the operator (asking each Pod through the API server's proxy)
-    rolls the canary back, and taking the canary out makes it Ready again."""
+    rolls the canary back, and taking the canary out makes it Ready again.
+    The same canary given to a service whose model no Pod holds: its first
+    requests load the champion without it (the front reads the model's
+    config from its Pod's repository volume) and every caller gets the
+    champion's answer while the canary is rolled back."""
     import requests
     from mlflow import MlflowClient
 
@@ -1418,6 +1432,68 @@ def _a_canary_that_cannot_load_is_rolled_back(real: RealPlatform, namespace: str
     change_spec(real.kube, namespace, name, canary=None)
     wait_for(lambda: isvc_status(real.kube, namespace, name).get("phase") == "Ready", timeout=60, interval=1,
              what="the service Ready again without its canary")
+
+    idle, created = f"{name}-idle", time.monotonic()
+    real.kube.create(inference_service(namespace, idle, model, pool="shared",
+                                       canary={"alias": "challenger", "percent": 50}))
+    wait_for(lambda: (s := isvc_status(real.kube, namespace, idle)).get("canaryVersion") == broken
+             and s.get("phase") == "Ready", timeout=120, interval=1,
+             what="the idle service Ready with its canary (not loaded yet) on both Pods")
+    answers = [requests.post(f"{front}/v2/models/{namespace}.{idle}/infer", json=v2_body(rows), timeout=120,
+                             headers={"X-Request-Key": f"idle-{i}"}) for front in fronts for i in range(20)]
+    assert {(a.status_code, a.headers.get("X-Model-Version")) for a in answers} == {(200, version)}, \
+        [a.text for a in answers if not a.ok][:3]
+    wait_for(lambda: isvc_status(real.kube, namespace, idle).get("rolledBackVersion") == broken, timeout=120,
+             interval=1, what="the idle service's broken canary rolled back")
+    print(f"a pooled service whose model no Pod held: its canary that cannot load rolled back "
+          f"{time.monotonic() - created:.0f} s after it was created, every caller answered by the champion")
+    real.kube.delete(API_VERSION, "InferenceService", idle, namespace)
+    wait_for(lambda: real.kube.get(API_VERSION, "InferenceService", idle, namespace) is None, timeout=60, interval=1,
+             what="the idle service deleted")
+
+
+def _drift_asked_of_the_pools_log(real: RealPlatform, namespace: str, name: str, fronts: list[str],
+                                  rows: list[list[float]]) -> float:
+    """Three rows sent again and again to a pooled service through both
+    Pods (a request sent on is logged by the owner's front), and once the
+    object store holds them, its drift checked once (the schedule an hour):
+    when it was asked. The Job runs while the test goes on
+    (_drift_reported reads its verdict)."""
+    import boto3
+    import requests
+
+    for front in fronts:
+        for i in range(50):
+            answer = requests.post(f"{front}/v2/models/{namespace}.{name}/infer", json=v2_body(rows), timeout=60,
+                                   headers={"X-Request-Key": f"drift-{i}"})
+            assert answer.status_code == 200, answer.text
+    env = real.platform.env()
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name=env["AWS_DEFAULT_REGION"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+
+    def logged_rows() -> int:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket="requests", Prefix=f"{namespace}-{name}/")
+        return sum(len(json.loads(line)["features"]) for page in pages for o in page.get("Contents", [])
+                   for line in s3.get_object(Bucket="requests", Key=o["Key"])["Body"].read().decode().splitlines())
+
+    wait_for(lambda: logged_rows() >= 300, timeout=60, interval=1, what="the pool's fronts' log in the object store",
+             seen=lambda: f"{logged_rows()} rows")
+    change_spec(real.kube, namespace, name, monitoring={"schedule": "1h", "window": "1h", "minRows": 300})
+    return time.monotonic()
+
+
+def _drift_reported(real: RealPlatform, namespace: str, name: str, asked: float) -> None:
+    """A pooled service's drift check on the cluster path: a Job on the
+    runtime image read the rows the pool's fronts logged for that service
+    to the object store and flagged them; the operator reports it."""
+    drift = wait_for(lambda: (d := isvc_status(real.kube, namespace, name).get("drift") or {}).get("rows", 0) >= 300
+                     and "share" in d and d, timeout=240, interval=2, what="a drift Job reading the pool's log",
+                     seen=lambda: json.dumps(isvc_status(real.kube, namespace, name).get("drift")))
+    print(f"pooled drift Job: {drift} (reported {time.monotonic() - asked:.0f} s after monitoring was asked)")
+    assert drift["drifted"] is True and "message" not in drift and drift["report"].startswith("runs:/"), drift
+    jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift")
+    assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
+                        for j in jobs)
 
 
 def change_spec(kube, namespace: str, name: str, **spec) -> None:  # noqa: ANN001, ANN003 - fields to set or drop (None)

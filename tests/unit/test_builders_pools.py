@@ -13,7 +13,7 @@ from kubeloop.serving.builders.pools import (
     LABEL_ROUTES_SHARD, MEMBER_PORT, MEMBER_STOP_DELAY_SECONDS, POD_IP, ROUTE_SHARDS, ROUTES_DIR, SERVED_DIR, STOP_DELAY_SECONDS, build_pool,
     build_routes, front_config, route_manager, route_shard,
 )
-from kubeloop.serving.builders.workloads import ServingImages
+from kubeloop.serving.builders.workloads import MODEL_REPOSITORY, ServingImages
 from kubeloop.serving.clusterpools import ClusterPools
 from kubeloop.serving.poolsync import PoolFolders
 
@@ -47,6 +47,8 @@ def test_one_pod_holds_the_front_the_repository_container_and_each_member():
     mounts = {m["name"]: m for m in containers["front"]["volumeMounts"]}
     # The front reads only what the repository container handed over, never the ConfigMap itself.
     assert mounts["served"]["mountPath"] == SERVED_DIR and "routes" not in mounts
+    # It reads a model's config (to load it without a version that cannot load), never writes one.
+    assert mounts["models"] == {"name": "models", "mountPath": MODEL_REPOSITORY, "readOnly": True}
     assert {m["name"]: m["mountPath"] for m in containers["repository"]["volumeMounts"]}["routes"] == ROUTES_DIR
     assert objects["Service"]["spec"]["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
     # Every container keeps serving while the stopping Pod leaves the Service's endpoints, and the
@@ -83,7 +85,7 @@ def test_replicas_are_whole_pools_and_a_new_count_changes_no_pod():
 def test_the_fronts_members_are_found_by_port_with_the_budget_the_operator_sized():
     config = front_config("shared", "ns", SIZE)
     assert config["members"]["member-1"] == {"url": f"http://127.0.0.1:{MEMBER_PORT + 10}", "budget_mib": 400}
-    assert config["spread_at"] == 2 and config["routes"] == SERVED_DIR
+    assert config["spread_at"] == 2 and config["routes"] == SERVED_DIR and config["repository"] == MODEL_REPOSITORY
     # The front is ready once the file the repository container writes after its first round is there.
     served = PoolFolders(Path(ROUTES_DIR), Path(SERVED_DIR), Path("/models"), Path("/work"))
     assert config["synced"] == str(served.synced)

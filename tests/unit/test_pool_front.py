@@ -37,18 +37,25 @@ def status(front: PooledFront, path: str) -> tuple[int, bytes]:
     return asyncio.get_event_loop().run_until_complete(call())
 
 
+def started(folder: Path) -> tuple[PooledFront, asyncio.AbstractEventLoop]:
+    """A pool front over the routes folder (one member no Triton listens
+    at), started on an event loop of the test's own."""
+    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    front = PooledFront(PoolConfig("shared", {"m": member}, folder))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(front.start())
+    return front, loop
+
+
 def test_a_pools_front_reaches_each_service_by_its_model(tmp_path):
     folder = tmp_path / "routes"
     folder.mkdir()
     routes(folder, "ml.a", "fraud")
     routes(folder, "ml.b", "fraud")
     lone = routes(folder, "ml.c", "churn")
-    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
-    front = PooledFront(PoolConfig("shared", {"m": member}, folder))
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+    front, loop = started(folder)
     try:
-        loop.run_until_complete(front.start())
         assert status(front, "/v2/models/ml.a/ready")[0] == 200
         assert status(front, "/v2/models/churn/ready")[0] == 200
         ready = loop.run_until_complete(front.handle(Request("GET", "/v2/models/ml.a/ready", {}, b"")))
@@ -167,4 +174,37 @@ def test_a_pool_pods_front_is_ready_only_once_it_has_taken_up_the_routes_found_a
     finally:
         loop.run_until_complete(front.stop())
         local.pool.close()
+        loop.close()
+
+
+def test_a_split_request_leaves_a_pooled_version_that_could_not_load_to_the_primary(tmp_path):
+    """A canary whose version the pool could not load (loaded without it)
+    takes no share of the split until it is rolled back; a request whose
+    version failed while the model's reload was under way learns so once
+    the reload is over. A version the caller named keeps its own."""
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    routes(folder, "ml.a", "fraud", canary=50)
+    front, loop = started(folder)
+    try:
+        router = front.by_model["ml.a"][0]
+        primary, canary = router.config.routes
+        assert router._loadable(canary) is canary and router._loadable(primary) is primary
+
+        async def failing_during_a_reload():
+            reloaded = front.pool.reloading["ml.a"] = asyncio.Event()
+            instead = asyncio.ensure_future(router._instead(canary))
+            await asyncio.sleep(0)
+            assert not instead.done(), "it waits for the reload under way"
+            front.pool.failed_versions["ml.a"] = {"2": "failed to load: Protobuf parsing failed"}
+            reloaded.set()
+            return await instead
+
+        assert loop.run_until_complete(failing_during_a_reload()) is primary
+        assert router._loadable(canary) is primary
+        assert status(front, "/v2/models/ml.a/versions/2/ready")[0] == 503, "the canary is unready: rolled back"
+        del front.pool.failed_versions["ml.a"]
+        assert router._loadable(canary) is canary
+    finally:
+        loop.run_until_complete(front.stop())
         loop.close()

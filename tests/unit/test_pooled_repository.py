@@ -1,7 +1,8 @@
 """A pool's repository (kubeloop.serving.repository.put_pooled): a registered
 version is fetched once for every service of the pool that serves it, each
 service's model links the fetched files, and the fetched versions kept are
-bounded. Unit, with a fetch that writes a version's folder instead of
+bounded; a version leaves the disk one change after it left the config
+(a member may still be loading it). Unit, with a fetch that writes a version's folder instead of
 calling MLflow; the local pool against MLflow is tests/e2e/test_serving_pools.py
 (local backend) and the pool Pod's is tests/e2e/test_real_node.py (cluster path)."""
 
@@ -54,3 +55,19 @@ def test_the_versions_kept_fetched_are_bounded(tmp_path, monkeypatch):
     assert sorted(p.name for p in (work / "registry" / "fraud").iterdir()) == ["3", "4", "5"]
     put_pooled("uri", "fraud", ["1"], "1", "ns.late", models, work)  # no longer kept: fetched again
     assert registry.fetches.count(("fraud", "1")) == 2
+
+
+def test_a_version_leaves_the_disk_one_change_after_it_left_the_config(tmp_path, monkeypatch):
+    monkeypatch.setattr(repository, "fetch_version", Registry())
+    models, work = tmp_path / "models", tmp_path / "work"
+
+    def on_disk() -> list[str]:
+        return sorted(p.name for p in (models / "ns.a").iterdir() if p.is_dir())
+
+    put_pooled("uri", "fraud", ["1", "2"], "1", "ns.a", models, work)
+    put_pooled("uri", "fraud", ["1"], "1", "ns.a", models, work)  # the canary rolled back
+    assert on_disk() == ["1", "2"] and repository.served_versions(models / "ns.a" / "config.pbtxt") == ["1"]
+    put_pooled("uri", "fraud", ["1"], "1", "ns.a", models, work)  # a resync changes nothing
+    assert on_disk() == ["1", "2"]
+    put_pooled("uri", "fraud", ["3"], "3", "ns.a", models, work)  # the next change
+    assert on_disk() == ["1", "3"]

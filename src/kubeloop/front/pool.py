@@ -9,6 +9,11 @@ time per member, so the growth is that model's). That is host memory, what a
 member's processes hold; an OptimizedModel's footprint is GPU memory, so it
 sizes nothing here (no pool here measures a GPU). Cold loads are counted and
 timed; the record of their times is bounded.
+
+Triton loads a model's versions all or none: where one version cannot load
+(a canary's broken files), a cold load loads the others, with the model's
+config narrowed to them (kubeloop.front.versionpolicy), so an idle model
+keeps serving its primary while the broken version is rolled back.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import time
 from collections import deque
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -26,6 +32,7 @@ import orjson
 from kubeloop.front.memory import growth
 from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
 from kubeloop.front.upstream import UpstreamError, Upstreams
+from kubeloop.front.versionpolicy import config_without
 
 log = logging.getLogger("kubeloop.pool")
 LOAD_TIMEOUT_SECONDS = 300.0
@@ -61,11 +68,15 @@ class Pool:
     HEADROOM is kept free; processes: name -> the member's memory now by
     process (kubeloop.front.memory.private_by_process of the Triton server:
     it and its backends' processes, the server first); estimate_mib: the
-    room a model of unknown size gets until its first load is measured."""
+    room a model of unknown size gets until its first load is measured;
+    repository: the members' model repository, read for a model's config
+    when some of its versions cannot load (None: such a model fails whole)."""
 
     def __init__(self, members: dict[str, str], budgets: dict[str, float],
-                 processes: Callable[[str], dict[int, float]], estimate_mib: float = 0.0, spread_at: int = 0):
+                 processes: Callable[[str], dict[int, float]], estimate_mib: float = 0.0, spread_at: int = 0,
+                 repository: Path | None = None):
         self.urls = dict(members)
+        self.models = repository
         self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()}, spread_at)
         self.processes = processes
         self.empty = {name: self.memory(name) for name in members}
@@ -92,6 +103,8 @@ class Pool:
         """Model -> the versions its last failed load could not load, and why
         (Triton loads a model's versions all or none: one version that cannot
         load fails the rest too)."""
+        self.reloading: dict[str, asyncio.Event] = {}
+        """Model -> set once its reload under way is over."""
         self.copies: set[asyncio.Task] = set()
         """Hot models' copies loading on further members (at most one per member and model)."""
 
@@ -121,18 +134,31 @@ class Pool:
         """The model's config or versions changed: the members holding it
         load it again (Triton loads the new versions before it unloads the
         old ones: requests keep being answered). Where a new version cannot
-        load, Triton keeps serving the versions it had: the failure names it
-        (its service's canary is rolled back), and the model stays held."""
-        for name, member in self.residency.members.items():
-            if model in member.loaded:
-                async with self.locks[name]:
-                    try:
-                        await self._repository(name, model, "load")
-                    except LoadError as exc:
-                        await self._failed(name, model, exc)
-                        raise
-                self.failures.pop(model, None)
-                self.failed_versions.pop(model, None)
+        load, the others are loaded and it is named (its service's canary is
+        rolled back); where nothing could be loaded instead, Triton keeps
+        serving the versions it had, and the model stays held."""
+        reloaded = self.reloading[model] = asyncio.Event()
+        try:
+            for name, member in self.residency.members.items():
+                if model in member.loaded:
+                    async with self.locks[name]:
+                        try:
+                            await self._loading(name, model)
+                        except LoadError as exc:
+                            await self._failed(name, model, exc)
+                            raise
+                    self.failures.pop(model, None)
+        finally:
+            reloaded.set()
+            if self.reloading.get(model) is reloaded:
+                del self.reloading[model]
+
+    async def settled(self, model: str) -> None:
+        """Once the model's reload under way (if any) is over: a request
+        that failed meanwhile learns whether its version could not load."""
+        reloaded = self.reloading.get(model)
+        if reloaded is not None:
+            await reloaded.wait()
 
     def unready(self, model: str, version: str) -> str | None:
         """Why a version of the model cannot be served (None: it can, or is
@@ -255,7 +281,6 @@ class Pool:
             self.pending.pop(key, None)
         extra = self.residency.loaded(placement.member, model, measured)
         self.failures.pop(model, None)
-        self.failed_versions.pop(model, None)
         done.set_result(None)
         if extra:
             log.info("%s measured %.0f MiB on %s, more than its room: unloading %s", model, measured,
@@ -300,7 +325,7 @@ class Pool:
         async with self.locks[member]:
             await self._unload_locked(member, placement.unload)
             before = self.processes(member)
-            peak = await self._peak_during(member, before, self._repository(member, model, "load"))
+            peak = await self._peak_during(member, before, self._loading(member, model))
             measured = growth(before, self.processes(member))
         self.peaks[model] = max(peak, measured)
         log.debug("loaded %s on %s: %.1f MiB before, peak +%.1f, settled +%.1f", model, member,
@@ -308,6 +333,36 @@ class Pool:
         size = self.sizes.get(model, measured)
         self.sizes.setdefault(model, measured)
         return size
+
+    async def _loading(self, member: str, model: str) -> None:
+        """Load the model on the member; where some of its versions cannot
+        load, load the others and keep the failed ones named (their
+        service's canary is rolled back, as after a held model's reload)."""
+        try:
+            await self._repository(member, model, "load")
+        except LoadError:
+            failed = await self._unavailable(member, model)
+            narrowed = self._narrowed(model, failed)
+            if narrowed is None:
+                raise
+            await self._repository(member, model, "load", orjson.dumps({"parameters": {"config": narrowed}}))
+            log.warning("%s loaded on %s without its versions %s, which cannot load", model, member,
+                        ", ".join(sorted(failed)))
+            self.failed_versions[model] = failed
+        else:
+            self.failed_versions.pop(model, None)
+
+    def _narrowed(self, model: str, failed: dict[str, str]) -> str | None:
+        """The model's config serving its versions but the failed ones
+        (None: no repository to read, nothing failed, or nothing left)."""
+        if self.models is None or not failed:
+            return None
+        try:
+            text = (self.models / model / "config.pbtxt").read_text()
+        except OSError as exc:
+            log.warning("cannot read the config of %s: %s", model, exc)
+            return None
+        return config_without(text, set(failed))
 
     async def _peak_during(self, member: str, before: dict[int, float], work: Awaitable[None]) -> float:
         """Do the work, measuring the member every PEAK_SECONDS meanwhile;
@@ -380,9 +435,9 @@ class Pool:
             raise LoadError(f"Triton ({member}) did not list its models: {answer.status}")
         return orjson.loads(answer.body)
 
-    async def _repository(self, member: str, model: str, action: str) -> None:
+    async def _repository(self, member: str, model: str, action: str, body: bytes = b"") -> None:
         url = f"{self.urls[member]}/v2/repository/models/{model}/{action}"
-        answer = await self.repository.call(b"POST", url)
+        answer = await self.repository.call(b"POST", url, body, b"Content-Type: application/json\r\n" if body else b"")
         if answer.status != 200:
             raise LoadError(f"Triton ({member}) could not {action} {model}: {answer.status} "
                             f"{answer.body[:300].decode(errors='replace')}")

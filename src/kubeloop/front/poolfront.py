@@ -81,6 +81,9 @@ class PoolConfig:
     """The pool's Pods (a headless Service's name, and their fronts' port)
     among which each model has an owner (kubeloop.front.peers). None: one
     front, as on one machine."""
+    repository: Path | None = None
+    """The members' model repository (read only): a model some of whose
+    versions cannot load is loaded with the others. None: it fails whole."""
 
     @classmethod
     def load(cls, path: Path) -> "PoolConfig":
@@ -91,7 +94,8 @@ class PoolConfig:
         return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)),
                    int(data.get("spread_at", 0)), data.get("detailed_metrics"),
                    Path(data["synced"]) if data.get("synced") else None,
-                   (peers["host"], int(peers["port"])) if peers else None)
+                   (peers["host"], int(peers["port"])) if peers else None,
+                   Path(data["repository"]) if data.get("repository") else None)
 
 
 class Serving(NamedTuple):
@@ -111,7 +115,7 @@ class PooledFront:
         """None while the pool measures its members holding nothing."""
         self.pool = Pool({n: m.url for n, m in config.members.items()},
                          {n: m.budget_mib for n, m in config.members.items()}, self.processes,
-                         estimate_mib=config.estimate_mib, spread_at=config.spread_at)
+                         estimate_mib=config.estimate_mib, spread_at=config.spread_at, repository=config.repository)
         self.metrics.registry.register(PoolCollector(self))
         self.routers: dict[str, Router] = {}
         """Router file name -> its router."""

@@ -649,16 +649,20 @@ class Router:
             return json_response({"error": str(exc)}, exc.status)
         key = request.headers.get(b"x-request-key", b"").decode("latin-1") or payload.get("id")
         if key:
-            route = named or pick(c.routes, key)
+            route = named or self._loadable(pick(c.routes, key))
         else:  # nothing to keep together: a random draw, without hashing a random key
             key = f"{random.getrandbits(64):016x}"
-            route = named or route_at(c.routes, random.random() * 100)
-        labels = (c.service, c.model, route.version, route.role)
+            route = named or self._loadable(route_at(c.routes, random.random() * 100))
         try:
             sent = await self.model_request(route.version, payload, body)
             status, answer = await self.call_triton(route.version, sent)
+            if status != 200 and named is None and (primary := await self._instead(route)) is not route:
+                route = primary
+                sent = await self.model_request(route.version, payload, body)
+                status, answer = await self.call_triton(route.version, sent)
         except RequestError as exc:
-            self.metrics.series(self.metrics.requests, *labels, str(exc.status)).inc()
+            self.metrics.series(self.metrics.requests, c.service, c.model, route.version, route.role,
+                                str(exc.status)).inc()
             return json_response({"error": str(exc)}, exc.status)
         response = Response(status, answer, headers=_answer_headers(route.version, route.role))
         if binary is not None and status == 200:
@@ -667,6 +671,26 @@ class Router:
         response.after = partial(self._account, route, key, payload, sent.body, (sent.columns, sent.vectors), status,
                                  answer, time.perf_counter() - started)
         return response
+
+    def _loadable(self, route: Route) -> Route:
+        """The route a split request takes: a pooled version its pool could
+        not load (a canary's broken files, rolled back at the operator's
+        next look) leaves its share to the primary, as a dedicated service's
+        split never names a version that is not ready."""
+        if self.pool is None or route.role == "primary" or not self.pool.unready(self.config.triton_model,
+                                                                                 route.version):
+            return route
+        return self.config.primary()
+
+    async def _instead(self, route: Route) -> Route:
+        """Where a split request its version failed goes instead: the
+        primary, where the version is pooled and could not load (found by
+        this request's own load, or by the reload under way when the
+        routes named it)."""
+        if self.pool is None or route.role == "primary":
+            return route
+        await self.pool.settled(self.config.triton_model)
+        return self._loadable(route)
 
     def _account(self, route: Route, key: str, payload: dict, body: bytes, sent: tuple[dict | None, list | None],
                  status: int, answer: bytes, elapsed: float) -> None:

@@ -114,7 +114,8 @@ class LocalPools:
                                          ready=f"http://127.0.0.1:{state.ports[f'{member}-http']}/v2/health/live")
             if starting:
                 doing.append(starting)
-        config = {"name": folder.name, "routes": str(folder / "routes"), "estimate_mib": size.estimate_mib,
+        config = {"name": folder.name, "routes": str(folder / "routes"), "repository": str(repository),
+                  "estimate_mib": size.estimate_mib,
                   "spread_at": size.spread_at, "detailed_metrics": size.detailed_metrics,
                   "members": {m: {"url": f"http://127.0.0.1:{state.ports[f'{m}-http']}",
                                   "pid": state.processes[m]["pid"], "budget_mib": size.memory_mib} for m in members}}

@@ -80,6 +80,15 @@ def write_config(repository: Path, config: mc.ModelConfig, versions: list[str]) 
     return path
 
 
+def served_versions(config: Path) -> list[str]:
+    """The versions a model's config.pbtxt serves (none where it is not there)."""
+    try:
+        parsed = text_format.Parse(config.read_text(), mc.ModelConfig())
+    except FileNotFoundError:
+        return []
+    return [str(v) for v in parsed.version_policy.specific.versions]
+
+
 def prune_versions(repository: Path, name: str, keep: list[str]) -> None:
     """Remove version folders that are no longer served."""
     folder = repository / name
@@ -100,7 +109,10 @@ def put_pooled(tracking_uri: str, model: str, versions: list[str], primary: str,
     the registered model's: a pool's repository holds many services of one
     model) in a shared repository. Versions already there are not fetched
     again; each version's own config is kept in work, and the model's
-    config is the primary's, serving exactly these versions."""
+    config is the primary's, serving exactly these versions. The versions
+    the config served until now stay on disk until the next change: a
+    member may still be loading them (Triton's python backend, finding a
+    version's files gone while it loads, never answered the load)."""
     configs = work / "configs" / name
     configs.mkdir(parents=True, exist_ok=True)
     for version in sorted(set(versions)):
@@ -112,8 +124,10 @@ def put_pooled(tracking_uri: str, model: str, versions: list[str], primary: str,
             shutil.copyfile(fetched / "config.pbtxt", configs / f"{version}.pbtxt")
     config = text_format.Parse((configs / f"{primary}.pbtxt").read_text(), mc.ModelConfig())
     config.name = name
+    before = served_versions(repository / name / "config.pbtxt")
     write_config(repository, config, sorted(set(versions)))
-    prune_versions(repository, name, sorted(set(versions)))
+    if set(before) != set(versions):
+        prune_versions(repository, name, sorted(set(versions) | set(before)))
 
 
 def _fetched(tracking_uri: str, model: str, version: str, work: Path, backend: str) -> Path:

@@ -119,7 +119,8 @@ def front_config(pool: str, namespace: str, size: PoolSize) -> dict:
     """The pool front's pool.json: members by port (found among the Pod's
     processes), routes from the folder the repository container fills,
     peers from the headless Service."""
-    return {"name": pool, "routes": SERVED_DIR, "synced": SYNCED_FILE, "estimate_mib": size.estimate_mib,
+    return {"name": pool, "routes": SERVED_DIR, "synced": SYNCED_FILE, "repository": MODEL_REPOSITORY,
+            "estimate_mib": size.estimate_mib,
             "spread_at": size.spread_at, "detailed_metrics": size.detailed_metrics,
             "peers": {"host": f"{peers_name(pool)}.{namespace}.svc.cluster.local", "port": ROUTER_PORT},
             "members": {m: {"url": f"http://127.0.0.1:{MEMBER_PORT + 10 * i}", "budget_mib": size.memory_mib}
@@ -194,6 +195,7 @@ def _front(images: ServingImages) -> dict:
                   if images.object_store_endpoint else [])],
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "served", "mountPath": SERVED_DIR, "readOnly": True},
+                         {"name": "models", "mountPath": MODEL_REPOSITORY, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
     })
     if images.object_store_secret:
