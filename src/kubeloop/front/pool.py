@@ -11,9 +11,10 @@ sizes nothing here (no pool here measures a GPU). Cold loads are counted and
 timed; the record of their times is bounded.
 
 Triton loads a model's versions all or none: where one version cannot load
-(a canary's broken files), a cold load loads the others, with the model's
-config narrowed to them (kubeloop.front.versionpolicy), so an idle model
-keeps serving its primary while the broken version is rolled back.
+(a canary's broken files), a load (cold, or a held model's reload) loads the
+others, with the model's config narrowed to them
+(kubeloop.front.versionpolicy), so the model keeps serving its primary while
+the broken version is rolled back.
 """
 
 from __future__ import annotations
