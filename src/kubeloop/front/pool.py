@@ -77,7 +77,7 @@ class Pool:
                  processes: Callable[[str], dict[int, float]], estimate_mib: float = 0.0, spread_at: int = 0,
                  repository: Path | None = None):
         self.urls = dict(members)
-        self.models = repository
+        self.repository_dir = repository
         self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()}, spread_at)
         self.processes = processes
         self.empty = {name: self.memory(name) for name in members}
@@ -356,10 +356,10 @@ class Pool:
     def _narrowed(self, model: str, failed: dict[str, str]) -> str | None:
         """The model's config serving its versions but the failed ones
         (None: no repository to read, nothing failed, or nothing left)."""
-        if self.models is None or not failed:
+        if self.repository_dir is None or not failed:
             return None
         try:
-            text = (self.models / model / "config.pbtxt").read_text()
+            text = (self.repository_dir / model / "config.pbtxt").read_text()
         except OSError as exc:
             log.warning("cannot read the config of %s: %s", model, exc)
             return None

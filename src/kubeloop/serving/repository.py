@@ -43,7 +43,7 @@ def fetch_version(tracking_uri: str, model: str, version: str, repository: Path,
         staging = Path(tmp)
         try:
             mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/triton/{backend}", dst_path=str(staging),
-                                            tracking_uri=tracking_uri)
+                                                tracking_uri=tracking_uri)
             source = next((staging / backend).iterdir())
         except (mlflow.exceptions.MlflowException, StopIteration, FileNotFoundError):
             onnx_path = Path(mlflow.artifacts.download_artifacts(f"runs:/{mv.run_id}/exported/model.onnx",
