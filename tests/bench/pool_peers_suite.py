@@ -57,7 +57,7 @@ def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001
                     results[mode] = asyncio.run(_measure(root / mode, servers, models, requests, budget,
                                                          mode == "peers"))
             finally:
-                for server, _url in servers.values():
+                for server, _member in servers.values():
                     processes.stop(server)
     results["budget_mib"] = round(budget, 1)
     _print(console, results, models, requests)
@@ -68,17 +68,17 @@ def run(context, console: Console, quick: bool = False) -> dict:  # noqa: ANN001
 def _budget(root: Path, repository: Path, models: int) -> float:
     """A member's budget for a quarter of the models: the first model (with
     the backend's libraries) and the rest at the size a second one measures."""
-    server, url = _start(root, repository, "sizing")
+    server, member = _start(root, repository, "sizing")
 
     async def measure() -> tuple[float, float]:
-        pool = Pool({"m": url}, {"m": 1e9}, lambda _n: private_by_process(server.pid))
+        pool = Pool({"m": member}, {"m": 1e9}, lambda _n: private_by_process(server.pid))
         try:
             for model in ("model-0", "model-1"):
                 async with pool.serving(model):
                     pass
             return pool.sizes["model-0"], pool.sizes["model-1"]
         finally:
-            pool.close()
+            await pool.close()
     try:
         first, size = asyncio.run(measure())
     finally:
@@ -126,8 +126,9 @@ async def _measure(folder: Path, servers: dict, models: int, requests: int, budg
 async def _fronts(stack: AsyncExitStack, servers: dict, routes: Path, budget: float,
                   peered: bool) -> dict[PooledFront, str]:
     fronts: dict[PooledFront, str] = {}
-    for name, (server, url) in servers.items():
-        config = PoolConfig(f"bench-{name}", {"m": PoolMember(url, server.pid, budget)}, routes, spread_at=SPREAD_AT)
+    for name, (server, member) in servers.items():
+        config = PoolConfig(f"bench-{name}", {"m": PoolMember(member.http, member.grpc, server.pid, budget)}, routes,
+                            spread_at=SPREAD_AT)
         front = PooledFront(config)
         await front.start()
         stack.push_async_callback(front.stop)

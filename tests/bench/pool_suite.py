@@ -7,7 +7,9 @@ the models together. Reported: servers and memory against one Triton per model
 (ratio; a dedicated Triton's memory measured with its one model loaded),
 the hit rate of the skewed traffic, the cold loads' p50/p99, the members' peak memory against
 their budgets, and a loaded model's request p99 through the pool against a
-dedicated Triton (interleaved rounds). Local: no platform, no operator;
+dedicated Triton (interleaved rounds), also while its member loads other
+models (through Triton's gRPC repository API, as the pool loads, and
+through its HTTP one, as it loaded before). Local: no platform, no operator;
 requests go from the pool's placement straight to the member (the pool's
 front adds its router, as a dedicated front does)."""
 
@@ -30,6 +32,7 @@ from kubeloop.api.signature import ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import write_repository
 from kubeloop.front.memory import private_by_process
+from kubeloop.front.modelcontrol import Member
 from kubeloop.front.pool import Pool
 from kubeloop.serving.runtime import TritonRuntime
 from tests.bench.repeat import RUNS, Figure, figures_table
@@ -68,13 +71,13 @@ def _repository(root: Path, models: int) -> Path:
     return repository
 
 
-def _start(root: Path, repository: Path, name: str):  # noqa: ANN202 - the process and its URL
+def _start(root: Path, repository: Path, name: str):  # noqa: ANN202 - the process and its addresses
     ports = [processes.free_port() for _ in range(3)]
     runtime = TritonRuntime.discover()
     server = processes.start(f"triton-{name}", runtime.argv(repository, *ports), root / name, env=runtime.env())
     url = f"http://127.0.0.1:{ports[0]}"
     wait_ready([f"{url}/v2/health/live"], server, timeout=120)
-    return server, url
+    return server, Member(url, f"127.0.0.1:{ports[1]}")
 
 
 async def _measure(servers: dict, models: int, requests: int, console: Console) -> dict:
@@ -105,10 +108,12 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
                     peak[name] = max(peak[name], used[name]() - bases[name])
         counters = replace(pool.residency.counters)
         with console.status("pool: a loaded model's requests, through the pool and to a dedicated Triton"):
-            ratios = await _loaded_rounds(pool, session, servers["dedicated"][1])
+            ratios = await _loaded_rounds(pool, session, servers["dedicated"][1].http)
+        with console.status("pool: a loaded model's requests while its member loads others"):
+            during = await _during_loads(pool, session, servers["dedicated"][1].http, models)
     cold = np.array(pool.cold_seconds) * 1000
-    pool.close()
-    dedicated.close()
+    await pool.close()
+    await dedicated.close()
     pool_memory = sum(bases.values()) + sum(peak.values())
     return {
         "model_mib": round(size, 1), "first_model_mib": round(first, 1), "dedicated_triton_mib": round(one_per_model, 1), "empty_triton_mib": round(empty, 1),
@@ -119,6 +124,9 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
         "cold_p50_ms": round(float(np.percentile(cold, 50)), 1), "cold_p99_ms": round(float(np.percentile(cold, 99)), 1),
         "loaded_p99": Figure("loaded model p99, pool / dedicated Triton", ratios["p99"], "x"),
         "loaded_p50": Figure("loaded model p50, pool / dedicated Triton", ratios["p50"], "x"),
+        "during_grpc_p99": Figure("loaded model p99 while its member loads others over gRPC (the pool), "
+                                  "/ dedicated Triton", during["grpc"], "x"),
+        "during_http_p99": Figure("same, loads over HTTP (before)", during["http"], "x"),
     }
 
 
@@ -144,6 +152,55 @@ async def _loaded_rounds(pool: Pool, session: aiohttp.ClientSession, dedicated: 
     dedicated Triton: 200 requests one at a time to each, alternating, per round."""
     return await interleaved_ratios(lambda: _through_pool(pool, session, "model-0"),
                                     lambda: _direct(session, dedicated, "model-0"))
+
+
+LOADS_A_ROUND = 3
+
+
+async def _during_loads(pool: Pool, session: aiohttp.ClientSession, dedicated: str,
+                        models: int) -> dict[str, list[float]]:
+    """p99 of model-0's requests through the pool (one at a time) while its
+    member loads LOADS_A_ROUND idle models, over each API in turn, against
+    the dedicated Triton's p99 in the same round (no loads). The loads are
+    unloaded between turns, once their processes have gone."""
+    member = next(name for name, m in pool.residency.members.items() if "model-0" in m.loaded)
+    held = {m for member_ in pool.residency.members.values() for m in member_.loaded}
+    idle = [f"model-{i}" for i in range(models - 1, 0, -1) if f"model-{i}" not in held][:LOADS_A_ROUND]
+    url = pool.urls[member]
+
+    async def over_http(model: str) -> None:
+        async with session.post(f"{url}/v2/repository/models/{model}/load") as response:
+            if response.status != 200:
+                raise RuntimeError(f"load {model}: {response.status} {await response.text()}")
+
+    async def over_grpc(model: str) -> None:
+        await pool.repository.load(member, model)
+
+    ratios: dict[str, list[float]] = {"grpc": [], "http": []}
+    for _ in range(RUNS):
+        direct = [await _direct(session, dedicated, "model-0") for _ in range(200)]
+        for api, load in (("grpc", over_grpc), ("http", over_http)):
+            seen = await _while(lambda: _through_pool(pool, session, "model-0"), _each(load, idle))
+            await pool._unload(member, idle)
+            ratios[api].append(float(np.percentile(seen, 99) / np.percentile(direct, 99)))
+    return ratios
+
+
+async def _each(work: Callable[[str], Awaitable[None]], models: list[str]) -> None:
+    for model in models:
+        await work(model)
+
+
+async def _while(call: Callable[[], Awaitable[float]], work: Awaitable[None]) -> list[float]:
+    """Each call's seconds, one call at a time, until the work is done."""
+    task, seconds = asyncio.ensure_future(work), []
+    try:
+        while not task.done():
+            seconds.append(await call())
+        await task
+    finally:
+        task.cancel()
+    return seconds
 
 
 async def interleaved_ratios(measured: Callable[[], Awaitable[float]],
@@ -173,4 +230,5 @@ def _print(console: Console, results: dict, models: int, requests: int) -> None:
                   f"{results['cold_p99_ms']} ms; members' peak over their empty memory {results['peak_over_base_mib']}"
                   f" MiB (budget {results['budget_mib']})")
     console.print(figures_table("a loaded model's requests: pool / dedicated Triton",
-                                [results["loaded_p50"], results["loaded_p99"]]))
+                                [results["loaded_p50"], results["loaded_p99"], results["during_grpc_p99"],
+                                 results["during_http_p99"]]))

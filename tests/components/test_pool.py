@@ -24,7 +24,8 @@ from kubeloop.api.signature import ModelSignature
 from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import write_repository
 from kubeloop.front.memory import private_by_process
-from kubeloop.front.pool import LoadError, Pool
+from kubeloop.front.modelcontrol import LoadError, Member
+from kubeloop.front.pool import Pool
 from kubeloop.serving.repository import write_config
 from kubeloop.serving.runtime import TritonRuntime
 from tests.support.waiting import wait_for
@@ -62,7 +63,7 @@ def members(repository):
             server = processes.start(f"triton-{name}", runtime.argv(repository, *ports), root / name,
                                      env=runtime.env())
             url = f"http://127.0.0.1:{ports[0]}"
-            servers[name] = (server, url)
+            servers[name] = (server, Member(url, f"127.0.0.1:{ports[1]}"))
             wait_for(lambda url=url: _answers(f"{url}/v2/health/live"), timeout=120, what=f"tritonserver {name} live")
         yield servers, expected
     finally:
@@ -87,12 +88,12 @@ async def _probe_and_serve(servers, expected, memory) -> None:  # noqa: ANN001
     first, size = probe.sizes["model-0"], probe.sizes["model-1"]
     assert first > size > 1, f"loads grew the member by {first:.1f} and {size:.1f} MiB"
     await probe._unload("a", ["model-0", "model-1"])
-    probe.close()
+    await probe.close()
     # A budget is over what a member used at the pool's start, holding no model.
     used = {name: (lambda read=read: sum(read().values())) for name, read in memory.items()}
     empty = {name: measure() for name, measure in used.items()}
     budget = first + 1.5 * size
-    pool = Pool({name: url for name, (_, url) in servers.items()}, dict.fromkeys(servers, budget),
+    pool = Pool({name: member for name, (_, member) in servers.items()}, dict.fromkeys(servers, budget),
                 lambda name: memory[name](), estimate_mib=size)
     rng = np.random.default_rng(5)
     order = [f"model-{i}" for i in rng.integers(0, MODELS, 16)] + [f"model-{i}" for i in range(MODELS)]
@@ -114,7 +115,7 @@ async def _probe_and_serve(servers, expected, memory) -> None:  # noqa: ANN001
     assert held <= 4 and counters.unloads >= MODELS - 4
     assert counters.loads + counters.hits == len(order)
     assert len(pool.cold_seconds) == counters.loads
-    pool.close()
+    await pool.close()
 
 
 def test_a_hot_model_is_copied_onto_the_other_member_and_its_requests_spread_over_both(members):
@@ -124,8 +125,9 @@ def test_a_hot_model_is_copied_onto_the_other_member_and_its_requests_spread_ove
 
 
 async def _spread(servers, expected, memory) -> None:  # noqa: ANN001
-    urls = {name: url for name, (_, url) in servers.items()}
-    pool = Pool(urls, dict.fromkeys(servers, 1e9), lambda name: memory[name](), spread_at=2)
+    urls = {name: member.http for name, (_, member) in servers.items()}
+    pool = Pool({name: member for name, (_, member) in servers.items()}, dict.fromkeys(servers, 1e9),
+                lambda name: memory[name](), spread_at=2)
     models = [f"model-{i}" for i in range(MODELS)]
     for name in servers:  # what the test before left loaded
         await pool._unload(name, await pool._ready(name, models))
@@ -143,7 +145,47 @@ async def _spread(servers, expected, memory) -> None:  # noqa: ANN001
         answers = await asyncio.gather(*(_infer(pool, session, "model-5", seen) for _ in range(8)))
         assert all(np.allclose(answer, expected["model-5"], atol=1e-4) for answer in answers)
         assert set(seen) == set(urls.values()), f"all of them went to {seen[0]}, {holder} holding it first"
-    pool.close()
+    await pool.close()
+
+
+def test_a_load_does_not_hold_up_the_members_requests_to_its_other_models(members):
+    """While the pool loads models on a member, callers of a model the member
+    holds keep being answered, each on its own kept-alive connection. Loads
+    through Triton's HTTP repository API held five of six such connections
+    for the whole load (1.4 s a python-backend model); the pool loads over gRPC."""
+    servers, expected = members
+    asyncio.run(_answered_during_loads(servers["a"][1], expected))
+
+
+async def _answered_during_loads(member: Member, expected: dict) -> None:
+    pool = Pool({"a": member}, {"a": 1e9}, lambda _name: {})
+    loading, callers = asyncio.Event(), 6
+    answered_meanwhile = [0] * callers
+    try:
+        await pool._unload("a", await pool._ready("a", [f"model-{i}" for i in range(MODELS)]))
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=callers)) as session:
+            await _infer(pool, session, "model-1")
+
+            async def call(caller: int) -> None:
+                while not stop.is_set():
+                    during = loading.is_set()
+                    answer = await _infer(pool, session, "model-1")
+                    assert np.allclose(answer, expected["model-1"], atol=1e-4)
+                    answered_meanwhile[caller] += during and loading.is_set()
+
+            stop = asyncio.Event()
+            calling = [asyncio.create_task(call(i)) for i in range(callers)]
+            await asyncio.sleep(0.2)
+            for model in ("model-2", "model-3"):
+                loading.set()
+                async with pool.serving(model):
+                    loading.clear()
+            stop.set()
+            await asyncio.gather(*calling)
+        assert pool.residency.counters.loads >= 3
+        assert all(answered_meanwhile), f"callers answered while the member loaded: {answered_meanwhile}"
+    finally:
+        await pool.close()
 
 
 def _with_a_version_that_cannot_load(repository: Path, source: str, name: str) -> None:
@@ -195,7 +237,7 @@ def test_a_version_that_cannot_load_is_named_and_the_others_serve(members, repos
                 assert not blind.residency.held(BROKEN)
                 # Read once the failed load has unloaded version 1 again ("unloaded"): still not a failure of it.
                 for _ in range(200):
-                    if {e.get("reason") for e in await blind._index("a") if e.get("name") == BROKEN} >= {"unloaded"}:
+                    if {e.get("reason") for e in await blind.repository.index("a") if e.get("name") == BROKEN} >= {"unloaded"}:
                         break
                     await asyncio.sleep(0.05)
                 else:
@@ -203,8 +245,8 @@ def test_a_version_that_cannot_load_is_named_and_the_others_serve(members, repos
                 await blind._failed("a", BROKEN, LoadError("the same load"))
                 _version_2_named(blind)
         finally:
-            pool.close()
-            blind.close()
+            await pool.close()
+            await blind.close()
             offer(repository, BROKEN, ["1"])
 
     asyncio.run(scenario())

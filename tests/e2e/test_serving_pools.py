@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -288,29 +289,20 @@ def test_a_pooled_service_keeps_its_canary_shadow_log_and_roll_forward(platform,
     broken = register_broken(uri, model)
     moved = time.monotonic()
     client.set_registered_model_alias(model, "challenger", broken)
-    stop = threading.Event()
 
-    def call_all_along() -> list[tuple[float, str]]:
-        found = []
-        while not stop.wait(0.05):
-            found.append((time.monotonic() - moved, versions([f"during-{len(found)}"])[0]))
-        return found
+    def rolled_back_to_the_primary() -> float:
+        wait_for(lambda: status_of("rolledBackVersion") == broken, timeout=120, what="the broken canary rolled back")
+        took = time.monotonic() - moved
+        assert status_of("canaryVersion") is None
+        wait_for(lambda: set(versions([f"after-{i}" for i in range(40)])) == {v1}, timeout=30,
+                 what="the primary alone answering",
+                 seen=lambda: str(Counter(versions([f"after-{i}" for i in range(40)]))))
+        return took
 
-    with ThreadPoolExecutor(1) as calling:
-        seen = calling.submit(call_all_along)
-        try:
-            wait_for(lambda: status_of("rolledBackVersion") == broken, timeout=120, what="the broken canary rolled back")
-            rolled_back = time.monotonic() - moved
-            assert status_of("canaryVersion") is None
-            wait_for(lambda: set(versions([f"after-{i}" for i in range(40)])) == {v1}, timeout=30,
-                     what="the primary alone answering",
-                     seen=lambda: str(Counter(versions([f"after-{i}" for i in range(40)]))))
-        finally:
-            stop.set()
-    answered = seen.result()
+    rolled_back, answered = answered_meanwhile(versions, rolled_back_to_the_primary)
     print(f"a canary version that cannot load: rolled back {rolled_back:.1f} s after the alias moved; "
-          f"{len(answered)} requests meanwhile, answered by {dict(Counter(got for _, got in answered))}")
-    assert set(got for _, got in answered) <= {v1, v2}, "each answered, never by the broken version"
+          f"{len(answered)} requests meanwhile, answered by {dict(Counter(answered))}")
+    assert set(answered) <= {v1, v2}, "each answered, never by the broken version"
 
     # The same canary given to a service whose model no member holds yet: its first request loads
     # the versions that can load, and it is answered by its primary while the canary is rolled back.
@@ -324,13 +316,45 @@ def test_a_pooled_service_keeps_its_canary_shadow_log_and_roll_forward(platform,
              == broken, timeout=60, what="the idle service's broken canary rolled back")
     kube.delete(API_VERSION, "InferenceService", "idle", namespace)
 
+    # Rolled forward to a version no member holds yet: the front keeps the old routes until the
+    # members have loaded it, so no caller is sent to a version that is still loading.
     change(canary=None, shadow=None)
+    moved = time.monotonic()
     client.set_registered_model_alias(model, "champion", v2)
-    wait_for(lambda: status_of("modelVersion") == v2, timeout=60, what="the champion's new version in status",
-             seen=lambda: json.dumps(kube.get(API_VERSION, "InferenceService", "versions", namespace)["status"]))
-    wait_for(lambda: set(versions([f"rolled-{i}" for i in range(40)])) == {v2}, timeout=60,
-             what="the pool serving the new champion to every caller",
-             seen=lambda: str(Counter(versions([f"rolled-{i}" for i in range(40)]))))
+
+    def rolled_forward() -> float:
+        wait_for(lambda: status_of("modelVersion") == v2, timeout=60, what="the champion's new version in status",
+                 seen=lambda: json.dumps(kube.get(API_VERSION, "InferenceService", "versions", namespace)["status"]))
+        wait_for(lambda: set(versions([f"rolled-{i}" for i in range(40)])) == {v2}, timeout=60,
+                 what="the pool serving the new champion to every caller",
+                 seen=lambda: str(Counter(versions([f"rolled-{i}" for i in range(40)]))))
+        return time.monotonic() - moved
+
+    forward, answered = answered_meanwhile(versions, rolled_forward)
+    print(f"rolled forward to version {v2} in {forward:.1f} s; {len(answered)} requests meanwhile, answered by "
+          f"{dict(Counter(answered))}")
+    assert set(answered) <= {v1, v2}, "every caller answered while the members loaded the new champion"
+
+
+def answered_meanwhile(versions: Callable[[list[str]], list[str]],
+                       wait: Callable[[], float]) -> tuple[float, list[str]]:
+    """wait()'s result, and what answered each call of a caller asking
+    every 50 ms (a key of its own each time) while it ran."""
+    stop = threading.Event()
+
+    def call_all_along() -> list[str]:
+        found = []
+        while not stop.wait(0.05):
+            found += versions([f"during-{len(found)}"])
+        return found
+
+    with ThreadPoolExecutor(1) as calling:
+        seen = calling.submit(call_all_along)
+        try:
+            result = wait()
+        finally:
+            stop.set()
+    return result, seen.result()
 
 
 def test_a_pooled_service_is_rolled_out_on_what_its_pool_front_measured(platform, kube, namespace, operator,

@@ -84,7 +84,12 @@ def test_replicas_are_whole_pools_and_a_new_count_changes_no_pod():
 
 def test_the_fronts_members_are_found_by_port_with_the_budget_the_operator_sized():
     config = front_config("shared", "ns", SIZE)
-    assert config["members"]["member-1"] == {"url": f"http://127.0.0.1:{MEMBER_PORT + 10}", "budget_mib": 400}
+    grpc_port = MEMBER_PORT + 11
+    assert config["members"]["member-1"] == {"url": f"http://127.0.0.1:{MEMBER_PORT + 10}",
+                                             "grpc": f"127.0.0.1:{grpc_port}", "budget_mib": 400}
+    containers = by_kind(build_pool("shared", SIZE, "ns", IMAGES))["Deployment"]["spec"]["template"]["spec"]["containers"]
+    member = next(c for c in containers if c["name"] == "member-1")
+    assert f"--grpc-port={grpc_port}" in member["args"], "the pool loads models through the member's own gRPC port"
     assert config["spread_at"] == 2 and config["routes"] == SERVED_DIR and config["repository"] == MODEL_REPOSITORY
     # The front is ready once the file the repository container writes after its first round is there.
     served = PoolFolders(Path(ROUTES_DIR), Path(SERVED_DIR), Path("/models"), Path("/work"))

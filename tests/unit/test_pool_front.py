@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from kubeloop.front.httpserver import Request
@@ -40,7 +41,7 @@ def status(front: PooledFront, path: str) -> tuple[int, bytes]:
 def started(folder: Path) -> tuple[PooledFront, asyncio.AbstractEventLoop]:
     """A pool front over the routes folder (one member no Triton listens
     at), started on an event loop of the test's own."""
-    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    member = PoolMember("http://127.0.0.1:1", "127.0.0.1:1", os.getpid(), 100.0)
     front = PooledFront(PoolConfig("shared", {"m": member}, folder))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -85,7 +86,7 @@ def test_histograms_beyond_the_pools_limit_are_shared_but_a_rollouts_stay_its_ow
     for name in ("ml.a", "ml.b", "ml.c"):
         routes(folder, name, name)
     rolling = routes(folder, "ml.d", "ml.d", canary=10)
-    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    member = PoolMember("http://127.0.0.1:1", "127.0.0.1:1", os.getpid(), 100.0)
     front = PooledFront(PoolConfig("shared", {"m": member}, folder, detailed_metrics=1))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -118,7 +119,7 @@ def test_the_front_takes_up_a_service_renamed_into_its_folder_while_it_skips_unc
     folder = tmp_path / "routes"
     folder.mkdir()
     routes(folder, "ml.a", "fraud")
-    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    member = PoolMember("http://127.0.0.1:1", "127.0.0.1:1", os.getpid(), 100.0)
     front = PooledFront(PoolConfig("shared", {"m": member}, folder))
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -149,7 +150,7 @@ def test_a_pool_pods_front_is_ready_only_once_it_has_taken_up_the_routes_found_a
     folder = tmp_path / "routes"
     folder.mkdir()
     synced = folder / ".synced"
-    member = PoolMember("http://127.0.0.1:1", os.getpid(), 100.0)
+    member = PoolMember("http://127.0.0.1:1", "127.0.0.1:1", os.getpid(), 100.0)
     front = PooledFront(PoolConfig("shared", {"m": member}, folder, synced=synced))
     local = PooledFront(PoolConfig("local", {"m": member}, folder))
     loop = asyncio.new_event_loop()
@@ -173,7 +174,7 @@ def test_a_pool_pods_front_is_ready_only_once_it_has_taken_up_the_routes_found_a
         assert status(front, "/v2/models/ml.a/ready")[0] == 200, "ready with every route written before the file"
     finally:
         loop.run_until_complete(front.stop())
-        local.pool.close()
+        loop.run_until_complete(local.pool.close())
         loop.close()
 
 
@@ -181,7 +182,8 @@ def test_a_split_request_leaves_a_pooled_version_that_could_not_load_to_the_prim
     """A canary whose version the pool could not load (loaded without it)
     takes no share of the split until it is rolled back; a request whose
     version failed while the model's reload was under way learns so once
-    the reload is over. A version the caller named keeps its own."""
+    the reload is over, and one whose version the routes then no longer
+    name goes to the primary. A version the caller named keeps its own."""
     folder = tmp_path / "routes"
     folder.mkdir()
     routes(folder, "ml.a", "fraud", canary=50)
@@ -205,6 +207,70 @@ def test_a_split_request_leaves_a_pooled_version_that_could_not_load_to_the_prim
         assert status(front, "/v2/models/ml.a/versions/2/ready")[0] == 503, "the canary is unready: rolled back"
         del front.pool.failed_versions["ml.a"]
         assert router._loadable(canary) is canary
+        # The routes taken up after a reload name the canary no more (Triton unloaded it as the reload ended):
+        # a request that found it gone goes to the primary; one whose canary is still named keeps its answer.
+        os.utime(routes(folder, "ml.a", "fraud"), (1000, 1000))
+        assert router.take_up_routes()
+        assert loop.run_until_complete(router._instead(canary)) == router.config.primary()
+        assert loop.run_until_complete(router._instead(primary)) is primary
+    finally:
+        loop.run_until_complete(front.stop())
+        loop.close()
+
+
+def test_a_services_new_routes_wait_for_its_models_reload_and_hold_up_no_other_service(tmp_path):
+    """A changed service keeps the routes it had until the members holding
+    its model have loaded it again (a version Triton is still loading
+    answers 503), and its reload holds up no other service's change nor the
+    front's next round; a change written meanwhile waits for the reload
+    under way instead of starting another. Unit: the pool's reload stands in
+    (loads on real tritonservers: tests/components/test_pool.py; a held
+    model rolled forward while called, local backend:
+    tests/e2e/test_serving_pools.py)."""
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    for name in ("ml.a", "ml.b"):
+        routes(folder, name, name)
+    front, loop = started(folder)
+    slow, reloads = asyncio.Event(), []
+
+    async def reload(model: str) -> None:
+        reloads.append(model)
+        if model == "ml.a":
+            await slow.wait()
+
+    def given_a_canary(name: str, written: int) -> None:
+        os.utime(routes(folder, name, name, canary=20), (written, written))
+
+    async def until(done: Callable[[], bool]) -> None:
+        for _ in range(100):
+            if done():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("never")
+
+    def split(name: str) -> int:
+        return len(front.routers[f"{name}.json"].config.routes)
+
+    async def scenario() -> None:
+        front.pool.reload = reload
+        for name in ("ml.a", "ml.b"):
+            given_a_canary(name, 1000)
+        await front.sync()
+        await until(lambda: split("ml.b") == 2)
+        assert split("ml.a") == 1, "ml.a keeps its routes while its model loads again"
+        answer = await front.handle(Request("GET", "/v2/models/ml.a/ready", {}, b""))
+        assert b"X-Model-Version: 1\r\n" in answer.headers
+        given_a_canary("ml.a", 2000)  # written again while its reload is under way
+        await front.sync()
+        assert reloads == ["ml.a", "ml.b"], "no second reload of ml.a while one is under way"
+        slow.set()
+        await until(lambda: split("ml.a") == 2)
+        assert front.routers["ml.a.json"].mtime == 2000
+        assert reloads.count("ml.a") == 2, "the file written meanwhile was reloaded for too"
+
+    try:
+        loop.run_until_complete(scenario())
     finally:
         loop.run_until_complete(front.stop())
         loop.close()

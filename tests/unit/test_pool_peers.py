@@ -18,8 +18,10 @@ import json
 import os
 from contextlib import AsyncExitStack
 
+import grpc
 import orjson
 import requests
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from kubeloop.front.httpserver import Request, Response, json_response
 from kubeloop.front.peers import FORWARDED, Peers, owner
@@ -76,7 +78,8 @@ async def two_fronts(stack: AsyncExitStack, config: PoolConfig, resolved: list[s
 def test_a_front_sends_a_request_on_to_its_models_owner_and_serves_it_where_the_owner_is_gone(tmp_path):
     folder = tmp_path / "routes"
     folder.mkdir()
-    member = PoolMember(f"http://127.0.0.1:{free_port()}", os.getpid(), 100.0)  # nothing listens: loads fail
+    nowhere = free_port()
+    member = PoolMember(f"http://127.0.0.1:{nowhere}", f"127.0.0.1:{nowhere}", os.getpid(), 100.0)  # loads fail
     resolved: list[str] = []
 
     async def scenario(client: Upstreams) -> None:
@@ -117,7 +120,7 @@ def test_a_front_sends_a_request_on_to_its_models_owner_and_serves_it_where_the_
 
 
 async def stand_in_triton(request: Request) -> Response:
-    """Triton's repository and inference routes, as far as a pool front calls them."""
+    """Triton's inference routes, as far as a pool front calls them."""
     parts = request.path.strip("/").split("/")
     if parts[-1] == "infer":
         return json_response({"model_name": parts[2], "outputs": [
@@ -135,7 +138,8 @@ def test_a_models_owner_finding_it_busy_gets_a_copy_loaded_by_the_front_that_sen
     async def scenario(client: Upstreams) -> None:
         async with AsyncExitStack() as stack:
             triton, _ = await stack.enter_async_context(listening(stand_in_triton, "127.0.0.1", 0, None))
-            config = PoolConfig("shared", {"m": PoolMember(triton, os.getpid(), 1000.0)}, folder, spread_at=2)
+            member = PoolMember(triton, await stand_in_repository(stack), os.getpid(), 1000.0)
+            config = PoolConfig("shared", {"m": member}, folder, spread_at=2)
             (a, a_url), (b, _) = await two_fronts(stack, config, resolved)
             model = next(m for m in (f"ml.h{i}" for i in range(50)) if owner(m, resolved) == b.peers.me)
             routes(folder, model, "churn")
@@ -162,6 +166,30 @@ def test_a_models_owner_finding_it_busy_gets_a_copy_loaded_by_the_front_that_sen
             assert served(a) == 1 and a.peers.forwarded == 4, "served where its copy is loaded"
 
     run(scenario)
+
+
+class StandInRepository(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Triton's repository API over gRPC, as far as a pool calls it: every
+    load succeeds, and the index lists nothing (an unloaded model is gone)."""
+
+    async def RepositoryModelLoad(self, request, context):  # noqa: ANN001, ANN201, N802 - gRPC's names
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):  # noqa: ANN001, ANN201, N802
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    async def RepositoryIndex(self, request, context):  # noqa: ANN001, ANN201, N802
+        return service_pb2.RepositoryIndexResponse()
+
+
+async def stand_in_repository(stack: AsyncExitStack) -> str:
+    """The address of a StandInRepository serving until the stack closes."""
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(StandInRepository(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, None)
+    return f"127.0.0.1:{port}"
 
 
 def run(scenario) -> None:  # noqa: ANN001 - an async function of a client

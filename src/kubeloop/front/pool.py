@@ -2,7 +2,8 @@
 models (the I/O half; the decisions are kubeloop.front.residency).
 
 A request for a model goes to the member that holds it; a model no member
-holds is loaded on its first request through Triton's repository API, after
+holds is loaded on its first request through Triton's repository API (over
+gRPC: kubeloop.front.modelcontrol says why), after
 the member unloads its least recently used idle models to make room. Each
 load is measured: the member's memory before and after it (one load at a
 time per member, so the growth is that model's). That is host memory, what a
@@ -28,11 +29,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
-import orjson
-
 from kubeloop.front.memory import growth
+from kubeloop.front.modelcontrol import LoadError, Member, ModelControl
 from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
-from kubeloop.front.upstream import UpstreamError, Upstreams
+from kubeloop.front.upstream import UpstreamError
 from kubeloop.front.versionpolicy import config_without
 
 log = logging.getLogger("kubeloop.pool")
@@ -55,17 +55,13 @@ UNLOADED = "unloaded"
 """Triton's reason for a version that is unavailable because it was unloaded."""
 
 
-class LoadError(RuntimeError):
-    """Triton could not load (or unload) a model."""
-
-
 UNSERVED = (LoadError, NoRoom)
 """What a request to a pooled model can end with short of an answer: its
 load failed, or no member has room for it (TooLarge is a NoRoom)."""
 
 
 class Pool:
-    """members: name -> Triton's URL; budgets: name -> MiB, of which
+    """members: name -> the member's addresses; budgets: name -> MiB, of which
     HEADROOM is kept free; processes: name -> the member's memory now by
     process (kubeloop.front.memory.private_by_process of the Triton server:
     it and its backends' processes, the server first); estimate_mib: the
@@ -73,10 +69,10 @@ class Pool:
     repository: the members' model repository, read for a model's config
     when some of its versions cannot load (None: such a model fails whole)."""
 
-    def __init__(self, members: dict[str, str], budgets: dict[str, float],
+    def __init__(self, members: dict[str, Member], budgets: dict[str, float],
                  processes: Callable[[str], dict[int, float]], estimate_mib: float = 0.0, spread_at: int = 0,
                  repository: Path | None = None):
-        self.urls = dict(members)
+        self.urls = {name: member.http for name, member in members.items()}
         self.repository_dir = repository
         self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()}, spread_at)
         self.processes = processes
@@ -87,7 +83,7 @@ class Pool:
         self.peaks: dict[str, float] = {}
         """Model -> the most its last load grew its member by, while it loaded."""
         self.estimate_mib = estimate_mib
-        self.repository = Upstreams(limit=4, timeout=LOAD_TIMEOUT_SECONDS)
+        self.repository = ModelControl({name: member.grpc for name, member in members.items()}, LOAD_TIMEOUT_SECONDS)
         self.locks = {name: asyncio.Lock() for name in members}
         """One load or unload at a time per member: its growth is then the loading model's."""
         self.pending: dict[tuple[str, str], asyncio.Future] = {}
@@ -340,13 +336,13 @@ class Pool:
         load, load the others and keep the failed ones named (their
         service's canary is rolled back, as after a held model's reload)."""
         try:
-            await self._repository(member, model, "load")
+            await self.repository.load(member, model)
         except LoadError:
             failed = await self._unavailable(member, model)
             narrowed = self._narrowed(model, failed)
             if narrowed is None:
                 raise
-            await self._repository(member, model, "load", orjson.dumps({"parameters": {"config": narrowed}}))
+            await self.repository.load(member, model, narrowed)
             log.warning("%s loaded on %s without its versions %s, which cannot load", model, member,
                         ", ".join(sorted(failed)))
             self.failed_versions[model] = failed
@@ -390,7 +386,7 @@ class Pool:
             return
         before = self.memory(member)
         for model in models:
-            await self._repository(member, model, "unload")
+            await self.repository.unload(member, model)
         while await self._ready(member, models):
             await asyncio.sleep(0.02)
         await self._fallen(member, before - 0.5 * sum(self._size(m) for m in models))
@@ -417,31 +413,16 @@ class Pool:
                 return
 
     async def _ready(self, member: str, models: list[str] | tuple[str, ...]) -> list[str]:
-        ready = {entry.get("name") for entry in await self._index(member) if entry.get("state") == "READY"}
+        ready = {entry.get("name") for entry in await self.repository.index(member) if entry.get("state") == "READY"}
         return [m for m in models if m in ready]
 
     async def _unavailable(self, member: str, model: str) -> dict[str, str]:
         """The model's versions the member lists as failed, with Triton's
         reasons: unavailable for another reason than having been unloaded
         (the versions a failed load unloads again, or that left the config)."""
-        return {str(entry.get("version")): entry.get("reason", "") for entry in await self._index(member)
+        return {str(entry.get("version")): entry.get("reason", "") for entry in await self.repository.index(member)
                 if entry.get("name") == model and entry.get("state") == "UNAVAILABLE"
                 and entry.get("reason") != UNLOADED}
-
-    async def _index(self, member: str) -> list[dict]:
-        """The member's repository index: each model version's state (and a failed one's reason)."""
-        answer = await self.repository.call(b"POST", f"{self.urls[member]}/v2/repository/index", b"{}",
-                                            b"Content-Type: application/json\r\n")
-        if answer.status != 200:
-            raise LoadError(f"Triton ({member}) did not list its models: {answer.status}")
-        return orjson.loads(answer.body)
-
-    async def _repository(self, member: str, model: str, action: str, body: bytes = b"") -> None:
-        url = f"{self.urls[member]}/v2/repository/models/{model}/{action}"
-        answer = await self.repository.call(b"POST", url, body, b"Content-Type: application/json\r\n" if body else b"")
-        if answer.status != 200:
-            raise LoadError(f"Triton ({member}) could not {action} {model}: {answer.status} "
-                            f"{answer.body[:300].decode(errors='replace')}")
 
     def measured(self) -> dict[str, float]:
         """Model -> the room its next load gets, for every model loaded once."""
@@ -464,7 +445,7 @@ class Pool:
             raise NoRoom("the pool's first load is being measured")
         return 0.0
 
-    def close(self) -> None:
+    async def close(self) -> None:
         for task in self.copies:
             task.cancel()
-        self.repository.close()
+        await self.repository.close()

@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from kubeloop.front.memory import private_by_process, server_on_port
 from kubeloop.front.httpserver import Request, Response, json_response
 from kubeloop.front.peers import FORWARDED, Peers, marked_hot
+from kubeloop.front.modelcontrol import Member
 from kubeloop.front.pool import UNSERVED, Pool
 from kubeloop.front.router import Metrics, Router, listening, main
 from kubeloop.front.upstream import Upstreams, UpstreamError
@@ -55,6 +56,8 @@ POD_IP = "KUBELOOP_POD_IP"
 class PoolMember:
     url: str
     """Triton's HTTP URL."""
+    grpc: str
+    """Triton's gRPC address (host:port): where the pool loads and unloads models."""
     pid: int | None
     """The tritonserver's, whose memory (with its backends' processes) is
     measured; None: found by its URL's port (kubeloop.front.memory.server_on_port)."""
@@ -88,7 +91,8 @@ class PoolConfig:
     @classmethod
     def load(cls, path: Path) -> "PoolConfig":
         data = json.loads(path.read_text())
-        members = {name: PoolMember(m["url"], int(m["pid"]) if m.get("pid") else None, float(m["budget_mib"]))
+        members = {name: PoolMember(m["url"], m["grpc"], int(m["pid"]) if m.get("pid") else None,
+                                    float(m["budget_mib"]))
                    for name, m in data["members"].items()}
         peers = data.get("peers")
         return cls(data["name"], members, Path(data["routes"]), float(data.get("estimate_mib", 0.0)),
@@ -113,7 +117,7 @@ class PooledFront:
         self.pids = {n: m.pid for n, m in config.members.items()}
         self.pool: Pool | None = None
         """None while the pool measures its members holding nothing."""
-        self.pool = Pool({n: m.url for n, m in config.members.items()},
+        self.pool = Pool({n: Member(m.url, m.grpc) for n, m in config.members.items()},
                          {n: m.budget_mib for n, m in config.members.items()}, self.processes,
                          estimate_mib=config.estimate_mib, spread_at=config.spread_at, repository=config.repository)
         self.metrics.registry.register(PoolCollector(self))
@@ -124,6 +128,8 @@ class PooledFront:
         self._watching: asyncio.Task | None = None
         self._synced_from: int | None = None
         """When the latest sync began (ns since the epoch, as a file's mtime)."""
+        self.taking_up: dict[str, asyncio.Task] = {}
+        """Router file name -> its changed routes being taken up (kept to one per service)."""
 
     def processes(self, member: str) -> dict[int, float]:
         """The member's memory by process; a member named by its port is
@@ -147,11 +153,13 @@ class PooledFront:
     async def stop(self) -> None:
         if self._watching:
             self._watching.cancel()
+        for task in list(self.taking_up.values()):
+            task.cancel()
         if self.peers is not None:
             self.peers.close()
         for router in self.routers.values():
             await router.stop()
-        self.pool.close()
+        await self.pool.close()
         self.upstream.close()
 
     async def _watch(self) -> None:
@@ -187,12 +195,16 @@ class PooledFront:
         return self._synced_from is not None and written + COARSE_CLOCK_NS <= self._synced_from
 
     async def sync(self) -> None:
-        """Take up new, changed and removed router files."""
+        """Take up new and removed router files, and start taking up changed
+        ones (each beside the others: one model's slow load holds up no
+        other service's change)."""
         began = time.time_ns()
         found = {p.name: p for p in self.config.routes.glob("*.json")}
         changed = set(self.routers) != set(found)
         for name in sorted(set(self.routers) - set(found)):
             router = self.routers.pop(name)
+            if name in self.taking_up:
+                self.taking_up[name].cancel()
             await router.stop()
             await self._settle(self.pool.forget(router.config.triton_model))
             self.metrics.drop(router.config.service)
@@ -208,12 +220,31 @@ class PooledFront:
                 await router.start(self.upstream, watch=False)
                 self.routers[name] = router
                 log.info("serving %s (%s)", router.config.service, router.config.triton_model)
-            elif router.take_up_routes():
-                changed = True
-                await self._settle(self.pool.reload(router.config.triton_model))
+            elif router.routes_changed() and name not in self.taking_up:
+                self._start_taking_up(name, router)
         if changed:
             self.by_model = index(self.routers.values())
         self._synced_from = began
+
+    def _start_taking_up(self, name: str, router: Router) -> None:
+        task = self.taking_up[name] = asyncio.create_task(self._take_up(router))
+
+        def over(_: asyncio.Task) -> None:
+            if self.taking_up.get(name) is task:
+                del self.taking_up[name]
+        task.add_done_callback(over)
+
+    async def _take_up(self, router: Router) -> None:
+        """The service's changed routes, once the members holding its model
+        have loaded it again: until then its callers keep the routes they
+        had, whose versions Triton serves while it loads the new ones (a
+        version still loading answers 503). The routes taken up are those
+        read before the reload began (the repository is written before
+        them); a file written again meanwhile is reloaded for in turn."""
+        while router.routes_changed() and (found := router.read_routes()) is not None:
+            await self._settle(self.pool.reload(router.config.triton_model))
+            router.take_up(found)
+            self.by_model = index(self.routers.values())
 
     @staticmethod
     async def _settle(change: Awaitable[None]) -> None:

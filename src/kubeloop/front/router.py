@@ -378,6 +378,8 @@ class Router:
         self.config_path = config_path
         self.config = RouterConfig.load(config_path)
         self.mtime = config_path.stat().st_mtime
+        self.unreadable: float | None = None
+        """When the routes file last found unreadable was written."""
         self.metrics = metrics or Metrics()
         self.pool = pool
         self._traffic: list[tuple[str, ...]] = []
@@ -521,22 +523,51 @@ class Router:
             return True
         return False
 
+    def take_up(self, found: tuple[RouterConfig, float]) -> None:
+        """Routes read before (read_routes), and the feature stores they name."""
+        self._use_routes(*found)
+        self._open_stores()
+
+    def written(self) -> float | None:
+        """When the routes file was last written (None: it cannot be read)."""
+        try:
+            return self.config_path.stat().st_mtime
+        except OSError:
+            return None
+
+    def routes_changed(self) -> bool:
+        """Whether the routes file was written since its routes were taken
+        up (and is not the one found unreadable)."""
+        return self.written() not in (None, self.mtime, self.unreadable)
+
     def reload_routes(self) -> bool:
         """Take up the routes file if it changed (True when it did); a broken
         one keeps the routes in use."""
+        found = self.read_routes()
+        if found is not None:
+            self._use_routes(*found)
+        return found is not None
+
+    def read_routes(self) -> tuple[RouterConfig, float] | None:
+        """The routes file's routes and when it was written, where it changed
+        since the routes in use (None: unchanged, or unreadable)."""
+        mtime = self.written()
+        if mtime in (None, self.mtime):
+            return None
         try:
-            mtime = self.config_path.stat().st_mtime
-            if mtime != self.mtime:
-                self.config, self.mtime = RouterConfig.load(self.config_path), mtime
-                self.log.capacity = self.config.log_limits.queue_rows
-                served = {r.version for r in (*self.config.routes, *([self.config.shadow] if self.config.shadow else []))}
-                self.upstreams = {v: u for v, u in self.upstreams.items() if v in served}
-                self._show_routes()
-                log.info("routes: %s", self.config.routes)
-                return True
+            return RouterConfig.load(self.config_path), mtime
         except (OSError, ValueError, KeyError) as exc:
+            self.unreadable = mtime
             log.warning("keeping the previous routes: %s", exc)
-        return False
+            return None
+
+    def _use_routes(self, config: RouterConfig, mtime: float) -> None:
+        self.config, self.mtime = config, mtime
+        self.log.capacity = self.config.log_limits.queue_rows
+        served = {r.version for r in (*self.config.routes, *([self.config.shadow] if self.config.shadow else []))}
+        self.upstreams = {v: u for v, u in self.upstreams.items() if v in served}
+        self._show_routes()
+        log.info("routes: %s", self.config.routes)
 
     def _show_routes(self) -> None:
         c = self.config
@@ -683,14 +714,18 @@ class Router:
         return self.config.primary()
 
     async def _instead(self, route: Route) -> Route:
-        """Where a split request its version failed goes instead: the
-        primary, where the version is pooled and could not load (found by
-        this request's own load, or by the reload under way when the
-        routes named it)."""
-        if self.pool is None or route.role == "primary":
+        """Where a split request its version failed goes instead, once the
+        model's reload under way (if any) is over: the primary, where the
+        version is pooled and could not load (found by this request's own
+        load, or by that reload), or where the routes taken up after the
+        reload send nothing to the version any more (Triton unloads a
+        version as the reload ends, a moment before the routes move)."""
+        if self.pool is None:
             return route
         await self.pool.settled(self.config.triton_model)
-        return self._loadable(route)
+        if all(r.version != route.version for r in self.config.routes):
+            return self.config.primary()
+        return route if route.role == "primary" else self._loadable(route)
 
     def _account(self, route: Route, key: str, payload: dict, body: bytes, sent: tuple[dict | None, list | None],
                  status: int, answer: bytes, elapsed: float) -> None:

@@ -118,6 +118,7 @@ class LocalPools:
                   "estimate_mib": size.estimate_mib,
                   "spread_at": size.spread_at, "detailed_metrics": size.detailed_metrics,
                   "members": {m: {"url": f"http://127.0.0.1:{state.ports[f'{m}-http']}",
+                                  "grpc": f"127.0.0.1:{state.ports[f'{m}-grpc']}",
                                   "pid": state.processes[m]["pid"], "budget_mib": size.memory_mib} for m in members}}
         if write_if_changed(folder / "pool.json", json.dumps(config, indent=2)):
             # A member started again holds nothing: the front, which thinks it

@@ -123,7 +123,8 @@ def front_config(pool: str, namespace: str, size: PoolSize) -> dict:
             "estimate_mib": size.estimate_mib,
             "spread_at": size.spread_at, "detailed_metrics": size.detailed_metrics,
             "peers": {"host": f"{peers_name(pool)}.{namespace}.svc.cluster.local", "port": ROUTER_PORT},
-            "members": {m: {"url": f"http://127.0.0.1:{MEMBER_PORT + 10 * i}", "budget_mib": size.memory_mib}
+            "members": {m: {"url": f"http://127.0.0.1:{MEMBER_PORT + 10 * i}",
+                            "grpc": f"127.0.0.1:{MEMBER_PORT + 10 * i + 1}", "budget_mib": size.memory_mib}
                         for i, m in enumerate(member_names(size))}}
 
 
