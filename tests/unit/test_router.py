@@ -87,11 +87,11 @@ def test_the_traffic_gauge_shows_the_routes_the_router_reads(tmp_path, monkeypat
     config["shadow"] = {"role": "shadow", "version": "3", "percent": 50}
     path.write_text(json.dumps(config))
     os.utime(path, ns=(0, path.stat().st_mtime_ns + 1))
-    router.reload_routes()
+    router.take_up_routes()
     assert shown() == {("primary", "2"): 1.0, ("shadow", "3"): 0.5}
     path.write_text("{broken")
     os.utime(path, ns=(0, path.stat().st_mtime_ns + 2))
-    router.reload_routes()
+    router.take_up_routes()
     assert shown() == {("primary", "2"): 1.0, ("shadow", "3"): 0.5}
     assert b"kubeloop_router_traffic_ratio" in generate_latest(router.metrics.registry)
 

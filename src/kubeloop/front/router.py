@@ -410,7 +410,7 @@ class Router:
     async def start(self, upstream: Upstreams | None = None, watch: bool = True) -> None:
         """upstream: one shared with other routers (then theirs to close);
         watch: whether this router reloads its routes itself (a pool's
-        front calls reload_routes for all of its routers at once)."""
+        front takes up all of its routers' routes itself)."""
         self._owns_upstream = upstream is None
         self.upstream = upstream or Upstreams()
         store = self._log_store()
@@ -517,15 +517,21 @@ class Router:
                 self.metrics.log_removed.labels(c.service).inc(removed)
 
     def take_up_routes(self) -> bool:
-        """Reload the routes file if it changed, and open the feature stores it names (True when it changed)."""
-        if self.reload_routes():
-            self._open_stores()
-            return True
-        return False
+        """Reload the routes file if it changed, and open the feature stores
+        it names (True when it changed); a broken one keeps the routes in use."""
+        found = self.read_routes()
+        if found is not None:
+            self.take_up(found)
+        return found is not None
 
     def take_up(self, found: tuple[RouterConfig, float]) -> None:
         """Routes read before (read_routes), and the feature stores they name."""
-        self._use_routes(*found)
+        self.config, self.mtime = found
+        self.log.capacity = self.config.log_limits.queue_rows
+        served = {r.version for r in (*self.config.routes, *([self.config.shadow] if self.config.shadow else []))}
+        self.upstreams = {v: u for v, u in self.upstreams.items() if v in served}
+        self._show_routes()
+        log.info("routes: %s", self.config.routes)
         self._open_stores()
 
     def written(self) -> float | None:
@@ -540,14 +546,6 @@ class Router:
         up (and is not the one found unreadable)."""
         return self.written() not in (None, self.mtime, self.unreadable)
 
-    def reload_routes(self) -> bool:
-        """Take up the routes file if it changed (True when it did); a broken
-        one keeps the routes in use."""
-        found = self.read_routes()
-        if found is not None:
-            self._use_routes(*found)
-        return found is not None
-
     def read_routes(self) -> tuple[RouterConfig, float] | None:
         """The routes file's routes and when it was written, where it changed
         since the routes in use (None: unchanged, or unreadable)."""
@@ -560,14 +558,6 @@ class Router:
             self.unreadable = mtime
             log.warning("keeping the previous routes: %s", exc)
             return None
-
-    def _use_routes(self, config: RouterConfig, mtime: float) -> None:
-        self.config, self.mtime = config, mtime
-        self.log.capacity = self.config.log_limits.queue_rows
-        served = {r.version for r in (*self.config.routes, *([self.config.shadow] if self.config.shadow else []))}
-        self.upstreams = {v: u for v, u in self.upstreams.items() if v in served}
-        self._show_routes()
-        log.info("routes: %s", self.config.routes)
 
     def _show_routes(self) -> None:
         c = self.config
