@@ -274,3 +274,55 @@ def test_a_services_new_routes_wait_for_its_models_reload_and_hold_up_no_other_s
     finally:
         loop.run_until_complete(front.stop())
         loop.close()
+
+
+def test_a_removed_services_unload_holds_up_no_other_service_and_a_file_written_again_waits_for_it(tmp_path):
+    """A removed service's model is unloaded beside the front's round: a
+    member busy loading another model (its unload waits for the member)
+    holds up neither the round nor another service's change; the service's
+    file written again meanwhile is served at once, and its changed routes
+    wait for the unload under way. Unit: the pool's unload and reload stand
+    in (unloads on real tritonservers: tests/components/test_pool.py)."""
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    for name in ("ml.a", "ml.b"):
+        routes(folder, name, name)
+    front, loop = started(folder)
+    slow, calls = asyncio.Event(), []
+
+    async def forget(model: str) -> None:
+        calls.append(("unload", model))
+        await slow.wait()
+
+    async def reload(model: str) -> None:
+        calls.append(("reload", model))
+
+    async def scenario() -> None:
+        front.pool.forget, front.pool.reload = forget, reload
+        (folder / "ml.a.json").unlink()
+        os.utime(routes(folder, "ml.b", "ml.b", canary=20), (1000, 1000))
+        await asyncio.wait_for(front.sync(), 1)
+        assert "ml.a.json" not in front.routers
+        await asyncio.sleep(0)
+        assert calls == [("unload", "ml.a"), ("reload", "ml.b")], "ml.b's change went on beside ml.a's unload"
+        routes(folder, "ml.a", "ml.a")
+        await asyncio.wait_for(front.sync(), 1)
+        answer = await front.handle(Request("GET", "/v2/models/ml.a/ready", {}, b""))
+        assert answer.status == 200, "written again, the service is served at once"
+        os.utime(routes(folder, "ml.a", "ml.a", canary=20), (2000, 2000))
+        await front.sync()
+        await asyncio.sleep(0)
+        assert ("reload", "ml.a") not in calls, "its change waits for the unload under way"
+        slow.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await front.sync()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert calls[-1] == ("reload", "ml.a") and len(front.routers["ml.a.json"].config.routes) == 2
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(front.stop())
+        loop.close()

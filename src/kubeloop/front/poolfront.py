@@ -129,7 +129,9 @@ class PooledFront:
         self._synced_from: int | None = None
         """When the latest sync began (ns since the epoch, as a file's mtime)."""
         self.taking_up: dict[str, asyncio.Task] = {}
-        """Router file name -> its changed routes being taken up (kept to one per service)."""
+        """Router file name -> its changed routes being taken up, or its removed
+        model being unloaded (one at a time per service: a file written again
+        meanwhile loads behind the unload, the member's lock keeping order)."""
 
     def processes(self, member: str) -> dict[int, float]:
         """The member's memory by process; a member named by its port is
@@ -195,9 +197,9 @@ class PooledFront:
         return self._synced_from is not None and written + COARSE_CLOCK_NS <= self._synced_from
 
     async def sync(self) -> None:
-        """Take up new and removed router files, and start taking up changed
-        ones (each beside the others: one model's slow load holds up no
-        other service's change)."""
+        """Take up new router files, and start taking up changed and removed
+        ones (each beside the others: one model's slow load or unload holds
+        up no other service's change)."""
         began = time.time_ns()
         found = {p.name: p for p in self.config.routes.glob("*.json")}
         changed = set(self.routers) != set(found)
@@ -206,8 +208,8 @@ class PooledFront:
             if name in self.taking_up:
                 self.taking_up[name].cancel()
             await router.stop()
-            await self._settle(self.pool.forget(router.config.triton_model))
             self.metrics.drop(router.config.service)
+            self._start_taking_up(name, self._forget(router.config.triton_model))
             log.info("%s is served no more", router.config.service)
         for name, path in sorted(found.items()):
             router = self.routers.get(name)
@@ -221,13 +223,13 @@ class PooledFront:
                 self.routers[name] = router
                 log.info("serving %s (%s)", router.config.service, router.config.triton_model)
             elif router.routes_changed() and name not in self.taking_up:
-                self._start_taking_up(name, router)
+                self._start_taking_up(name, self._take_up(router))
         if changed:
             self.by_model = index(self.routers.values())
         self._synced_from = began
 
-    def _start_taking_up(self, name: str, router: Router) -> None:
-        task = self.taking_up[name] = asyncio.create_task(self._take_up(router))
+    def _start_taking_up(self, name: str, change: Awaitable[None]) -> None:
+        task = self.taking_up[name] = asyncio.create_task(change)
 
         def over(_: asyncio.Task) -> None:
             if self.taking_up.get(name) is task:
@@ -245,6 +247,9 @@ class PooledFront:
             await self._settle(self.pool.reload(router.config.triton_model))
             router.take_up(found)
             self.by_model = index(self.routers.values())
+
+    async def _forget(self, model: str) -> None:
+        await self._settle(self.pool.forget(model))
 
     @staticmethod
     async def _settle(change: Awaitable[None]) -> None:
