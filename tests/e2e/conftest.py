@@ -14,8 +14,9 @@ from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
-LONGEST_FIRST = ("test_real_node.py", "test_outcomes.py", "test_loop.py", "test_byo.py", "test_fault_kills.py",
-                 "test_faults.py", "test_optimization.py", "test_serving_placement.py")
+LONGEST_FIRST = ("test_real_node.py", "test_outcomes.py", "test_loop.py", "test_byo.py", "test_serving_pools.py",
+                 "test_fault_kills.py", "test_faults.py", "test_optimization.py", "test_serving_placement.py",
+                 "test_feature_freshness.py")
 """The modules that take longest (README's test-time table), in that order:
 over workers the last module to finish sets the run's end, so the short
 ones go last, where they fill in beside the others."""

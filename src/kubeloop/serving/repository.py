@@ -12,6 +12,7 @@ the config's version policy plus a reload through the repository API.
 from __future__ import annotations
 
 import os
+import py_compile
 import re
 import shutil
 import tempfile
@@ -31,6 +32,19 @@ from kubeloop.serving.base import triton_name
 # Batching for versions nobody profiled: small batches, a short wait.
 DEFAULT_PLAN = BatchingPlan(max_batch_size=64, preferred_batch_sizes=(8, 32), max_queue_delay_us=500, instances=1,
                             kind="KIND_CPU", why="default: the version has no measured latency profile")
+
+
+def write_model_py(version_dir: Path) -> None:
+    """The python backend's model.py with its bytecode beside it. The stub
+    writes __pycache__ into the version's folder at the model's first load
+    (its interpreter ignores PYTHONDONTWRITEBYTECODE), and Triton takes that
+    for a change: the model's next load request, a pool's reload for new
+    routes of the same versions, started a second stub and loaded it all
+    again (1.4 s, twice the memory meanwhile) instead of doing nothing. A
+    stub of another Python than this one writes its own, as before."""
+    path = version_dir / "model.py"
+    path.write_text(MODEL_PY)
+    py_compile.compile(str(path), doraise=True)
 
 
 def fetch_version(tracking_uri: str, model: str, version: str, repository: Path, backend: str = "python") -> mc.ModelConfig:
@@ -57,7 +71,7 @@ def fetch_version(tracking_uri: str, model: str, version: str, repository: Path,
         if backend == "python":
             # The python backend's glue belongs to the runtime, not to the
             # registered artifact: always the current one.
-            (target / "model.py").write_text(MODEL_PY)
+            write_model_py(target)
         config = text_format.Parse((source / "config.pbtxt").read_text(), mc.ModelConfig())
     config.name = name
     if config.max_batch_size:
