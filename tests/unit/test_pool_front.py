@@ -49,6 +49,15 @@ def started(folder: Path) -> tuple[PooledFront, asyncio.AbstractEventLoop]:
     return front, loop
 
 
+def two_services(tmp_path: Path) -> tuple[Path, PooledFront, asyncio.AbstractEventLoop]:
+    """A started pool front over the routes folder of services ml.a and ml.b."""
+    folder = tmp_path / "routes"
+    folder.mkdir()
+    for name in ("ml.a", "ml.b"):
+        routes(folder, name, name)
+    return (folder, *started(folder))
+
+
 def test_a_pools_front_reaches_each_service_by_its_model(tmp_path):
     folder = tmp_path / "routes"
     folder.mkdir()
@@ -227,11 +236,7 @@ def test_a_services_new_routes_wait_for_its_models_reload_and_hold_up_no_other_s
     (loads on real tritonservers: tests/components/test_pool.py; a held
     model rolled forward while called, local backend:
     tests/e2e/test_serving_pools.py)."""
-    folder = tmp_path / "routes"
-    folder.mkdir()
-    for name in ("ml.a", "ml.b"):
-        routes(folder, name, name)
-    front, loop = started(folder)
+    folder, front, loop = two_services(tmp_path)
     slow, reloads = asyncio.Event(), []
 
     async def reload(model: str) -> None:
@@ -283,11 +288,7 @@ def test_a_removed_services_unload_holds_up_no_other_service_and_a_file_written_
     file written again meanwhile is served at once, and its changed routes
     wait for the unload under way. Unit: the pool's unload and reload stand
     in (unloads on real tritonservers: tests/components/test_pool.py)."""
-    folder = tmp_path / "routes"
-    folder.mkdir()
-    for name in ("ml.a", "ml.b"):
-        routes(folder, name, name)
-    front, loop = started(folder)
+    folder, front, loop = two_services(tmp_path)
     slow, calls = asyncio.Event(), []
 
     async def forget(model: str) -> None:
