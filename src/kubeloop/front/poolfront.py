@@ -249,6 +249,8 @@ class PooledFront:
             self.by_model = index(self.routers.values())
 
     async def _forget(self, model: str) -> None:
+        # A coroutine of its own: the pool's unload is begun only once the
+        # task runs, so a task cancelled before then leaves none unawaited.
         await self._settle(self.pool.forget(model))
 
     @staticmethod
