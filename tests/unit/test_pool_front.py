@@ -21,10 +21,10 @@ from kubeloop.front.httpserver import Request
 from kubeloop.front.poolfront import PoolConfig, PooledFront, PoolMember
 
 
-def routes(folder: Path, triton_model: str, model: str, canary: int = 0) -> Path:
+def routes(folder: Path, triton_model: str, model: str, canary: int = 0, versions: tuple[str, str] = ("1", "2")) -> Path:
     path = folder / f"{triton_model}.json"
-    split = [{"role": "primary", "version": "1", "percent": 100 - canary}]
-    split += [{"role": "canary", "version": "2", "percent": canary}] if canary else []
+    split = [{"role": "primary", "version": versions[0], "percent": 100 - canary}]
+    split += [{"role": "canary", "version": versions[1], "percent": canary}] if canary else []
     path.write_text(json.dumps({
         "service": triton_model.replace(".", "/"), "model": model, "triton_model": triton_model, "triton_url": "",
         "routes": split}))
@@ -244,8 +244,8 @@ def test_a_services_new_routes_wait_for_its_models_reload_and_hold_up_no_other_s
         if model == "ml.a":
             await slow.wait()
 
-    def given_a_canary(name: str, written: int) -> None:
-        os.utime(routes(folder, name, name, canary=20), (written, written))
+    def given_a_canary(name: str, written: int, version: str = "2") -> None:
+        os.utime(routes(folder, name, name, canary=20, versions=("1", version)), (written, written))
 
     async def until(done: Callable[[], bool]) -> None:
         for _ in range(100):
@@ -266,7 +266,7 @@ def test_a_services_new_routes_wait_for_its_models_reload_and_hold_up_no_other_s
         assert split("ml.a") == 1, "ml.a keeps its routes while its model loads again"
         answer = await front.handle(Request("GET", "/v2/models/ml.a/ready", {}, b""))
         assert b"X-Model-Version: 1\r\n" in answer.headers
-        given_a_canary("ml.a", 2000)  # written again while its reload is under way
+        given_a_canary("ml.a", 2000, version="3")  # written again while its reload is under way
         await front.sync()
         assert reloads == ["ml.a", "ml.b"], "no second reload of ml.a while one is under way"
         slow.set()
@@ -321,6 +321,43 @@ def test_a_removed_services_unload_holds_up_no_other_service_and_a_file_written_
         for _ in range(10):
             await asyncio.sleep(0)
         assert calls[-1] == ("reload", "ml.a") and len(front.routers["ml.a.json"].config.routes) == 2
+
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(front.stop())
+        loop.close()
+
+
+def test_routes_that_leave_the_models_repository_as_it_was_are_taken_up_without_a_reload(tmp_path):
+    """A canary's next weight names the versions the model holds: its routes
+    are taken up at once, with no reload (one that found nothing to load
+    still took a round trip to every member holding the model, and Triton
+    loaded it all again where its files had been touched). A promotion
+    (the primary changes, whose config the model takes) and a new version
+    reload it. Unit: the pool's reload stands in."""
+    folder, front, loop = two_services(tmp_path)
+    reloads = []
+
+    async def reload(model: str) -> None:
+        reloads.append(model)
+
+    async def taken_up(written: int, canary: int, versions: tuple[str, str]) -> tuple[str, ...]:
+        os.utime(routes(folder, "ml.a", "ml.a", canary=canary, versions=versions), (written, written))
+        await front.sync()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        config = front.routers["ml.a.json"].config
+        assert [(r.version, r.percent) for r in config.routes] == [
+            (versions[0], 100 - canary), *([(versions[1], canary)] if canary else [])]
+        return tuple(reloads)
+
+    async def scenario() -> None:
+        front.pool.reload = reload
+        assert await taken_up(1000, 20, ("1", "2")) == ("ml.a",), "a new canary version is loaded"
+        assert await taken_up(2000, 50, ("1", "2")) == ("ml.a",), "the next weight loads nothing"
+        assert await taken_up(3000, 50, ("2", "1")) == ("ml.a", "ml.a"), "a promotion takes the new primary's config"
+        assert await taken_up(4000, 0, ("2", "1")) == ("ml.a", "ml.a", "ml.a"), "the old version leaves"
 
     try:
         loop.run_until_complete(scenario())

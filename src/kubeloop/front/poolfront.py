@@ -242,9 +242,13 @@ class PooledFront:
         had, whose versions Triton serves while it loads the new ones (a
         version still loading answers 503). The routes taken up are those
         read before the reload began (the repository is written before
-        them); a file written again meanwhile is reloaded for in turn."""
+        them); a file written again meanwhile is reloaded for in turn.
+        Routes that leave the repository as it was (a canary's next weight,
+        a sample rate) are taken up at once: a reload would find nothing to
+        load."""
         while router.routes_changed() and (found := router.read_routes()) is not None:
-            await self._settle(self.pool.reload(router.config.triton_model))
+            if found[0].held() != router.config.held():
+                await self._settle(self.pool.reload(router.config.triton_model))
             router.take_up(found)
             self.by_model = index(self.routers.values())
 

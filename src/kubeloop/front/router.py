@@ -193,6 +193,18 @@ class RouterConfig:
     def primary(self) -> Route:
         return next(r for r in self.routes if r.role == "primary")
 
+    def every_route(self) -> tuple[Route, ...]:
+        """The routes and the shadow's."""
+        return (*self.routes, *([self.shadow] if self.shadow else []))
+
+    def held(self) -> tuple[str, frozenset[str], str]:
+        """What a pooled model's repository holds for these routes (as
+        kubeloop.serving.repository.put_pooled writes it): the registered
+        model, the versions they serve, and the primary, whose config the
+        model takes. Routes that change only shares, sampling or the log
+        leave it as it is."""
+        return self.model, frozenset(r.version for r in self.every_route()), self.primary().version
+
     def served(self, version: str) -> Route | None:
         """The route of a version callers may name (the primary or the canary); None for any other."""
         return next((r for r in self.routes if r.version == version), None)
@@ -528,7 +540,7 @@ class Router:
         """Routes read before (read_routes), and the feature stores they name."""
         self.config, self.mtime = found
         self.log.capacity = self.config.log_limits.queue_rows
-        served = {r.version for r in (*self.config.routes, *([self.config.shadow] if self.config.shadow else []))}
+        served = {r.version for r in self.config.every_route()}
         self.upstreams = {v: u for v, u in self.upstreams.items() if v in served}
         self._show_routes()
         log.info("routes: %s", self.config.routes)
@@ -564,9 +576,8 @@ class Router:
         self.metrics.forget()
         for labels in self._traffic:
             self.metrics.traffic.remove(*labels)
-        self._traffic = [(c.service, c.model, route.version, route.role)
-                         for route in (*c.routes, *([c.shadow] if c.shadow else []))]
-        for labels, route in zip(self._traffic, (*c.routes, *([c.shadow] if c.shadow else [])), strict=True):
+        self._traffic = [(c.service, c.model, route.version, route.role) for route in c.every_route()]
+        for labels, route in zip(self._traffic, c.every_route(), strict=True):
             self.metrics.traffic.labels(*labels).set(route.percent / 100)
         own = self.metrics.detailed(c.service, rollout=len(c.routes) > 1 or c.shadow is not None)
         if self._own and not own:  # a rollout ended beyond the limit: its series stop
