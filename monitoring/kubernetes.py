@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeloop.api.children import child_metadata, dns_name, owner_labels, owner_selector, restricted
-from kubeloop.api.jobs import TERMINATION_LOG, object_store_access, task_job
+from kubeloop.api.jobs import TERMINATION_LOG, JobResources, Resources, object_store_access, task_job
 from kubeloop.api.refs import ObjectRef
 from kubeloop.files import write_atomic
 from kubeloop.jobrunner import LABEL_PURPOSE, JobRunner
@@ -44,6 +44,7 @@ class DriftJobSettings:
     """The default feature repository as Pods reach it (a versioned model names its own store)."""
     object_store_secret: str | None = None
     object_store_endpoint: str | None = None
+    resources: Resources = JobResources().monitoring
 
 
 def job_name(ref: ObjectRef, started: float, kind: JobKind = DRIFT) -> str:
@@ -63,7 +64,7 @@ def build_drift_job(ref: ObjectRef, job: dict, settings: DriftJobSettings, start
         "image": settings.image,
         "command": ["python", "-m", kind.module, WORK, "--summary", TERMINATION_LOG],
         "env": env,
-        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "resources": settings.resources.container(),
         "volumeMounts": [{"name": "work", "mountPath": WORK}, {"name": "tmp", "mountPath": "/tmp"}],
     })
     object_store_access(container, settings.object_store_secret, settings.object_store_endpoint)

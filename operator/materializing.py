@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kubeloop.api.children import dns_name, restricted
-from kubeloop.api.jobs import TERMINATION_LOG, object_store_access, task_job
+from kubeloop.api.jobs import TERMINATION_LOG, JobResources, Resources, object_store_access, task_job
 from kubeloop.featurestore.freshness import Materialized, Run, StoreNeed, job_request, published, store_key
 from kubeloop.jobrunner import LABEL_PURPOSE, JobRunner
 
@@ -55,6 +55,7 @@ class MaterializeJobSettings:
     """A Secret in that namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, by reference."""
     object_store_endpoint: str | None = None
     deadline_seconds: int = DEADLINE_SECONDS
+    resources: Resources = JobResources().materialize
 
 
 def job_name(store: str, end: float) -> str:
@@ -72,7 +73,7 @@ def build_materialize_job(need: StoreNeed, end: float, settings: MaterializeJobS
         "image": settings.image,
         "command": ["python", "-m", "kubeloop.featurestore.job", "--summary", TERMINATION_LOG],
         "env": [{"name": ENV, "value": job_request(need, end)}, {"name": "HOME", "value": "/tmp"}],
-        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": settings.resources.container(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     })
     object_store_access(container, settings.object_store_secret, settings.object_store_endpoint)

@@ -5,13 +5,16 @@ a line naming it and what to set it to."""
 
 from __future__ import annotations
 
+import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict, SettingsError
 
+from kubeloop.api.jobs import JobResources
 from kubeloop.serving.base import PoolSize
 from kubeloop.version import COMPONENTS_IMAGE
 
@@ -155,6 +158,11 @@ class OperatorConfig(BaseSettings):
     kubernetes (a Job per run in the operator's namespace on the router
     image; the kubernetes and kserve backends' router Pods then read stores
     kept fresh, and the operator's Pod never runs Feast)."""
+    job_resources: JobResources = _env("KUBELOOP_JOB_RESOURCES", JobResources())
+    """Requests and limits of the Pods of the operator's own Jobs, as JSON by
+    purpose: {"monitoring": {"requests": {"cpu": "250m"}}, "materialize":
+    {...}}; a purpose given replaces its defaults whole (sized to what a
+    namespace's quota or a small node holds)."""
     operator_namespace: str | None = _env("KUBELOOP_OPERATOR_NAMESPACE")
     """The operator's own namespace (the chart sets it from the Pod's): where
     materialisation Jobs run, with the object store's Secret."""
@@ -203,6 +211,11 @@ class OperatorConfig(BaseSettings):
             return cls()
         except ValidationError as exc:
             raise ConfigurationError("; ".join(_explain(cls, e) for e in exc.errors())) from None
+        except SettingsError as exc:  # a JSON setting that is not JSON
+            field = re.search(r'field "(\w+)"', str(exc))
+            name = cls.model_fields[field.group(1)].validation_alias if field else "a JSON setting"
+            raise ConfigurationError(f"{name}={(env if env is not None else os.environ).get(name)!r}: "
+                                     "not JSON; see README, \"Operator configuration\"") from None
         finally:
             _ENVIRON.reset(token)
 
@@ -235,6 +248,9 @@ def _explain(config: type[OperatorConfig], error: dict) -> str:
     if not error["loc"]:  # a rule over several settings, which names them itself
         return error["msg"].removeprefix("Value error, ")
     name = str(error["loc"][0])
+    if len(error["loc"]) > 1:  # within a JSON setting: the path to the bad part
+        where = ".".join(str(part) for part in error["loc"][1:])
+        return f"{name}: {where}={error['input']!r}: {error['msg'][:1].lower()}{error['msg'][1:]}"
     field = next(f for f in config.model_fields.values() if f.validation_alias == name)
     choices = get_args(field.annotation)
     if choices and all(isinstance(c, str) for c in choices):

@@ -152,7 +152,8 @@ def build_materializer(config: OperatorConfig, serving: dict[str, ServingBackend
                                      "set KUBELOOP_ROUTER_IMAGE")
         settings = MaterializeJobSettings(image=config.router_image, namespace=config.operator_namespace or "",
                                           object_store_secret=config.object_store_secret,
-                                          object_store_endpoint=config.object_store_endpoint)
+                                          object_store_endpoint=config.object_store_endpoint,
+                                          resources=config.job_resources.materialize)
         local = _in_process if serving.get("local") and serving["local"].reads_online_features else None
         return Materializer(MaterializeJobs(kube, settings, local=local)).start()
     return Materializer(_in_process).start()
@@ -177,7 +178,7 @@ def build_monitor(config: OperatorConfig, kube: Kube, kind: JobKind = DRIFT) -> 
                                     tracking_uri=config.cluster_tracking_uri or config.tracking_uri,
                                     object_store_secret=config.object_store_secret,
                                     object_store_endpoint=config.object_store_endpoint,
-                                    feast_repo=str(config.feast_repo or ""))
+                                    feast_repo=str(config.feast_repo or ""), resources=config.job_resources.monitoring)
         return KubernetesDriftMonitor(kube, settings, config.state_dir / kind.folder, kind=kind)
     from kubeloop.monitoring.local import LocalDriftMonitor
 

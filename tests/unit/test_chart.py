@@ -496,3 +496,26 @@ def _walk(node):  # noqa: ANN001, ANN202
         yield node
         for value in node.values():
             yield from _walk(value)
+
+
+def test_the_charts_job_resources_reach_the_operator_as_its_setting():
+    """Cluster (chart): jobResources becomes KUBELOOP_JOB_RESOURCES, which
+    the operator reads as the chart wrote it (the defaults are the
+    operator's own); values.schema.json names the same purposes and refuses
+    a quantity Kubernetes would not take."""
+    from kubeloop.api.jobs import JobResources
+    from kubeloop.operator.settings import OperatorConfig
+
+    def setting(*extra: str) -> JobResources:
+        env = {e["name"]: e.get("value") for e in _pod_specs(render(*extra))[0]["containers"][0]["env"]}
+        return OperatorConfig.from_env({"KUBELOOP_JOB_RESOURCES": env["KUBELOOP_JOB_RESOURCES"]}).job_resources
+
+    assert setting() == JobResources()
+    small = setting("--set", "jobResources.monitoring.requests.cpu=100m")
+    assert small.monitoring.container() == {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
+    assert small.materialize == JobResources().materialize
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["jobResources"]
+    assert set(schema["properties"]) == set(JobResources.model_fields)
+    refused = helm("template", "kubeloop", str(CHART), "-f", str(CI_VALUES), "--set",
+                   "jobResources.monitoring.requests.cpu=half", check=False)
+    assert refused.returncode != 0 and "jobResources" in refused.stderr

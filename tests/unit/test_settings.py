@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -131,3 +132,38 @@ def test_the_local_backends_start_their_processes_warm_unless_told_not_to(tmp_pa
     off = OperatorConfig.from_env({**env, "KUBELOOP_FORKSERVER": "false"})
     assert build_pipeline_backends(off)["local"].forkserver is None
     assert build_monitor(off, kube=None).forkserver is None
+
+
+def test_the_operators_own_jobs_ask_for_what_the_setting_gives_each_purpose():
+    """Cluster path (settings and builders): KUBELOOP_JOB_RESOURCES sizes the
+    Pods of drift checks and of materialisations, each purpose replacing its
+    defaults whole and the other keeping them; a bad quantity, an unknown
+    purpose and text that is not JSON are named with where they are."""
+    from kubeloop.api.jobs import JobResources
+    from kubeloop.api.refs import ObjectRef
+    from kubeloop.featurestore.freshness import StoreNeed
+    from kubeloop.monitoring.kubernetes import build_drift_job
+    from kubeloop.operator.materializing import build_materialize_job
+    from kubeloop.operator.wiring import build_materializer, build_monitor
+
+    env = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "KUBELOOP_DRIFT_MONITOR": "kubernetes",
+           "KUBELOOP_MATERIALIZER": "kubernetes",
+           "KUBELOOP_OPERATOR_NAMESPACE": "kubeloop", "KUBELOOP_ROUTER_IMAGE": "registry.example/runtime:1",
+           "KUBELOOP_JOB_RESOURCES": '{"monitoring": {"requests": {"cpu": "100m", "memory": "768Mi"}}}'}
+    config = OperatorConfig.from_env(env)
+    ref = ObjectRef("InferenceService", "ml", "fraud", uid="uid-9")
+    drift = build_drift_job(ref, {"service": "ml/fraud"}, build_monitor(config, kube=None).settings, started=0)
+    assert drift["spec"]["template"]["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "100m", "memory": "768Mi"}}
+    materializer = build_materializer(config, {"kubernetes": SimpleNamespace(reads_online_features=True)}, kube=None)
+    try:
+        job = build_materialize_job(StoreNeed(store="project: p", views=("v",), interval=60.0), 60.0, materializer._run.settings)
+    finally:
+        materializer.stop()
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == JobResources().materialize.container() == {
+        "requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+    for value, named in [('{"monitoring": {"requests": {"cpu": "lots"}}}', r"monitoring\.requests\.cpu='lots'"),
+                         ('{"drift": {}}', "drift={}: extra inputs are not permitted"),
+                         ("500m", "='500m': not JSON")]:
+        with pytest.raises(ConfigurationError, match=f"KUBELOOP_JOB_RESOURCES.*{named}"):
+            OperatorConfig.from_env({"KUBELOOP_JOB_RESOURCES": value})

@@ -7,11 +7,44 @@ kubeloop.kube."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
 TERMINATION_LOG = "/dev/termination-log"
 SUMMARY_BYTES = 4096
 """The kubelet keeps at most this much of a termination message."""
 POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                 "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$", max_length=32)]
+"""A Kubernetes quantity as a container's resources write it (500m, 1Gi)."""
+
+
+class Resources(BaseModel):
+    """A container's requests and limits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requests: dict[str, Quantity] = {}
+    limits: dict[str, Quantity] = {}
+
+    def container(self) -> dict:
+        """As a container's `resources`."""
+        return {k: dict(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v}
+
+
+class JobResources(BaseModel):
+    """What the Pods of the operator's own Jobs ask of a node, by purpose; a
+    purpose given replaces its defaults whole, as a container's resources do."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    monitoring: Resources = Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "4Gi"})
+    """Each drift or outcome check (Evidently over the request log)."""
+    materialize: Resources = Resources(requests={"cpu": "250m", "memory": "512Mi"}, limits={"memory": "2Gi"})
+    """Each materialisation of an online store (Feast)."""
 
 
 def object_store_access(container: dict, secret: str | None, endpoint: str | None) -> dict:
