@@ -122,7 +122,7 @@ lint: setup
 test: setup lint
 	$(PREBUILD_IMAGES)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --durations=10 tests/unit tests/components; fast=$$?; \
-	$(PY) -m pytest -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 tests/e2e; e2e=$$?; \
+	$(PY) -m pytest -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 --tb=short tests/e2e; e2e=$$?; \
 	[ $$fast = 0 ] && [ $$e2e = 0 ]
 
 test-unit: python binaries

@@ -3,10 +3,12 @@ runs on the real node in tests/e2e/test_real_node.py)."""
 
 from __future__ import annotations
 
+import json
+
 from kubeloop.cli.demo import load_examples
 from kubeloop.paths import repo_root
 from kubeloop.api.training import TrainingJobSpec
-from kubeloop.story.cluster import SERVING_RESOURCES, STORE_CONFIG_MAP, Endpoints, on_the_real_node
+from kubeloop.story.cluster import JOB_RESOURCES, SERVING_RESOURCES, STORE_CONFIG_MAP, Endpoints, on_the_real_node
 from kubeloop.story.loop import Timings, prepare
 from tests.unit.fakes import FakeObjects
 
@@ -60,7 +62,8 @@ def test_the_cluster_loops_operator_is_the_charts_pod_configured_as_the_host_ope
 
     settings = {"KUBELOOP_TRAINING_IMAGE": "kubeloop/training:abc", "KUBELOOP_COMPONENTS_IMAGE": "kubeloop/runtime:1",
                 "KUBELOOP_ROUTER_IMAGE": "kubeloop/runtime:1", "KUBELOOP_TRITON_IMAGE": "kubeloop/triton:2",
-                "KUBELOOP_TRITON_BACKEND": "python", "KUBELOOP_OBJECT_STORE_ENDPOINT": "http://10.88.0.1:8333"}
+                "KUBELOOP_TRITON_BACKEND": "python", "KUBELOOP_OBJECT_STORE_ENDPOINT": "http://10.88.0.1:8333",
+                "KUBELOOP_JOB_RESOURCES": json.dumps(JOB_RESOURCES)}
     platform_env = {"MLFLOW_TRACKING_URI": "http://10.88.0.1:5000", "KUBELOOP_REQUEST_LOG": "s3://requests",
                     "KUBELOOP_MLFLOW_WEBHOOK_URL": "http://127.0.0.1:30011/hooks/mlflow",
                     "PROMETHEUS_URL": "http://10.88.0.1:9090", "KUBELOOP_WEBHOOK_PORT": "30011"}
@@ -81,6 +84,7 @@ def test_the_cluster_loops_operator_is_the_charts_pod_configured_as_the_host_ope
     assert env["KUBELOOP_MATERIALIZER"] == "kubernetes" and env["KUBELOOP_NAMESPACES"] == "team"
     assert env["MLFLOW_TRACKING_URI"] == "http://10.88.0.1:5000"
     assert env["KUBELOOP_PROMETHEUS_URL"] == "http://10.88.0.1:9090"
+    assert json.loads(env["KUBELOOP_JOB_RESOURCES"]) == JOB_RESOURCES  # what the node's two cores hold
     assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "kubeloop-object-store",
                                                              "key": "AWS_SECRET_ACCESS_KEY"}}
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}

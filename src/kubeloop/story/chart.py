@@ -13,6 +13,7 @@ reaches them.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ def operator_values(settings: dict[str, str], platform_env: dict[str, str], name
                      "mlflowSecret": {"name": MLFLOW_WEBHOOK_SECRET}},
         "metrics": {"prometheusUrl": platform_env["PROMETHEUS_URL"]},
         "service": {"type": "NodePort", "nodePort": int(platform_env["KUBELOOP_WEBHOOK_PORT"])},
+        "jobResources": json.loads(settings["KUBELOOP_JOB_RESOURCES"]),
     }
 
 

@@ -20,6 +20,7 @@ apply only behind the host's routing, and the Service range is blackholed).
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +34,14 @@ OBJECT_STORE_SECRET = "kubeloop-object-store"
 STORE_CONFIG_MAP = "feast-client"
 STORY_REDIS_DB = 1
 SERVING_RESOURCES = {"cpu": "250m", "memory": "1Gi"}
-# Two nodes of half a core each: with the served versions, the front and the
-# monitoring Jobs, what the node's two cores hold.
+# The node's two cores, as requested while a retrain runs (measured): the
+# three controllers' Pods (0.3), the operator (0.1), the front (0.1), the
+# champion (0.25) and the retrain's two nodes (0.5 each) leave 0.25 for the
+# drift checks and materialisations that run every 30 s. At their defaults
+# (0.5 and 0.25) the second node Pod could not be scheduled while a check ran.
 TRAINING = {"distributed": {"nodes": 2}, "resources": {"cpu": "500m", "memory": "1536Mi"}}
+JOB_RESOURCES = {"monitoring": {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+                 "materialize": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}}
 CLIENT_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3",
                "FEAST_S3_ENDPOINT_URL")
 
@@ -105,6 +111,7 @@ def prepare_cluster(platform, namespace: str, folder: Path, progress=lambda _: N
         "KUBELOOP_OPERATOR_NAMESPACE": namespace,
         "KUBELOOP_OBJECT_STORE_SECRET": OBJECT_STORE_SECRET,
         "KUBELOOP_OBJECT_STORE_ENDPOINT": env["AWS_ENDPOINT_URL_S3"],
+        "KUBELOOP_JOB_RESOURCES": json.dumps(JOB_RESOURCES),
         **client_env(env),
     }, repo, sources)
 

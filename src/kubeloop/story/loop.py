@@ -232,6 +232,8 @@ class Loop:
         would see that skew, not the world."""
         requests_ = self._requests(self.facts["serving"], self.reference_end - dt.timedelta(days=14),
                                    self.reference_end - dt.timedelta(days=7))
+        if self.entities:  # callers' features are read online: the store's first materialisation comes first
+            self._features_fresh(120)
         self.traffic = Traffic(self.facts["url"], self.model, requests_, reach=self.reach).start()
         started = time.time()
         wait_until(lambda: sum(self.traffic.answered.values()) >= 20, 30 * self.scale, "answers to the first requests",
@@ -279,12 +281,16 @@ class Loop:
 
         ends = wait_until(loaded, 120 * self.scale, "the schedule materialising past the drifted snapshots",
                           seen=lambda: self._service_seen())
-        fresh = wait_until(lambda: next((c for c in self.status("InferenceService").get("conditions", [])
-                                         if c["type"] == ConditionType.FEATURES_FRESH and c["status"] == "True"), None),
-                           60 * self.scale, "FeaturesFresh=True", seen=lambda: self._service_seen())
+        fresh = self._features_fresh(60)
         self.facts["materialized"] = ends
         after = min(ends.values()) - self.facts["drift_injected_at"]
         return f"{', '.join(sorted(ends))} materialised {after:.0f} s after the injection; {fresh['message']}"
+
+    def _features_fresh(self, seconds: float) -> dict:
+        """The service's FeaturesFresh condition once it is True."""
+        return wait_until(lambda: next((c for c in self.status("InferenceService").get("conditions", [])
+                                        if c["type"] == ConditionType.FEATURES_FRESH and c["status"] == "True"), None),
+                          seconds * self.scale, "FeaturesFresh=True", seen=lambda: self._service_seen())
 
     def drift_detected(self) -> str:
         drift = self._drift_after(self.facts["drift_injected_at"], drifted=True)
