@@ -28,6 +28,9 @@ OPTIMIZATION_ENV = "KUBELOOP_OPTIMIZATION_RUN"
 STORE_ENV = "KUBELOOP_FEATURE_STORE"
 """The job's feature_store.yaml, by reference to its ConfigMap's key."""
 DATASET, INFO, VALIDATION = "dataset.parquet", "info.json", "validation.json"
+DATA_WRONG_EXIT = 3
+"""The dataset initializer's exit status when its data is wrong (a finding in
+fail mode, no store to join from): another try would find the same."""
 NO_STORE = ("the trainer backend reads features in a Pod, which cannot open the operator's default repository "
             "folder: set spec.features.store.configMap to the ConfigMap of the store's published feature_store.yaml")
 

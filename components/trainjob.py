@@ -16,8 +16,12 @@ A node Pod that fails or is deleted fails its Job at once, and JobSet then
 starts every Job again (up to RESTARTS times): the initializer finds the
 run's data already prepared, and every node resumes from the checkpoint
 rank 0 published last, so a lost node costs at most the epoch it was in.
-An initializer that fails twice fails the run (its data is wrong, or the
-store unreachable: starting again would not help).
+An initializer whose data is wrong (it exits DATA_WRONG_EXIT: a finding in
+fail mode, no store) fails the run at once. Any other failure (a crash, a
+killed process, an object store that did not answer) is tried again in a
+new Pod, and an evicted or preempted Pod does not count: left to restart in
+place (Trainer's default), the Job controller failed the Job at its first
+restart, and one lost initializer process failed the whole run.
 
 The TrainJob names the run through its environment, the job's feature store
 by reference to its ConfigMap, and credentials by reference to their
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from kubeloop.api.children import dns_name
 from kubeloop.api.jobs import MLFLOW_KEYS, object_store_env
 from kubeloop.api.training import ConfigMapKey, TrainingJobSpec
-from kubeloop.components.trainer_run import RUN_ENV, STORE_ENV, TrainerRun
+from kubeloop.components.trainer_run import DATA_WRONG_EXIT, RUN_ENV, STORE_ENV, TrainerRun
 
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINING_RUNTIME = "kubeloop-training"
@@ -58,6 +62,10 @@ RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
                   "seccompProfile": {"type": "RuntimeDefault"}}
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 INITIALIZER_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "4Gi"}}
+INITIALIZER_RETRIES = 3
+INITIALIZER_FAILURES = {"rules": [
+    {"action": "FailJob", "onExitCodes": {"containerName": INITIALIZER, "operator": "In", "values": [DATA_WRONG_EXIT]}},
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
 RESTARTS = 3
 FAILURE_POLICY = {"maxRestarts": RESTARTS, "rules": [
     {"name": "dataNotPrepared", "action": "FailJobSet", "targetReplicatedJobs": [INITIALIZER]}]}
@@ -89,9 +97,9 @@ def restricted_pod(pod: dict, image: str) -> dict:
     return pod
 
 
-def _replicated_job(name: str, ancestor: str, container: dict, image: str, volumes: list[dict] | None = None,
+def _replicated_job(name: str, ancestor: str, container: dict, image: str, pod: dict | None = None,
                     **job: object) -> dict:
-    pod = restricted_pod({"containers": [container], **({"volumes": volumes} if volumes else {})}, image)
+    pod = restricted_pod({"containers": [container], **(pod or {})}, image)
     return {"name": name, "template": {"metadata": {"labels": {ANCESTOR: ancestor}},
                                        "spec": {**job, "template": {"spec": pod}}}}
 
@@ -106,7 +114,8 @@ def build_training_runtime(image: str) -> dict:
     initializer = _replicated_job(INITIALIZER, INITIALIZER, {
         "name": INITIALIZER, "command": list(INITIALIZER_ENTRY), "resources": INITIALIZER_RESOURCES,
         "env": [{"name": "TMPDIR", "value": SCRATCH["mountPath"]}], "volumeMounts": [SCRATCH], **LAST_WORDS}, image,
-        volumes=[{"name": SCRATCH["name"], "emptyDir": {}}], backoffLimit=1)
+        pod={"volumes": [{"name": SCRATCH["name"], "emptyDir": {}}], "restartPolicy": "Never"},
+        backoffLimit=INITIALIZER_RETRIES, podFailurePolicy=INITIALIZER_FAILURES)
     node = _replicated_job("node", "trainer", {"name": "node", "command": list(ENTRY_POINT), **LAST_WORDS}, image,
                            backoffLimit=0)
     node["dependsOn"] = [{"name": INITIALIZER, "status": "Complete"}]

@@ -156,6 +156,7 @@ def test_the_trainer_backends_pods_prepare_train_register_once_and_optimise(
     writes below the run's prefix; two torchrun processes train, and rank 0
     evaluates and registers with the TrainJob in the lineage. Rank 0 started
     again after it registered (its Pod replaced) registers nothing more."""
+    import dataclasses
     import os
     import subprocess
     import sys
@@ -165,7 +166,8 @@ def test_the_trainer_backends_pods_prepare_train_register_once_and_optimise(
 
     from kubeloop.components.data import DatasetInfo
     from kubeloop.components.objects import download
-    from kubeloop.components.trainer_run import INFO, RUN_ENV, STORE_ENV, TrainerRun
+    from kubeloop.api.training import DataValidation
+    from kubeloop.components.trainer_run import DATA_WRONG_EXIT, INFO, NO_STORE, RUN_ENV, STORE_ENV, TrainerRun
     from kubeloop.dev import objectstore
     from kubeloop.featurestore.generate import Scenario, default_start
     from kubeloop.featurestore.store import create_repository
@@ -190,6 +192,15 @@ def test_the_trainer_backends_pods_prepare_train_register_once_and_optimise(
     again = subprocess.run([sys.executable, "-m", "kubeloop.components.initializer"], capture_output=True,
                            text=True, timeout=300, env={**env, STORE_ENV: "project: unreachable"})
     assert again.returncode == 0 and "already at" in again.stderr, again.stderr[-3000:]  # kept, not joined again
+    # Wrong data ends with the exit status the runtime fails the TrainJob on at once, its reason the last line.
+    strict = job_spec.model_copy(update={"validation": DataValidation.model_validate(
+        {"mode": "fail", "rules": [{"column": "credit_limit", "max": 0}], "champion": {"enabled": False}})})
+    wrong = dataclasses.replace(run, spec=strict.to_json(), prefix="s3://training/team/team-fraud-g1-strict")
+    for store, says in (((repo / "feature_store.yaml").read_text(), "column 'credit_limit'"), ("", NO_STORE)):
+        refused = subprocess.run([sys.executable, "-m", "kubeloop.components.initializer"], capture_output=True,
+                                 text=True, timeout=300, env={**env, RUN_ENV: wrong.to_json(), STORE_ENV: store})
+        last = refused.stderr.strip().splitlines()[-1]
+        assert refused.returncode == DATA_WRONG_EXIT and says in last, refused.stderr[-3000:]
     for _ in range(2):  # the second: rank 0 again after it registered
         nodes = _torchrun(["--trainer-run"], env)
         assert nodes.returncode == 0, nodes.stderr[-3000:]

@@ -159,7 +159,7 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
     from kubeloop.registry.promotion import audit_trail
     from kubeloop.registry import tags
     from kubeloop.story.chart import ChartOperator
-    from kubeloop.story.cluster import Endpoints, client_env, on_the_real_node, prepare_cluster
+    from kubeloop.story.cluster import JOB_RESOURCES, Endpoints, client_env, on_the_real_node, prepare_cluster
     from kubeloop.story.loop import Loop, Timings, prepare
 
     started = time.monotonic()
@@ -225,6 +225,11 @@ def test_the_whole_loop_closes_on_the_cluster_path_with_the_operator_as_the_char
         # The online store was kept by materialisation Jobs, and the front read it for every caller.
         materialized = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=materialize")
         assert any(j.get("status", {}).get("succeeded") for j in materialized), materialized
+        # The operator's own Jobs asked for what the chart's jobResources gave them (what the node holds).
+        for purpose, jobs in (("materialize", materialized),
+                              ("monitoring", real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift"))):
+            assert jobs and {json.dumps(j["spec"]["template"]["spec"]["containers"][0]["resources"], sort_keys=True)
+                             for j in jobs} == {json.dumps(JOB_RESOURCES[purpose], sort_keys=True)}, purpose
         assert facts["materialized"]
         # Served by KServe, through the front: the promoted version is the primary's predictor.
         primary = real.kube.get("serving.kserve.io/v1beta1", "InferenceService", f"{name}-primary", namespace)
@@ -261,16 +266,32 @@ def _faults_while_the_retrain_runs(real: RealPlatform, chart, operator_pod: dict
     of the retrain's TrainJob killed as soon as it runs. The next operator
     Pod, the TrainJob's name and the killed Pod's."""
     namespace, name = retrain["metadata"]["namespace"], retrain["metadata"]["name"]
+    seen: dict[str, str] = {}
+    """Each TrainJob Pod as last seen: a failed run's go with its Jobs."""
+
+    def trainjob_pods(selector: str = "jobset.sigs.k8s.io/jobset-name") -> list[dict]:
+        pods = real.kube.list("v1", "Pod", namespace, selector)
+        seen.update((p["metadata"]["name"], _pod_state(p)) for p in pods)
+        return pods
+
     real.kube.delete("v1", "Pod", operator_pod["metadata"]["name"], namespace)
     real.platform.restart_process("kubelet")
-    operator = chart.wait_answering(timeout=300)
+
+    def answering() -> dict | None:
+        trainjob_pods()
+        return chart.answering()
+
+    operator = wait_for(answering, timeout=300, interval=1, what="the next operator Pod answering", seen=chart.seen)
 
     def training_node() -> dict | None:
         status = (real.kube.get(API_VERSION, "TrainingJob", name, namespace) or {}).get("status") or {}
-        assert status.get("phase") != "Succeeded", "the retrain ended before a node could be lost"
         if not status.get("runId"):
             return None
-        pods = real.kube.list("v1", "Pod", namespace, f"jobset.sigs.k8s.io/jobset-name={status['runId'].split('/')[1]}")
+        pods = trainjob_pods(f"jobset.sigs.k8s.io/jobset-name={status['runId'].split('/')[1]}")
+        assert status.get("phase") not in ("Succeeded", "Failed"), (
+            f"the retrain ended before a node could be lost: {status.get('phase')}: "
+            f"{[c.get('message') for c in status.get('conditions', []) if c['type'] == 'RunSucceeded']}; "
+            f"its Pods as last seen: {seen}")
         return next((p for p in pods if p["status"].get("phase") == "Running"
                      and p["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
                      and p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "1"), None)
@@ -278,14 +299,45 @@ def _faults_while_the_retrain_runs(real: RealPlatform, chart, operator_pod: dict
     try:
         victim = wait_for(training_node, timeout=300, interval=0.5, what="a node Pod of the retrain's TrainJob running")
     except TimeoutError as exc:  # what the cluster held instead, for a failure that shows only in CI
-        status = (real.kube.get(API_VERSION, "TrainingJob", name, namespace) or {}).get("status")
-        pods = {p["metadata"]["name"]: (p["status"].get("phase"), [c.get("state") for c in
-                                                                 p["status"].get("containerStatuses", [])])
-                for p in real.kube.list("v1", "Pod", namespace)}
-        raise AssertionError(f"{exc}; the TrainingJob's status: {status}; the namespace's Pods: {pods}") from exc
+        raise AssertionError(f"{exc}; its Pods as last seen: {seen}; "
+                             f"{_what_the_namespace_held(real.kube, namespace, name)}") from None
     real.kube.delete("v1", "Pod", victim["metadata"]["name"], namespace)
     return {"operator": operator, "victim": victim["metadata"]["name"],
             "trainjob": victim["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"]}
+
+
+def _pod_state(pod: dict) -> str:
+    """A Pod's phase and each container's state, with why it ended and what it said last."""
+    def state(container: dict) -> str:
+        (what, detail), = container["state"].items() or [("unknown", {})]
+        said = (detail.get("message") or "").strip().splitlines()[-1:]
+        return (f"{container['name']} {what} {detail.get('reason') or ''} exit={detail.get('exitCode', '')} "
+                f"restarts={container['restartCount']}{f' said: {said[0][:300]}' if said else ''}")
+
+    status = pod["status"]
+    containers = status.get("initContainerStatuses", []) + status.get("containerStatuses", [])
+    return f"{status.get('phase')} {status.get('reason') or ''} [{'; '.join(state(c) for c in containers)}]"
+
+
+def _what_the_namespace_held(kube, namespace: str, training_job: str) -> str:  # noqa: ANN001
+    """A few lines for a CI log, which keeps only the head of a failure: the
+    TrainingJob's phase and conditions that are not True, each unfinished
+    Pod's phase and containers' states, and the last Warning events."""
+    status = (kube.get(API_VERSION, "TrainingJob", training_job, namespace) or {}).get("status") or {}
+    conditions = [f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message', '')[:600]}"
+                  for c in status.get("conditions", []) if c["status"] != "True"]
+
+    pods = [f"{p['metadata']['name']} {_pod_state(p)}" for p in kube.list("v1", "Pod", namespace)
+            if p["status"].get("phase") != "Succeeded"]
+    run = (status.get("runId") or "/").split("/")[1] or "train-"
+    warnings = sorted((e for e in kube.list("v1", "Event", namespace)
+                       if e.get("type") == "Warning" or e["involvedObject"]["name"].startswith(run)),
+                      key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")[-20:]
+    events = [f"{e['involvedObject']['kind']}/{e['involvedObject']['name']} {e['reason']}: {e['message'][:160]}"
+              for e in warnings]
+    return (f"TrainingJob {training_job}: phase {status.get('phase')}, run {status.get('runId')}, "
+            f"not True: {conditions}\nPods not Succeeded:\n  " + "\n  ".join(pods)
+            + "\nthe last Warning events and the run's:\n  " + "\n  ".join(events))
 
 
 def test_a_cpu_pod_runs_on_the_real_node_and_a_mig_pod_on_the_fake_h100(real):
@@ -2112,8 +2164,9 @@ def test_the_trainer_backend_trains_on_two_nodes_and_survives_a_lost_node_the_op
 
     Training: a TrainingJob with `distributed.nodes: 2` becomes one TrainJob,
     owned by it; its spec changed while that runs, the TrainJob is replaced
-    by the new spec's. The dataset initializer's Pod joins the features and
-    two node Pods train. Once rank 0 has published a checkpoint, a node Pod
+    by the new spec's. The dataset initializer's Pod joins the features; its
+    process is killed once (as a crash or the OOM killer would), and a new
+    Pod joins them again. Two node Pods train. Once rank 0 has published a checkpoint, a node Pod
     is deleted, the operator is killed (SIGKILL) and the kubelet restarted,
     then the operator starts again: the lost node fails its Job at once,
     JobSet starts every Job again, the initializer keeps the prepared data
@@ -2131,6 +2184,7 @@ def test_the_trainer_backend_trains_on_two_nodes_and_survives_a_lost_node_the_op
 
     from kubeloop.components.objects import download
     from kubeloop.components.training import SHARED_CHECKPOINT
+    from kubeloop.components.trainjob import INITIALIZER
     from kubeloop.registry import tags
 
     cluster = trainer_cluster(real, tmp_path, monkeypatch)
@@ -2146,6 +2200,8 @@ def test_the_trainer_backend_trains_on_two_nodes_and_survives_a_lost_node_the_op
                             timeout=120, interval=1, what="the changed spec's TrainJob")
         name, run = trainjob["metadata"]["name"], trainjob["metadata"]["annotations"]["kubeloop.dev/pipeline-run"]
         checkpoint = f"s3://training/{namespace}/{run}/checkpoints/{SHARED_CHECKPOINT}"
+        wait_for(lambda: _killed(f"{name}-{INITIALIZER}", "kubeloop.components.initializer"), timeout=300,
+                 interval=0.2, what="the initializer's process killed")
 
         def published() -> int:
             local = download(checkpoint, tmp_path / "checkpoint.pt", missing_ok=True)
@@ -2154,6 +2210,8 @@ def test_the_trainer_backend_trains_on_two_nodes_and_survives_a_lost_node_the_op
         at_loss = wait_for(lambda: published(), timeout=900, interval=0.5, what="rank 0's first checkpoint",
                            seen=lambda: str([(p["metadata"]["name"], p["status"]["phase"]) for p in cluster.pods(name)]))
         assert at_loss < epochs, "the run ended before a node could be lost: give it more epochs"
+        prepared = real.kube.get("batch/v1", "Job", f"{name}-{INITIALIZER}-0", namespace)["status"]
+        assert (prepared.get("failed"), prepared.get("succeeded")) == (1, 1), prepared  # the killed try, then a new Pod
         assert [t["metadata"]["name"] for t in cluster.trainjobs()] == [name]  # the first spec's TrainJob deleted
         pods = cluster.pods(name)
         assert env["AWS_SECRET_ACCESS_KEY"] not in json.dumps([p["spec"] for p in pods])  # by reference only
@@ -2190,6 +2248,20 @@ def test_the_trainer_backend_trains_on_two_nodes_and_survives_a_lost_node_the_op
         wait_for(lambda: not cluster.trainjobs(), timeout=120, interval=1, what="the TrainJob removed with its owner")
     finally:
         cluster.close()
+
+
+def _killed(pod_prefix: str, module: str) -> int | None:
+    """SIGKILL the process that runs module in a container of a Pod whose
+    name starts with pod_prefix (its hostname); its pid, None if none runs."""
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if module in (process.info["cmdline"] or []) and \
+                    process.environ().get("HOSTNAME", "").startswith(pod_prefix):
+                process.kill()
+                return process.pid
+        except psutil.Error:  # ended while looked at
+            continue
+    return None
 
 
 def test_the_chart_runs_the_operator_on_the_real_node(real):

@@ -14,7 +14,7 @@ from kubeloop.api.training import TrainingJobSpec
 from kubeloop.components.trainer_run import OPTIMIZATION_ENV, RUN_ENV, STORE_ENV, OptimizationRun, TrainerRun
 from kubeloop.operator.builders.pipelines import build_optimization_run, build_training_run
 from kubeloop.pipelines.backends.base import BackendUnavailable
-from kubeloop.components.trainer_run import NO_STORE
+from kubeloop.components.trainer_run import DATA_WRONG_EXIT, NO_STORE
 from kubeloop.pipelines.backends.trainer import TrainerBackend
 from kubeloop.pipelines.optimization_jobs import build_optimization_job, is_optimization_job
 from kubeloop.components.trainjob import (INITIALIZER, NAME_LIMIT, RUN_ANNOTATION, TRAINING_RUNTIME, TrainerSettings,
@@ -63,10 +63,18 @@ def test_the_runtime_runs_the_dataset_initializer_before_the_nodes_restricted():
 def test_a_lost_node_restarts_every_job_but_bad_data_fails_the_run():
     """backoffLimit 0: a deleted or failed node Pod fails its Job at once, and
     JobSet starts the whole set again (every node resumes from the published
-    checkpoint); an initializer that fails twice fails the JobSet."""
+    checkpoint). An initializer whose data is wrong fails its Job, and so the
+    JobSet, at once; one that crashed or was killed is tried again in a new
+    Pod (restarted in place, its first restart failed the Job), and an
+    evicted one does not count."""
     template = build_training_runtime("reg/training:1")["spec"]["template"]["spec"]
     initializer, node = template["replicatedJobs"]
-    assert node["template"]["spec"]["backoffLimit"] == 0 and initializer["template"]["spec"]["backoffLimit"] == 1
+    assert node["template"]["spec"]["backoffLimit"] == 0
+    job = initializer["template"]["spec"]
+    assert job["template"]["spec"]["restartPolicy"] == "Never" and job["backoffLimit"] >= 2
+    assert job["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob", "onExitCodes": {"containerName": INITIALIZER, "operator": "In", "values": [DATA_WRONG_EXIT]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
     policy = template["failurePolicy"]
     assert policy["maxRestarts"] >= 1
     assert policy["rules"] == [{"name": "dataNotPrepared", "action": "FailJobSet", "targetReplicatedJobs": [INITIALIZER]}]
