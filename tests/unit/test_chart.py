@@ -514,6 +514,8 @@ def test_the_charts_job_resources_reach_the_operator_as_its_setting():
     small = setting("--set", "jobResources.monitoring.requests.cpu=100m")
     assert small.monitoring.container() == {"requests": {"cpu": "100m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}
     assert small.materialize == JobResources().materialize
+    whole = setting("--set", "jobResources.materialize.requests.cpu=2")  # a number, as Kubernetes takes it
+    assert whole.materialize.container()["requests"]["cpu"] == 2
     schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["jobResources"]
     assert set(schema["properties"]) == set(JobResources.model_fields)
     refused = helm("template", "kubeloop", str(CHART), "-f", str(CI_VALUES), "--set",

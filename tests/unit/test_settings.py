@@ -149,12 +149,13 @@ def test_the_operators_own_jobs_ask_for_what_the_setting_gives_each_purpose():
     env = {"MLFLOW_TRACKING_URI": "http://mlflow:5000", "KUBELOOP_DRIFT_MONITOR": "kubernetes",
            "KUBELOOP_MATERIALIZER": "kubernetes",
            "KUBELOOP_OPERATOR_NAMESPACE": "kubeloop", "KUBELOOP_ROUTER_IMAGE": "registry.example/runtime:1",
-           "KUBELOOP_JOB_RESOURCES": '{"monitoring": {"requests": {"cpu": "100m", "memory": "768Mi"}}}'}
+           "KUBELOOP_JOB_RESOURCES": '{"monitoring": {"requests": {"cpu": "100m", "memory": "768Mi"}, '
+                                     '"limits": {"cpu": 2}}}'}
     config = OperatorConfig.from_env(env)
     ref = ObjectRef("InferenceService", "ml", "fraud", uid="uid-9")
     drift = build_drift_job(ref, {"service": "ml/fraud"}, build_monitor(config, kube=None).settings, started=0)
     assert drift["spec"]["template"]["spec"]["containers"][0]["resources"] == {
-        "requests": {"cpu": "100m", "memory": "768Mi"}}
+        "requests": {"cpu": "100m", "memory": "768Mi"}, "limits": {"cpu": 2}}  # a number stays one, as Kubernetes takes it
     materializer = build_materializer(config, {"kubernetes": SimpleNamespace(reads_online_features=True)}, kube=None)
     try:
         job = build_materialize_job(StoreNeed(store="project: p", views=("v",), interval=60.0), 60.0, materializer._run.settings)

@@ -7,9 +7,10 @@ kubeloop.kube."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, StrictFloat, StrictInt, StrictStr
 
 TERMINATION_LOG = "/dev/termination-log"
 SUMMARY_BYTES = 4096
@@ -18,8 +19,18 @@ POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                 "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-Quantity = Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$", max_length=32)]
-"""A Kubernetes quantity as a container's resources write it (500m, 1Gi)."""
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+
+
+def _quantity(value: int | float | str) -> int | float | str:
+    if QUANTITY.match(value) if isinstance(value, str) else value >= 0:
+        return value
+    raise ValueError("not a Kubernetes quantity: write it as 500m, 1Gi or 2")
+
+
+Quantity = Annotated[StrictInt | StrictFloat | StrictStr, AfterValidator(_quantity)]
+"""A Kubernetes quantity as a container's resources write it (500m, 1Gi, 2,
+0.5), kept as written."""
 
 
 class Resources(BaseModel):
