@@ -9,13 +9,16 @@ the hit rate of the skewed traffic, the cold loads' p50/p99, the members' peak m
 their budgets, and a loaded model's request p99 through the pool against a
 dedicated Triton (interleaved rounds), also while its member loads other
 models (through Triton's gRPC repository API, as the pool loads, and
-through its HTTP one, as it loaded before). Local: no platform, no operator;
+through its HTTP one, as it loaded before), and a burst of cold loads of
+measured models on one member (each after an unload) against one such
+load alone. Local: no platform, no operator;
 requests go from the pool's placement straight to the member (the pool's
 front adds its router, as a dedicated front does)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import tempfile
 import time
 from dataclasses import replace
@@ -33,7 +36,7 @@ from kubeloop.components.model import Architecture, build_model, export_onnx
 from kubeloop.components.triton import write_repository
 from kubeloop.front.memory import private_by_process
 from kubeloop.front.modelcontrol import Member
-from kubeloop.front.pool import Pool
+from kubeloop.front.pool import HEADROOM, Pool
 from kubeloop.serving.runtime import TritonRuntime
 from tests.bench.repeat import RUNS, Figure, figures_table
 from tests.bench.serving_suite import wait_ready
@@ -114,6 +117,8 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
     cold = np.array(pool.cold_seconds) * 1000
     await pool.close()
     await dedicated.close()
+    with console.status(f"pool: bursts of {BURST} cold loads on one member"):
+        bursts = await _bursts(servers["dedicated"][1], memory["dedicated"], first, size)
     pool_memory = sum(bases.values()) + sum(peak.values())
     return {
         "model_mib": round(size, 1), "first_model_mib": round(first, 1), "dedicated_triton_mib": round(one_per_model, 1), "empty_triton_mib": round(empty, 1),
@@ -127,6 +132,8 @@ async def _measure(servers: dict, models: int, requests: int, console: Console) 
         "during_grpc_p99": Figure("loaded model p99 while its member loads others over gRPC (the pool), "
                                   "/ dedicated Triton", during["grpc"], "x"),
         "during_http_p99": Figure("same, loads over HTTP (before)", during["http"], "x"),
+        "burst": Figure(f"{BURST} cold loads on one member at once (each after an unload), / one such load alone",
+                        bursts, "x"),
     }
 
 
@@ -186,6 +193,43 @@ async def _during_loads(pool: Pool, session: aiohttp.ClientSession, dedicated: s
     return ratios
 
 
+BURST = 4
+
+
+async def _bursts(member: Member, memory: Callable[[], dict[int, float]], first: float, size: float) -> list[float]:
+    """A member whose budget holds about 2 * BURST models, 4 * BURST models each
+    measured once (a model's first load runs alone). Per round: a cold load
+    of one model, then of BURST models at once, each making room by
+    unloading another: the burst's time against the one's (1: the loads
+    went wholly side by side; BURST: one after another)."""
+    pool = Pool({"burst": member}, {"burst": (first + size * (2 * BURST - 1)) / (1 - HEADROOM)},
+                lambda _name: memory(), estimate_mib=size)
+    models = [f"model-{i}" for i in range(1, 4 * BURST + 1)]  # model-0 stays loaded there, for the rounds before
+
+    async def served(*names: str) -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(_held_a_moment(pool, name) for name in names))
+        return time.perf_counter() - started
+
+    try:
+        for name in models:
+            await served(name)
+        ratios, cycle = [], itertools.cycle(models)
+        for _ in range(RUNS):
+            one = await served(next(cycle))
+            burst = await served(*(next(cycle) for _ in range(BURST)))
+            ratios.append(burst / one)
+        await pool._unload("burst", list(pool.residency.members["burst"].loaded))
+    finally:
+        await pool.close()
+    return ratios
+
+
+async def _held_a_moment(pool: Pool, model: str) -> None:
+    async with pool.serving(model):
+        pass
+
+
 async def _each(work: Callable[[str], Awaitable[None]], models: list[str]) -> None:
     for model in models:
         await work(model)
@@ -231,4 +275,4 @@ def _print(console: Console, results: dict, models: int, requests: int) -> None:
                   f" MiB (budget {results['budget_mib']})")
     console.print(figures_table("a loaded model's requests: pool / dedicated Triton",
                                 [results["loaded_p50"], results["loaded_p99"], results["during_grpc_p99"],
-                                 results["during_http_p99"]]))
+                                 results["during_http_p99"], results["burst"]]))

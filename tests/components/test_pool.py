@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import AsyncIterator
 
 import aiohttp
 import numpy as np
@@ -58,19 +60,23 @@ def members(repository):
         with torch.no_grad():
             expected[f"model-{seed}"] = model(torch.from_numpy(ROWS)).numpy().ravel()
     _with_a_version_that_cannot_load(repository, "model-0", BROKEN)
-    runtime, servers = TritonRuntime.discover(), {}
+    servers = {}
     try:
         for name in ("a", "b"):
-            ports = [processes.free_port() for _ in range(3)]
-            server = processes.start(f"triton-{name}", runtime.argv(repository, *ports), root / name,
-                                     env=runtime.env())
-            url = f"http://127.0.0.1:{ports[0]}"
-            servers[name] = (server, Member(url, f"127.0.0.1:{ports[1]}"))
-            wait_for(lambda url=url: _answers(f"{url}/v2/health/live"), timeout=120, what=f"tritonserver {name} live")
+            servers[name] = _start_member(repository, name)
         yield servers, expected
     finally:
         for server, _ in servers.values():
             processes.stop(server)
+
+
+def _start_member(repository: Path, name: str):  # noqa: ANN202 - the server's process and its addresses
+    runtime, ports = TritonRuntime.discover(), [processes.free_port() for _ in range(3)]
+    server = processes.start(f"triton-{name}", runtime.argv(repository, *ports), repository.parent / name,
+                             env=runtime.env())
+    url = f"http://127.0.0.1:{ports[0]}"
+    wait_for(lambda: _answers(f"{url}/v2/health/live"), timeout=120, what=f"tritonserver {name} live")
+    return server, Member(url, f"127.0.0.1:{ports[1]}")
 
 
 def test_a_pool_serves_more_models_than_it_holds_within_its_measured_budget(members):
@@ -188,6 +194,61 @@ async def _answered_during_loads(member: Member, expected: dict) -> None:
         assert all(answered_meanwhile), f"callers answered while the member loaded: {answered_meanwhile}"
     finally:
         await pool.close()
+
+
+def test_measured_models_load_side_by_side_and_a_first_load_alone(members, repository):
+    """Models whose first load was measured load together on one member
+    (Triton lists several LOADING at once); a model's first load has its
+    member to itself, so its measured size is its own: no other model is
+    LOADING while it is. A member of its own, none of its loads measured
+    yet."""
+    _, expected = members
+    server, member = _start_member(repository, "c")
+    pool = Pool({"a": member}, {"a": 1e9}, lambda _name: private_by_process(server.pid))
+    measured, together = ["model-1", "model-2", "model-3"], ["model-4", "model-5"]
+
+    async def scenario() -> list[set[str]]:
+        async with pool_closed(pool), aiohttp.ClientSession() as session:
+            for model in measured:  # first loads, one after another
+                await _infer(pool, session, model)
+            for model in measured:  # as a member unloads to make room: the sizes stay
+                pool.residency.forget(model)
+            await pool._unload("a", measured)
+            seen: list[set[str]] = []
+            watching = asyncio.create_task(_loading_states(pool, seen))
+            try:
+                # Two measured models, then two first loads, then the third measured one.
+                answers = await asyncio.gather(*(_infer(pool, session, m) for m in [*measured[:2], *together, measured[2]]))
+            finally:
+                watching.cancel()
+            for model, answer in zip([*measured[:2], *together, measured[2]], answers, strict=True):
+                assert np.allclose(answer, expected[model], atol=1e-4), f"{model} answered as another model"
+            return seen
+
+    try:
+        seen = asyncio.run(scenario())
+    finally:
+        processes.stop(server)
+    assert max(map(len, seen)) > 1, f"measured models loaded one at a time ({len(seen)} readings)"
+    for first in together:
+        beside = [loading for loading in seen if first in loading and loading != {first}]
+        assert not beside, f"{first} loaded beside others: {beside[:3]}"
+        assert 0.5 < pool.sizes[first] / pool.sizes["model-2"] < 2, pool.sizes
+
+
+@asynccontextmanager
+async def pool_closed(pool: Pool) -> AsyncIterator[Pool]:
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def _loading_states(pool: Pool, seen: list[set[str]]) -> None:
+    """The models Triton lists LOADING on member a, each time it is asked."""
+    while True:
+        seen.append({e["name"] for e in await pool.repository.index("a") if e.get("state") == "LOADING"})
+        await asyncio.sleep(0.01)
 
 
 def test_a_held_models_reload_with_nothing_changed_loads_nothing_again(members):

@@ -1319,7 +1319,8 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
     headless Service resolves to (the other Pod's front sends it on); a
     hot model gets a copy on the Pod that sent its requests on. A drift
     Job reads a pooled service's rows of the log the fronts write to the
-    object store. A canary that cannot load is rolled back (the model held,
+    object store, and an outcome Job joins the labels a team delivers to
+    the object store to them (live quality). A canary that cannot load is rolled back (the model held,
     or idle: then loaded without it), and a rollout over both Pods is
     promoted on what their fronts measured (Prometheus scraping each). A
     new size (the operator started again with another spreadAt) rolls the
@@ -1431,10 +1432,11 @@ def test_a_pool_of_two_pods_keeps_answering_while_a_new_size_rolls_them_on_the_r
                 copied.set()
             print(f"hot model copied to the sending Pod after {sum(c.result() for c in calling)} requests "
                   f"({time.monotonic() - began:.1f} s)")
-        drift_asked = _drift_asked_of_the_pools_log(real, namespace, names[3], fronts, rows)
+        asked = _monitoring_asked_of_the_pools_log(real, namespace, names[3], fronts, rows)
         _a_canary_that_cannot_load_is_rolled_back(real, namespace, names[0], fronts, model, version, rows)
         _a_rollout_is_judged_on_what_both_pods_measured(real, namespace, names, fronts, model)
-        _drift_reported(real, namespace, names[3], drift_asked)
+        _drift_reported(real, namespace, names[3], asked)
+        _outcomes_reported(real, namespace, names[3], version, asked)
         operator.stop()
         service = real.kube.get("v1", "Service", pool_name("shared"), namespace)
         with ThreadPoolExecutor(1) as calls:
@@ -1522,21 +1524,37 @@ def _a_canary_that_cannot_load_is_rolled_back(real: RealPlatform, namespace: str
              what="the idle service deleted")
 
 
-def _drift_asked_of_the_pools_log(real: RealPlatform, namespace: str, name: str, fronts: list[str],
-                                  rows: list[list[float]]) -> float:
+OUTCOME_REQUESTS = 40
+
+
+def _monitoring_asked_of_the_pools_log(real: RealPlatform, namespace: str, name: str, fronts: list[str],
+                                       rows: list[list[float]]) -> float:
     """Three rows sent again and again to a pooled service through both
-    Pods (a request sent on is logged by the owner's front), and once the
-    object store holds them, its drift checked once (the schedule an hour):
-    when it was asked. The Job runs while the test goes on
-    (_drift_reported reads its verdict)."""
+    Pods (a request sent on is logged by the owner's front), the last
+    OUTCOME_REQUESTS of them with their rows' labels delivered as a team's
+    label pipeline would (Parquet in the object store), and once the object
+    store holds the rows, its drift and its outcomes checked once (the
+    schedules an hour): when they were asked. The Jobs run while the test
+    goes on (_drift_reported and _outcomes_reported read their verdicts)."""
+    import io
+
     import boto3
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import requests
 
-    for front in fronts:
-        for i in range(50):
-            answer = requests.post(f"{front}/v2/models/{namespace}.{name}/infer", json=v2_body(rows), timeout=60,
-                                   headers={"X-Request-Key": f"drift-{i}"})
-            assert answer.status_code == 200, answer.text
+    keys = [f"drift-{front}-{i}" for front in range(len(fronts)) for i in range(50)]
+    for i, key in enumerate(keys):
+        answer = requests.post(f"{fronts[i // 50]}/v2/models/{namespace}.{name}/infer", json=v2_body(rows),
+                               timeout=60, headers={"X-Request-Key": key})
+        assert answer.status_code == 200, answer.text
+    labelled = keys[-OUTCOME_REQUESTS:]
+    labels = pa.table({"request_id": [key for key in labelled for _ in rows],
+                       "row": pa.array([row for _ in labelled for row in range(len(rows))], pa.int32()),
+                       "label": pa.array([(i + row) % 2 for i in range(len(labelled)) for row in range(len(rows))], pa.int64()),
+                       "label_timestamp": pa.array([time.time()] * (len(labelled) * len(rows)), pa.float64())})
+    parquet = io.BytesIO()
+    pq.write_table(labels, parquet)
     env = real.platform.env()
     s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name=env["AWS_DEFAULT_REGION"],
                       aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
@@ -1548,7 +1566,11 @@ def _drift_asked_of_the_pools_log(real: RealPlatform, namespace: str, name: str,
 
     wait_for(lambda: logged_rows() >= 300, timeout=60, interval=1, what="the pool's fronts' log in the object store",
              seen=lambda: f"{logged_rows()} rows")
-    change_spec(real.kube, namespace, name, monitoring={"schedule": "1h", "window": "1h", "minRows": 300})
+    s3.put_object(Bucket="requests", Key=f"{namespace}-labels/labels.parquet", Body=parquet.getvalue())
+    change_spec(real.kube, namespace, name, monitoring={
+        "schedule": "1h", "window": "1h", "minRows": 300,
+        "groundTruth": {"location": f"s3://requests/{namespace}-labels/", "maxDelay": "10m"},
+        "performance": {"schedule": "1h", "window": "1h", "minRows": 50}})
     return time.monotonic()
 
 
@@ -1562,6 +1584,27 @@ def _drift_reported(real: RealPlatform, namespace: str, name: str, asked: float)
     print(f"pooled drift Job: {drift} (reported {time.monotonic() - asked:.0f} s after monitoring was asked)")
     assert drift["drifted"] is True and "message" not in drift and drift["report"].startswith("runs:/"), drift
     jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=drift")
+    assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
+                        for j in jobs)
+
+
+def _outcomes_reported(real: RealPlatform, namespace: str, name: str, version: str, asked: float) -> None:
+    """A pooled service's outcome check on the cluster path: a Job on the
+    runtime image joined the labels in the object store to the rows the
+    pool's fronts logged for that service there, each label matched, and
+    judged the served version on its labelled rows; the operator reports it."""
+    def judged() -> dict:
+        found = isvc_status(real.kube, namespace, name).get("performance") or {}
+        return "versions" in found and found
+
+    performance = wait_for(judged, timeout=300, interval=2, what="an outcome Job joining labels to the pool's log",
+                           seen=lambda: json.dumps(isvc_status(real.kube, namespace, name).get("performance")))
+    print(f"pooled outcome Job: labels {performance['labels']}, versions {performance['versions']} (reported "
+          f"{time.monotonic() - asked:.0f} s after monitoring was asked)")
+    assert "message" not in performance, performance
+    assert performance["labels"]["matched"] == 3 * OUTCOME_REQUESTS, performance["labels"]
+    assert {v["version"]: v["rows"] for v in performance["versions"]} == {version: 3 * OUTCOME_REQUESTS}, performance
+    jobs = real.kube.list("batch/v1", "Job", namespace, "kubeloop.dev/purpose=outcomes")
     assert jobs and all(j["spec"]["template"]["spec"]["containers"][0]["image"].startswith("localhost/kubeloop/runtime")
                         for j in jobs)
 

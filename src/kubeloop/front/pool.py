@@ -4,9 +4,11 @@ models (the I/O half; the decisions are kubeloop.front.residency).
 A request for a model goes to the member that holds it; a model no member
 holds is loaded on its first request through Triton's repository API (over
 gRPC: kubeloop.front.modelcontrol says why), after
-the member unloads its least recently used idle models to make room. Each
-load is measured: the member's memory before and after it (one load at a
-time per member, so the growth is that model's). That is host memory, what a
+the member unloads its least recently used idle models to make room. A
+model's first load is measured: the member's memory before and after it,
+the load alone on its member, so the growth is that model's; the loads of
+models measured before, and unloads, go side by side
+(kubeloop.front.gate). That is host memory, what a
 member's processes hold; an OptimizedModel's footprint is GPU memory, so it
 sizes nothing here (no pool here measures a GPU). Cold loads are counted and
 timed; the record of their times is bounded.
@@ -29,6 +31,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable
 
+from kubeloop.front.gate import Gate
 from kubeloop.front.memory import growth
 from kubeloop.front.modelcontrol import LoadError, Member, ModelControl
 from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
@@ -84,8 +87,11 @@ class Pool:
         """Model -> the most its last load grew its member by, while it loaded."""
         self.estimate_mib = estimate_mib
         self.repository = ModelControl({name: member.grpc for name, member in members.items()}, LOAD_TIMEOUT_SECONDS)
-        self.locks = {name: asyncio.Lock() for name in members}
-        """One load or unload at a time per member: its growth is then the loading model's."""
+        self.gates = {name: Gate() for name in members}
+        """A first load alone on its member (its growth is then that model's); other work side by side."""
+        self.unloading: dict[tuple[str, str], asyncio.Event] = {}
+        """(member, model) -> set once the model's unload there is over: its
+        next load there waits for it, or the unload would undo the load."""
         self.pending: dict[tuple[str, str], asyncio.Future] = {}
         """Loads under way; requests for the model wait for them."""
         self.over: set[str] = set()
@@ -138,7 +144,7 @@ class Pool:
         try:
             for name, member in self.residency.members.items():
                 if model in member.loaded:
-                    async with self.locks[name]:
+                    async with self.gates[name].shared():
                         try:
                             await self._loading(name, model)
                         except LoadError as exc:
@@ -260,8 +266,9 @@ class Pool:
     def _placement_now(self, model: str, requests: int) -> Placement:
         """Where the model's request goes as the members stand; NoRoom where none has room now."""
         if not self.residency.held(model):  # a cold load: place it by the members' memory now
-            for member in self.urls:
-                self.residency.observe(member, self.used_mib(member))
+            for member, held in self.residency.members.items():
+                if not held.loading:  # mid-load a member's memory is neither before nor after its loads
+                    self.residency.observe(member, self.used_mib(member))
         return self.residency.place(model, self._room(model), requests)
 
     async def _cold(self, placement: Placement, model: str, key: tuple[str, str]) -> None:
@@ -293,7 +300,8 @@ class Pool:
         Where every model it holds is in use, the member is marked and
         checked again as their requests end."""
         budget = self.residency.members[member].budget_mib
-        async with self.locks[member]:
+        await self._unloads_over(member)  # a model on its way out is not what the member holds
+        async with self.gates[member].shared():
             while self.used_mib(member) > budget:
                 evicted = self.residency.evict_idle(member)
                 if evicted is None:
@@ -318,18 +326,30 @@ class Pool:
         return self.memory(member) - self.empty[member]
 
     async def _load(self, placement: Placement, model: str) -> float:
+        """Load the model where placed, after the unloads that make room for
+        it: its first load alone on the member and measured (its size), a
+        load of a model measured before beside the member's other work."""
         member = placement.member
-        async with self.locks[member]:
-            await self._unload_locked(member, placement.unload)
-            before = self.processes(member)
-            peak = await self._peak_during(member, before, self._loading(member, model))
-            measured = growth(before, self.processes(member))
+        self._unloading(member, placement.unload)
+        try:
+            # Outside the gate: the unload may be waiting to enter it behind a first load.
+            await self._unloads_over(member, model)
+            if model in self.sizes:
+                async with self.gates[member].shared():
+                    await self._unload_locked(member, placement.unload)
+                    await self._loading(member, model)
+                return self.sizes[model]
+            async with self.gates[member].alone():
+                await self._unload_locked(member, placement.unload)
+                before = self.processes(member)
+                peak = await self._peak_during(member, before, self._loading(member, model))
+                measured = growth(before, self.processes(member))
+        finally:
+            self._unloaded(member, placement.unload)  # or never will be: nobody may wait for it
         self.peaks[model] = max(peak, measured)
         log.debug("loaded %s on %s: %.1f MiB before, peak +%.1f, settled +%.1f", model, member,
                   sum(before.values()) - self.empty[member], peak, measured)
-        size = self.sizes.get(model, measured)
-        self.sizes.setdefault(model, measured)
-        return size
+        return self.sizes.setdefault(model, measured)
 
     async def _loading(self, member: str, model: str) -> None:
         """Load the model on the member; where some of its versions cannot
@@ -373,43 +393,83 @@ class Pool:
         return peak
 
     async def _unload(self, member: str, models: list[str] | tuple[str, ...]) -> None:
-        async with self.locks[member]:
-            await self._unload_locked(member, models)
+        self._unloading(member, models)
+        try:
+            async with self.gates[member].shared():
+                await self._unload_locked(member, models)
+        finally:
+            self._unloaded(member, models)
+
+    def _unloading(self, member: str, models: list[str] | tuple[str, ...]) -> None:
+        """The models are to be unloaded from the member: their next load
+        there waits for that (called before any await, as they leave the
+        residency)."""
+        for model in models:
+            self.unloading.setdefault((member, model), asyncio.Event())
+
+    def _unloaded(self, member: str, models: list[str] | tuple[str, ...]) -> None:
+        for model in models:
+            over = self.unloading.pop((member, model), None)
+            if over is not None:
+                over.set()
+
+    async def _unloads_over(self, member: str, model: str | None = None) -> None:
+        """Until the model's unload from the member (every unload there,
+        where model is None) under way now is over. Never inside the
+        member's gate: the unload may be waiting to enter it."""
+        for (name, unloaded), over in list(self.unloading.items()):
+            if name == member and model in (None, unloaded):
+                await over.wait()
 
     async def _unload_locked(self, member: str, models: list[str] | tuple[str, ...]) -> None:
         """Unload, and wait until Triton no longer lists the models ready and
-        the member's memory has fallen by about their size: Triton answers an
-        unload before the model's instances have gone (the python backend's
-        processes exit a second or two later), and the next load's growth is
-        measured from what is left."""
+        the memory of the member's processes as they were has fallen by about
+        the models' size: Triton answers an unload before the model's
+        instances have gone (the python backend's processes exit a second or
+        so later), and until then their memory is not room for another load."""
         if not models:
             return
-        before = self.memory(member)
-        for model in models:
-            await self.repository.unload(member, model)
-        while await self._ready(member, models):
-            await asyncio.sleep(0.02)
-        await self._fallen(member, before - 0.5 * sum(self._size(m) for m in models))
-        log.debug("unloaded %s from %s: %.1f MiB before, %.1f after", ", ".join(models), member,
-                  before - self.empty[member], self.used_mib(member))
+        self._unloading(member, models)
+        try:
+            before = self.processes(member)
+            for model in models:
+                await self.repository.unload(member, model)
+            while await self._ready(member, models):
+                await asyncio.sleep(0.02)
+            await self._fallen(member, before, 0.5 * sum(self._fall(m) for m in models))
+            log.debug("unloaded %s from %s: %.1f MiB before, %.1f after", ", ".join(models), member,
+                      sum(before.values()) - self.empty[member], self.used_mib(member))
+        finally:
+            self._unloaded(member, models)
 
-    async def _fallen(self, member: str, below: float) -> None:
-        """Wait until the member's memory has fallen below `below` (the
-        unloaded models' processes are exiting), then until it stops
-        falling (they are gone): what is left of them must not be counted
-        as free room for the next load."""
-        deadline = time.monotonic() + SETTLE_SECONDS
-        while self.memory(member) > below:
+    def _fall(self, model: str) -> float:
+        """What the member's memory falls by once the model is unloaded: its
+        size, or a typical model's where that is less (a member's first load
+        also grew it by the backend's libraries, which stay while it holds
+        any model)."""
+        typical = statistics.median(self.sizes.values()) if self.sizes else self.estimate_mib
+        return min(self._size(model), typical)
+
+    async def _fallen(self, member: str, before: dict[int, float], fall: float) -> None:
+        """Wait until the processes the member had before an unload use
+        `fall` MiB less (the unloaded models' processes are exiting; the
+        processes of loads started since are not counted), then until they
+        stop falling (they are gone): what is left of them must not be
+        counted as free room for the next load."""
+        def now() -> float:
+            return sum(mib for pid, mib in self.processes(member).items() if pid in before)
+
+        deadline, below = time.monotonic() + SETTLE_SECONDS, sum(before.values()) - fall
+        while (left := now()) > below:
             if time.monotonic() > deadline:
-                log.warning("pool member %s still uses %.0f MiB %.0f s after an unload (expected under %.0f MiB)",
-                            member, self.memory(member), SETTLE_SECONDS, below)
+                log.warning("pool member %s's processes still use %.0f MiB %.0f s after an unload (expected under "
+                            "%.0f MiB)", member, left, SETTLE_SECONDS, below)
                 return
             await asyncio.sleep(0.05)
-        now = self.memory(member)
         while time.monotonic() < deadline:
             await asyncio.sleep(STILL_SECONDS)
-            now, before = self.memory(member), now
-            if now > before - 1.0:
+            left, earlier = now(), left
+            if left > earlier - 1.0:
                 return
 
     async def _ready(self, member: str, models: list[str] | tuple[str, ...]) -> list[str]:
