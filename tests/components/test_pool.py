@@ -9,6 +9,7 @@ spread over both. Local backend's runtime; no control plane, no router
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -275,6 +276,33 @@ def test_a_held_models_reload_with_nothing_changed_loads_nothing_again(members):
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_an_unload_of_one_of_two_stubs_ends_when_its_stub_has_gone(members, caplog):
+    """A member holding two python-backend models unloads one: the unload
+    is over once that model's own stub has exited, though the survivor's
+    private memory rises as the pages the two shared become its own (the
+    member's memory falls by less than the model measured, and the pool
+    waited SETTLE_SECONDS for a fall that never came, then warned)."""
+    servers, _ = members
+    server, member = servers["b"]
+
+    async def scenario() -> tuple[set[int], set[int]]:
+        pool = Pool({"b": member}, {"b": 1e9}, lambda _name: private_by_process(server.pid))
+        async with pool_closed(pool), aiohttp.ClientSession() as session:
+            await pool._unload("b", await pool._ready("b", [f"model-{i}" for i in range(MODELS)]))
+            await _infer(pool, session, "model-6")
+            kept = _stubs(server.pid)
+            await _infer(pool, session, "model-7")
+            gone = _stubs(server.pid) - kept
+            pool.residency.forget("model-7")
+            await pool._unload("b", ["model-7"])
+            return gone, _stubs(server.pid)
+
+    with caplog.at_level(logging.WARNING, logger="kubeloop.pool"):
+        gone, left = asyncio.run(scenario())
+    assert gone and not gone & left, f"model-7's stub {gone} still runs: {left}"
+    assert not caplog.records, caplog.text
 
 
 def _stubs(pid: int) -> set[int]:

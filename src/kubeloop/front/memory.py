@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+from typing import Iterable
+
 import psutil
+
+STUB = "triton_python_backend_stub"
 
 
 def private_by_process(pid: int) -> dict[int, float]:
@@ -36,6 +41,22 @@ def server_on_port(port: int) -> int | None:
         if flag in (proc.info["cmdline"] or ()):
             found[proc.pid] = proc.info["ppid"]
     return next((pid for pid, parent in sorted(found.items()) if parent not in found), None)
+
+
+def python_stubs(pids: Iterable[int]) -> dict[int, str]:
+    """Process id -> the model served, for the python backend's stubs among
+    the processes (a stub's first argument is its model's
+    <repository>/<model>/<version>/model.py); processes that are not stubs,
+    or have exited, are left out."""
+    found = {}
+    for pid in pids:
+        try:
+            argv = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if len(argv) > 1 and argv[0].endswith(STUB):
+            found[pid] = PurePosixPath(argv[1]).parts[-3]
+    return found
 
 
 def private_mib(pid: int) -> float:

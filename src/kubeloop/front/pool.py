@@ -29,10 +29,10 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from kubeloop.front.gate import Gate
-from kubeloop.front.memory import growth
+from kubeloop.front.memory import growth, python_stubs
 from kubeloop.front.modelcontrol import LoadError, Member, ModelControl
 from kubeloop.front.residency import NoRoom, Placement, Residency, TooLarge
 from kubeloop.front.upstream import UpstreamError
@@ -70,15 +70,19 @@ class Pool:
     it and its backends' processes, the server first); estimate_mib: the
     room a model of unknown size gets until its first load is measured;
     repository: the members' model repository, read for a model's config
-    when some of its versions cannot load (None: such a model fails whole)."""
+    when some of its versions cannot load (None: such a model fails whole);
+    stubs: which of a member's processes are which model's python-backend
+    stubs (kubeloop.front.memory.python_stubs)."""
 
     def __init__(self, members: dict[str, Member], budgets: dict[str, float],
                  processes: Callable[[str], dict[int, float]], estimate_mib: float = 0.0, spread_at: int = 0,
-                 repository: Path | None = None):
+                 repository: Path | None = None,
+                 stubs: Callable[[Iterable[int]], dict[int, str]] = python_stubs):
         self.urls = {name: member.http for name, member in members.items()}
         self.repository_dir = repository
         self.residency = Residency({name: budget * (1 - HEADROOM) for name, budget in budgets.items()}, spread_at)
         self.processes = processes
+        self.stubs = stubs
         self.empty = {name: self.memory(name) for name in members}
         """Each member's memory holding no model (members start empty: explicit model control, none at start)."""
         self.sizes: dict[str, float] = {}
@@ -423,24 +427,52 @@ class Pool:
 
     async def _unload_locked(self, member: str, models: list[str] | tuple[str, ...]) -> None:
         """Unload, and wait until Triton no longer lists the models ready and
-        the memory of the member's processes as they were has fallen by about
-        the models' size: Triton answers an unload before the model's
-        instances have gone (the python backend's processes exit a second or
-        so later), and until then their memory is not room for another load."""
+        their processes have gone: Triton answers an unload before the
+        model's instances have gone (the python backend's stubs exit a second
+        or so later), and until then their memory is not room for another
+        load. A model served inside the server's process (no stub of its
+        own) has gone once the memory of the member's processes as they were
+        has fallen by about its size."""
         if not models:
             return
         self._unloading(member, models)
         try:
             before = self.processes(member)
+            stubs = self._stubs_of(before, models)
             for model in models:
                 await self.repository.unload(member, model)
             while await self._ready(member, models):
                 await asyncio.sleep(0.02)
-            await self._fallen(member, before, 0.5 * sum(self._fall(m) for m in models))
+            if stubs:
+                await self._exited(member, stubs)
+            else:
+                await self._fallen(member, before, 0.5 * sum(self._fall(m) for m in models))
             log.debug("unloaded %s from %s: %.1f MiB before, %.1f after", ", ".join(models), member,
                       sum(before.values()) - self.empty[member], self.used_mib(member))
         finally:
             self._unloaded(member, models)
+
+    def _stubs_of(self, processes: dict[int, float], models: list[str] | tuple[str, ...]) -> set[int]:
+        """The python-backend stubs of the models among the processes; none
+        unless each model has its own (where one has none, its memory is in
+        the server's process, and only the memory's fall tells it has gone)."""
+        stubs = self.stubs(processes)
+        if not set(models) <= set(stubs.values()):
+            return set()
+        return {pid for pid, model in stubs.items() if model in models}
+
+    async def _exited(self, member: str, stubs: set[int]) -> None:
+        """Wait until the stubs are no longer among the member's processes.
+        Not for its memory to fall by what they used: the stubs of the
+        models it keeps map the same libraries, and what they shared with
+        the leaving ones becomes theirs alone."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while left := stubs & self.processes(member).keys():
+            if time.monotonic() > deadline:
+                log.warning("pool member %s's unloaded models' processes %s still run %.0f s after their unload",
+                            member, sorted(left), SETTLE_SECONDS)
+                return
+            await asyncio.sleep(0.05)
 
     def _fall(self, model: str) -> float:
         """What the member's memory falls by once the model is unloaded: its
