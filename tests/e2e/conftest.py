@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -32,13 +33,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 _STARTED = time.monotonic()
+# A long test that passes still says where its minutes went: the lines it
+# printed with a step's seconds (tests.support.stories.timed_steps), which
+# pytest would otherwise keep to itself.
+SHOW_STEPS_AFTER_S = 120
+# A module's platform or served versions set up (or torn down) inside a
+# test's setup count in the run's time too.
+SHOW_FIXTURES_AFTER_S = 30
+TIMED_STEP = re.compile(r"\(\d+ s\)")
+MAX_STEPS = 40
 
 
 def pytest_runtest_logreport(report):
     """One line as each e2e test ends, with its seconds and, on failure, its
     error: a run cut off by CI's limit still says which test failed and which
     took the time (pytest's own summary comes only at the end)."""
-    if report.when != "call" and not report.failed:
+    if report.when != "call" and not report.failed and report.duration < SHOW_FIXTURES_AFTER_S:
         return
     writer = _terminal()
     if writer is None:
@@ -51,6 +61,9 @@ def pytest_runtest_logreport(report):
         errors = [t for t in text if t.startswith("E ")][:3] or text[-1:]
         for error in errors:
             writer.write_line(f"    {error[:300]}")
+    elif report.duration >= SHOW_STEPS_AFTER_S:
+        for step in [line for line in report.capstdout.splitlines() if TIMED_STEP.search(line)][:MAX_STEPS]:
+            writer.write_line(f"    {step[:200]}")
 
 
 _CONFIG: list = []

@@ -66,8 +66,12 @@ class RealPlatform:
     def _up(self) -> bool:
         """Up, or False while another test run's real node holds the machine."""
         # Read at each try: while another worker's node holds the host, the
-        # sysctls are that node's, and its teardown puts the host's back.
-        self.sysctls_before = sysctls()
+        # sysctls are that node's, and its teardown puts the host's back. A
+        # node killed without teardown (a run cut off) left its own values
+        # set, and its claim holds the host's from before it: `up` puts those
+        # back, so they are the host's.
+        left = host.Claim.read()
+        self.sysctls_before = dict(left.sysctls) if left else sysctls()
         try:
             self.platform.up()
             return True
