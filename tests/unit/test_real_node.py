@@ -14,8 +14,8 @@ from kubeloop.dev.binaries import GROUPS, versions
 from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
-    NodePaths, build_cni_config, build_containerd_config, build_kube_proxy_config, build_kubelet_config,
-    kubelet_argv, socket_path_problem,
+    NodePaths, bound_image_root, build_cni_config, build_containerd_config, build_kube_proxy_config,
+    build_kubelet_config, kubelet_argv, socket_path_problem,
 )
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
 from kubeloop.dev.platform import KWOK_CIDR, Platform, PlatformError
@@ -38,6 +38,23 @@ def test_containerd_keeps_everything_under_the_state_dir_and_restricts_oom_score
     sockets = [config["grpc"]["address"], config["ttrpc"]["address"]]
     # Unix socket paths are limited to 108 bytes; a state directory can be longer.
     assert all(Path(s).parent == PATHS.sockets and len(s) < 100 for s in sockets), sockets
+
+
+def test_a_kept_image_root_holds_containerds_images_and_the_rest_stays_under_the_state_dir():
+    kept = NodePaths(PATHS.root, PATHS.sockets, Path("/cache/containerd-1.6.20"))
+    config = tomllib.loads(build_containerd_config(kept, "localhost/kubeloop/pause:1"))
+    assert config["root"] == "/cache/containerd-1.6.20"
+    runc = config["plugins"][CRI]["containerd"]["runtimes"]["runc"]["options"]
+    assert all(Path(p).is_relative_to(PATHS.root) for p in (config["state"], runc["Root"])), config
+
+
+def test_a_kept_image_root_past_its_bound_starts_again_empty_and_one_within_it_is_kept(tmp_path):
+    root = tmp_path / "containerd-1.6.20"
+    (root / "snapshots").mkdir(parents=True)
+    (root / "snapshots" / "layer").write_bytes(b"x" * 4096)
+    assert bound_image_root(root, limit=1 << 20) == 0 and (root / "snapshots" / "layer").exists()
+    assert bound_image_root(root, limit=1024) >= 4096
+    assert not root.exists()
 
 
 def test_kubelet_accepts_cgroup_v1_and_binds_only_the_node_address_and_loopback():

@@ -21,6 +21,7 @@ from pathlib import Path
 from kubeloop.dev.dns import DNS_IP, DOMAIN
 from kubeloop.dev.host import BRIDGE, NODE_CIDR, POD_CIDR
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
+from kubeloop.paths import cache_dir
 
 NODE_LABEL = "kubeloop.dev/node"
 CNI_BIN = Path("/usr/lib/cni")
@@ -45,6 +46,9 @@ class NodePaths:
 
     root: Path
     sockets: Path
+    images: Path | None = None
+    """containerd's root, where its images are unpacked, when it outlives the
+    node (image_root()); under root otherwise."""
 
     @property
     def socket(self) -> Path:
@@ -110,7 +114,7 @@ def build_containerd_config(paths: NodePaths, pause_ref: str) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return "\n".join([
         "version = 2",
-        f'root = "{base / "root"}"',
+        f'root = "{paths.images or base / "root"}"',
         f'state = "{base / "state"}"',
         'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
         ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",'
@@ -214,6 +218,43 @@ def write_configs(paths: NodePaths, pki: Pki, pause_ref: str) -> None:
 def ctr(paths: NodePaths, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(["ctr", f"--address={paths.socket}", "--namespace=k8s.io", *args],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def image_root() -> Path | None:
+    """containerd's root kept between real nodes (one at a time on a
+    machine), keyed by containerd's version: kubeloop's images, unpacked once,
+    need not be imported again (the training image, torch, took two minutes
+    of each node's start). None without containerd (`dev up` then says
+    what to install)."""
+    if shutil.which("containerd") is None:
+        return None
+    words = subprocess.run(["containerd", "--version"], capture_output=True, text=True, timeout=30).stdout.split()
+    return cache_dir() / f"containerd-{words[2] if len(words) > 2 else 'unknown'}"
+
+
+KEPT_IMAGES_MAX_BYTES = 24 * 2**30
+"""A kept root past this (images of builds replaced since) starts again empty."""
+
+
+def bound_image_root(root: Path, limit: int = KEPT_IMAGES_MAX_BYTES) -> int:
+    """Empty a kept root that has grown past limit, before containerd opens
+    it; the bytes dropped (0 when it was kept)."""
+    used = subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True, timeout=300).stdout.split()
+    size = int(used[0]) if used else 0
+    if size <= limit:
+        return 0
+    shutil.rmtree(root, ignore_errors=True)
+    return size
+
+
+def forget_containers(paths: NodePaths) -> list[str]:
+    """Remove the containers (Pod sandboxes among them) an earlier node left
+    in a kept root, before the kubelet starts: their Pods are gone with that
+    node's cluster. The names removed."""
+    names = ctr(paths, "containers", "list", "--quiet", timeout=60).stdout.split()
+    for name in names:
+        ctr(paths, "containers", "delete", name, timeout=60)
+    return names
 
 
 def containerd_ready(paths: NodePaths) -> bool:

@@ -142,7 +142,7 @@ class Platform:
 
     @property
     def node_paths(self) -> node.NodePaths:
-        return node.NodePaths(self.dir / "node", host.socket_dir(self.dir))
+        return node.NodePaths(self.dir / "node", host.socket_dir(self.dir), node.image_root())
 
     def state(self) -> PlatformState | None:
         if not self.state_file.exists():
@@ -491,8 +491,14 @@ class Platform:
         api = state.urls["KUBELOOP_APISERVER"]
         for identity, path in (("node", paths.kubelet_kubeconfig), ("kube-proxy", paths.kube_proxy_kubeconfig)):
             write_kubeconfig(path, api, pki, identity)
+        if paths.images and paths.images.exists() and (dropped := node.bound_image_root(paths.images)):
+            progress(f"emptied {paths.images}: its images took {dropped / 2**30:.1f} GiB, over"
+                     f" {node.KEPT_IMAGES_MAX_BYTES / 2**30:.0f} GiB; they are imported again as Pods need them")
         self._spawn(state, "containerd", ["containerd", f"--config={paths.containerd_config}"])
         self._wait(state, "containerd", lambda: node.containerd_ready(paths), 30)
+        left = node.forget_containers(paths)
+        if left:
+            progress(f"removed {len(left)} containers an earlier real node left in {paths.images}")
         if not node.has_image(paths, pause.ref):
             node.import_image(paths, pause.archive, pause.ref)
         self._spawn(state, "kubelet", node.kubelet_argv(binary("kubelet"), paths))
