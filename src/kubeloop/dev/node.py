@@ -11,6 +11,7 @@ kube-proxy leaves conntrack sysctls alone. Every port binds the node address
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -220,6 +221,7 @@ def ctr(paths: NodePaths, *args: str, timeout: float = 300) -> subprocess.Comple
                           capture_output=True, text=True, timeout=timeout)
 
 
+@functools.cache  # node_paths asks at every ctr call; containerd's version does not change under a process
 def image_root() -> Path | None:
     """containerd's root kept between real nodes (one at a time on a
     machine), keyed by containerd's version: kubeloop's images, unpacked once,
@@ -252,9 +254,7 @@ def forget_containers(paths: NodePaths) -> list[str]:
     in a kept root, before the kubelet starts: their Pods are gone with that
     node's cluster. The names removed."""
     names = ctr(paths, "containers", "list", "--quiet", timeout=60).stdout.split()
-    for name in names:
-        ctr(paths, "containers", "delete", name, timeout=60)
-    return names
+    return [name for name in names if ctr(paths, "containers", "delete", name, timeout=60).returncode == 0]
 
 
 def containerd_ready(paths: NodePaths) -> bool:
