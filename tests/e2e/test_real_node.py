@@ -28,7 +28,7 @@ import pytest
 
 from kubeloop.api.constants import API_VERSION
 from kubeloop.cli.demo import load_examples
-from kubeloop.dev import host, kserve
+from kubeloop.dev import host, kserve, node
 from kubeloop.dev.binaries import binary, versions
 from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, base_image, pause_image, python_image
@@ -1622,13 +1622,16 @@ def change_spec(kube, namespace: str, name: str, **spec) -> None:  # noqa: ANN00
 
 def _a_rollout_is_judged_on_what_both_pods_measured(real: RealPlatform, namespace: str, names: list[str],
                                                     fronts: list[str], model: str) -> None:
-    """A pooled service's rollout on the cluster path: callers keyed and
+    """A pooled service's rollouts on the cluster path: callers keyed and
     spread over both pool Pods (one sends the model's requests on to its
     owner), the platform's Prometheus scraping each Pod's front, and the
     operator's analysis of those series promoting a challenger as good as
-    the champion, the alias moved. Every service of that model then rolls
-    forward to it, and none leaves Ready meanwhile: the old version answers
-    while the Pods fetch and take up the new one."""
+    the champion, the alias moved; then a challenger that decides the
+    opposite is aborted at its first step by the paired disagreement both
+    fronts measured, the alias kept, and both Pods answer every caller with
+    the champion again. Every service of that model then rolls forward to
+    the promoted version, and none leaves Ready meanwhile: the old version
+    answers while the Pods fetch and take up the new one."""
     import random
     import threading
 
@@ -1638,6 +1641,7 @@ def _a_rollout_is_judged_on_what_both_pods_measured(real: RealPlatform, namespac
     uri = real.platform.env()["MLFLOW_TRACKING_URI"]
     registry = MlflowClient(uri)
     good = register_model(uri, model, seed=6)
+    contrary = register_model(uri, model, seed=7, contrary=True)
     registry.set_registered_model_alias(model, "challenger", good)
     name = names[-1]
     change_spec(real.kube, namespace, name, canary={"alias": "challenger", "percent": 50},
@@ -1658,15 +1662,27 @@ def _a_rollout_is_judged_on_what_both_pods_measured(real: RealPlatform, namespac
     caller.start()
     try:
         promoted = rollout_of(real.kube, namespace, name, good, timeout=240)
+        took = time.monotonic() - began
+        registry.set_registered_model_alias(model, "challenger", contrary)
+        aborted = rollout_of(real.kube, namespace, name, contrary, timeout=240)
+        took_abort = time.monotonic() - began - took
     finally:
         stop.set()
         caller.join()
-    print(f"pooled rollout over two Pods: {promoted['phase']} {time.monotonic() - began:.0f} s after traffic began "
-          f"({promoted['analysis']}); answers {Counter(answered)}")
+    print(f"pooled rollout over two Pods: {promoted['phase']} {took:.0f} s after traffic began "
+          f"({promoted['analysis']}); version {contrary} {aborted['phase']} {took_abort:.0f} s after its alias moved "
+          f"({aborted['analysis']}); answers {Counter(answered)}")
     assert promoted["phase"] == "Promoted" and promoted["analysis"]["verdict"] == "Pass", promoted
     assert promoted["analysis"]["requests"] >= 60, promoted
+    assert aborted["phase"] == "Aborted" and aborted["step"] == 0 and aborted["weight"] == 0, aborted
+    assert aborted["analysis"]["disagreement"] > 0.3 and "decided differently" in aborted["message"], aborted
     assert registry.get_model_version_by_alias(model, "champion").version == good
     assert all(isinstance(a, str) for a in answered), Counter(answered)
+    served = f"{namespace}.{name}"
+    wait_for(lambda: all({requests.post(f"{front}/v2/models/{served}/infer", json=v2_body([[0.1] * N_FEATURES]),
+                                        timeout=60, headers={"X-Request-Key": uuid.uuid4().hex})
+                          .headers.get("X-Model-Version") for _ in range(20)} == {good} for front in fronts),
+             timeout=90, interval=1, what=f"both Pods answering every caller with version {good} again")
     change_spec(real.kube, namespace, name, canary=None, rollout=None)
     left_ready = set()
 
@@ -2433,8 +2449,10 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     """Cluster path: a second real node is refused while one runs; a real
     node killed without teardown (every process
     SIGKILLed, its Pods' processes left running) is cleaned up by the next
-    `dev up`, whose node then runs Pods; its `dev down` leaves no process,
-    mount, cgroup, bridge, iptables chain, route or sysctl change behind."""
+    `dev up`, whose node removes the containers the crashed one left in the
+    kept containerd root and then runs Pods; its `dev down` leaves no
+    process, mount, cgroup, bridge, iptables chain, route or sysctl change
+    behind."""
     served.close()  # the crash below takes the API server the operator needs to stop its local Triton
     # Beside the first node's state (the kubelet's sockets live under it, and
     # a test's own folder can be too long for them).
@@ -2447,6 +2465,8 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     real.kube.create(pod("survivor", namespace, pause_image().ref))
     running(real.kube, "survivor", namespace)
     crashed = real.platform
+    left = set(node.ctr(crashed.node_paths, "containers", "list", "--quiet", timeout=60).stdout.split())
+    assert left, "the first node's Pods should have containers"
     pids = node_pids(crashed)
     # Found without its state directory too: a kubelet whose claim is gone
     # still holds the node's address and port from the next one.
@@ -2461,6 +2481,8 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     second = Platform(tmp_path_factory.mktemp("second") / "state", real_node=True)
     try:
         second.up()
+        kept = set(node.ctr(second.node_paths, "containers", "list", "--quiet", timeout=60).stdout.split())
+        assert not kept & left, f"containers of the crashed node still in containerd: {sorted(kept & left)}"
         kube = second.kube()
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "after"}})
         wait_for(lambda: kube.get("v1", "ServiceAccount", "default", "after"), timeout=30, what="a ServiceAccount")
