@@ -15,21 +15,31 @@ from kubeloop.dev.binaries import binary
 from tests.support.operator import OperatorProcess
 from tests.support.waiting import wait_for
 
-LONGEST_FIRST = ("test_real_node.py", "test_outcomes.py", "test_loop.py", "test_byo.py", "test_serving_pools.py",
-                 "test_fault_kills.py", "test_faults.py", "test_optimization.py", "test_serving_placement.py",
-                 "test_feature_freshness.py")
-"""The modules that take longest (README's test-time table), in that order:
-over workers the last module to finish sets the run's end, so the short
-ones go last, where they fill in beside the others."""
+MODULE_SECONDS = {
+    "test_real_node.py": 4636, "test_outcomes.py": 579, "test_loop.py": 486, "test_fault_kills.py": 484,
+    "test_byo.py": 427, "test_serving_pools.py": 370, "test_faults.py": 301, "test_serving_placement.py": 300,
+    "test_optimization.py": 256, "test_training.py": 171, "test_feature_freshness.py": 154, "test_operator.py": 112,
+    "test_data_validation.py": 96, "test_registry_events.py": 94, "test_platform.py": 82,
+    "test_online_features.py": 74, "test_serving_local.py": 73, "test_fault_router.py": 67,
+    "test_front_conformance.py": 32, "test_fault_flood.py": 31, "test_chart.py": 28, "test_audit.py": 26,
+    "test_fault_memory.py": 18, "test_chart_monitoring.py": 6, "test_fleet_view.py": 1, "test_validation.py": 1,
+}
+"""Each module's seconds in `.ci/run` on a fresh machine, 2026-12-07 (its
+tests and the fixtures that took over 30 s; the real node's waited for
+every image's first build). Over two workers the last module to finish sets the run's
+end, and a worker takes the next module while its current one still has two
+tests to run: so every module goes longest first, and the short ones fill
+in at the end beside the real node's. A module not listed counts as a
+minute."""
+UNMEASURED_SECONDS = 60
 
 
 def pytest_collection_modifyitems(config, items):
     """Split over workers (make test), each module runs whole on one worker,
     the longest first (the real node's waits for its image builds, started
-    by make test), then the others as written."""
+    by make test). The sort is stable: a module's tests keep their order."""
     if hasattr(config, "workerinput"):
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
+        items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, UNMEASURED_SECONDS))
 
 
 _STARTED = time.monotonic()
@@ -54,7 +64,10 @@ def pytest_runtest_logreport(report):
     if writer is None:
         return
     elapsed = time.monotonic() - _STARTED
-    line = f"[{elapsed / 60:5.1f} min] {report.outcome.upper()} {report.nodeid} {report.when} ({report.duration:.0f} s)"
+    gateway = getattr(getattr(report, "node", None), "gateway", None)  # the xdist worker that ran it
+    worker = f"{gateway.id} " if gateway is not None else ""
+    line = (f"[{elapsed / 60:5.1f} min] {worker}{report.outcome.upper()} {report.nodeid} {report.when} "
+            f"({report.duration:.0f} s)")
     writer.write_line(line)
     if report.failed:
         text = report.longreprtext.splitlines()

@@ -1669,9 +1669,10 @@ def _a_rollout_is_judged_on_what_both_pods_measured(real: RealPlatform, namespac
     finally:
         stop.set()
         caller.join()
-    print(f"pooled rollout over two Pods: {promoted['phase']} {took:.0f} s after traffic began "
-          f"({promoted['analysis']}); version {contrary} {aborted['phase']} {took_abort:.0f} s after its alias moved "
-          f"({aborted['analysis']}); answers {Counter(answered)}")
+    print(f"pooled rollout over two Pods, traffic began -> version {good} {promoted['phase']} ({took:.0f} s): "
+          f"{promoted['analysis']}")
+    print(f"pooled rollout over two Pods, its alias moved -> version {contrary} {aborted['phase']} "
+          f"({took_abort:.0f} s): {aborted['analysis']}; answers {Counter(answered)}")
     assert promoted["phase"] == "Promoted" and promoted["analysis"]["verdict"] == "Pass", promoted
     assert promoted["analysis"]["requests"] >= 60, promoted
     assert aborted["phase"] == "Aborted" and aborted["step"] == 0 and aborted["weight"] == 0, aborted

@@ -4,6 +4,7 @@ process runs here; tests/e2e/test_real_node.py proves the node itself)."""
 from __future__ import annotations
 
 import ipaddress
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -14,8 +15,8 @@ from kubeloop.dev.binaries import GROUPS, versions
 from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
-    NodePaths, bound_image_root, build_cni_config, build_containerd_config, build_kube_proxy_config,
-    build_kubelet_config, kubelet_argv, socket_path_problem,
+    NodeError, NodePaths, bound_image_root, build_cni_config, build_containerd_config, build_kube_proxy_config,
+    build_kubelet_config, import_image, import_timeout, kubelet_argv, socket_path_problem,
 )
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
 from kubeloop.dev.platform import KWOK_CIDR, Platform, PlatformError
@@ -55,6 +56,24 @@ def test_a_kept_image_root_past_its_bound_starts_again_empty_and_one_within_it_i
     assert bound_image_root(root, limit=1 << 20) == 0 and (root / "snapshots" / "layer").exists()
     assert bound_image_root(root, limit=1024) >= 4096
     assert not root.exists()
+
+
+def test_an_import_gets_time_by_its_archives_size_and_one_that_runs_past_it_names_the_archive(tmp_path, monkeypatch):
+    assert import_timeout(700 * 2**20) == 300  # the runtime image and smaller: the floor
+    # The training image (3.1 GiB) ran past 300 s into an empty root on two busy cores.
+    assert import_timeout(int(3.1 * 2**30)) > 750
+    archive = tmp_path / "training-0.1.0-abc.tar"
+    archive.write_bytes(b"x" * 1024)
+    asked = {}
+
+    def slow(paths, *args, timeout):  # noqa: ANN001, ANN202 - ctr's signature
+        asked["timeout"] = timeout
+        raise subprocess.TimeoutExpired(["ctr", *args], timeout)
+
+    monkeypatch.setattr("kubeloop.dev.node.ctr", slow)
+    with pytest.raises(NodeError, match=r"training-0\.1\.0-abc\.tar took over 300 s"):
+        import_image(PATHS, archive, "localhost/kubeloop/training:0.1.0-abc")
+    assert asked["timeout"] == 300
 
 
 def test_kubelet_accepts_cgroup_v1_and_binds_only_the_node_address_and_loopback():

@@ -264,10 +264,28 @@ def containerd_ready(paths: NodePaths) -> bool:
         return False
 
 
+IMPORT_MIN_SECONDS = 300
+IMPORT_MIN_BYTES_PER_SECOND = 4 * 2**20
+"""The slowest unpacking an import is given time for: the training image
+(3.1 GiB, torch) imported into an empty root on two cores busy with tests
+ran past 300 s, where an idle machine takes about 120 s."""
+
+
+def import_timeout(size: int) -> float:
+    """Seconds an import of an archive of size bytes may take."""
+    return max(IMPORT_MIN_SECONDS, size / IMPORT_MIN_BYTES_PER_SECOND)
+
+
 def import_image(paths: NodePaths, archive: Path, ref: str) -> None:
     """Import an OCI archive into the node's containerd as ref (unpacked for the snapshotter)."""
     base = ref.rsplit(":", 1)[0]
-    result = ctr(paths, "images", "import", f"--base-name={base}", "--digests", str(archive))
+    timeout = import_timeout(archive.stat().st_size)
+    try:
+        result = ctr(paths, "images", "import", f"--base-name={base}", "--digests", str(archive), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NodeError(f"ctr images import {archive} took over {timeout:.0f} s for "
+                        f"{archive.stat().st_size / 2**30:.1f} GiB (slower than "
+                        f"{IMPORT_MIN_BYTES_PER_SECOND / 2**20:.0f} MiB/s): the disk or the machine is too busy") from None
     if result.returncode != 0:
         raise NodeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
 
