@@ -2466,7 +2466,7 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     real.kube.create(pod("survivor", namespace, pause_image().ref))
     running(real.kube, "survivor", namespace)
     crashed = real.platform
-    left = set(node.ctr(crashed.node_paths, "containers", "list", "--quiet", timeout=60).stdout.split())
+    left = set(node.containers(crashed.node_paths))
     assert left, "the first node's Pods should have containers"
     pids = node_pids(crashed)
     # Found without its state directory too: a kubelet whose claim is gone
@@ -2482,7 +2482,7 @@ def test_dev_up_cleans_up_after_a_crashed_real_node_and_dev_down_leaves_nothing(
     second = Platform(tmp_path_factory.mktemp("second") / "state", real_node=True)
     try:
         second.up()
-        kept = set(node.ctr(second.node_paths, "containers", "list", "--quiet", timeout=60).stdout.split())
+        kept = set(node.containers(second.node_paths))
         assert not kept & left, f"containers of the crashed node still in containerd: {sorted(kept & left)}"
         kube = second.kube()
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "after"}})

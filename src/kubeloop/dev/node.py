@@ -253,8 +253,12 @@ def forget_containers(paths: NodePaths) -> list[str]:
     """Remove the containers (Pod sandboxes among them) an earlier node left
     in a kept root, before the kubelet starts: their Pods are gone with that
     node's cluster. The names removed."""
-    names = ctr(paths, "containers", "list", "--quiet", timeout=60).stdout.split()
-    return [name for name in names if ctr(paths, "containers", "delete", name, timeout=60).returncode == 0]
+    return [name for name in containers(paths) if ctr(paths, "containers", "delete", name, timeout=60).returncode == 0]
+
+
+def containers(paths: NodePaths) -> list[str]:
+    """The names of the containers containerd holds (its root's, whichever node made them)."""
+    return ctr(paths, "containers", "list", "--quiet", timeout=60).stdout.split()
 
 
 def containerd_ready(paths: NodePaths) -> bool:
@@ -279,12 +283,13 @@ def import_timeout(size: int) -> float:
 def import_image(paths: NodePaths, archive: Path, ref: str) -> None:
     """Import an OCI archive into the node's containerd as ref (unpacked for the snapshotter)."""
     base = ref.rsplit(":", 1)[0]
-    timeout = import_timeout(archive.stat().st_size)
+    size = archive.stat().st_size
+    timeout = import_timeout(size)
     try:
         result = ctr(paths, "images", "import", f"--base-name={base}", "--digests", str(archive), timeout=timeout)
     except subprocess.TimeoutExpired:
         raise NodeError(f"ctr images import {archive} took over {timeout:.0f} s for "
-                        f"{archive.stat().st_size / 2**30:.1f} GiB (slower than "
+                        f"{size / 2**30:.1f} GiB (slower than "
                         f"{IMPORT_MIN_BYTES_PER_SECOND / 2**20:.0f} MiB/s): the disk or the machine is too busy") from None
     if result.returncode != 0:
         raise NodeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
