@@ -295,6 +295,9 @@ def ensure_mlflow_webhook(tracking_uri: str, url: str, secret: str, name: str = 
     operator about alias moves; returns its id."""
     from mlflow import MlflowClient
 
+    from kubeloop.registry.headers import defer_feast_headers
+
+    defer_feast_headers()
     client = MlflowClient(tracking_uri)
     events = ["model_version_alias.created", "model_version_alias.deleted"]
     for hook in client.list_webhooks():

@@ -159,6 +159,9 @@ def _estimate(value: Estimate) -> dict:
 def _log_report(job: OutcomeJob, result: dict) -> str:
     import mlflow
 
+    from kubeloop.registry.headers import defer_feast_headers
+
+    defer_feast_headers()
     mlflow.set_tracking_uri(job.tracking_uri)
     mlflow.set_experiment(f"kubeloop/{job.model}/monitoring")
     tags = {"kubeloop.service": job.service, "kubeloop.report": "outcomes"}

@@ -15,7 +15,7 @@ from kubeloop.dev.binaries import GROUPS, versions
 from kubeloop.paths import repo_root
 from kubeloop.dev.images import PYTHON_IMAGES, ImageConfig, image_tag, umoci_args
 from kubeloop.dev.node import (
-    NodeError, NodePaths, bound_image_root, build_cni_config, build_containerd_config, build_kube_proxy_config,
+    CRI_VERSION, NodeError, NodePaths, bound_image_root, cri_ready, build_cni_config, build_containerd_config, build_kube_proxy_config,
     build_kubelet_config, import_image, import_timeout, kubelet_argv, socket_path_problem,
 )
 from kubeloop.dev.pki import NODE_IP, NODE_NAME, Pki
@@ -247,3 +247,32 @@ def test_a_state_dir_too_long_for_the_kubelet_s_sockets_is_refused_before_anythi
     with pytest.raises(PlatformError, match="--state-dir of at most 67 bytes"):
         Platform(long, real_node=True).up()
     assert not long.exists()
+
+
+def test_containerd_is_ready_only_once_its_cri_plugin_answers_the_kubelets_first_call(tmp_path):
+    """A CRI server (grpc, on a unix socket as containerd's) that answers as
+    containerd 1.6 does while it recovers its root, then as when it serves."""
+    import grpc
+    from concurrent import futures
+
+    initialized = False
+
+    def version(request: bytes, context: grpc.ServicerContext) -> bytes:
+        if not initialized:
+            context.abort(grpc.StatusCode.UNKNOWN, "server is not initialized yet")
+        return b""
+
+    service, method = CRI_VERSION.strip("/").split("/")
+    handler = grpc.method_handlers_generic_handler(service, {method: grpc.unary_unary_rpc_method_handler(
+        version, request_deserializer=bytes, response_serializer=bytes)})
+    paths = NodePaths(tmp_path, tmp_path)
+    assert not cri_ready(paths)  # no socket yet
+    server = grpc.server(futures.ThreadPoolExecutor(1), handlers=[handler])
+    server.add_insecure_port(f"unix://{paths.socket}")
+    server.start()
+    try:
+        assert not cri_ready(paths)
+        initialized = True
+        assert cri_ready(paths)
+    finally:
+        server.stop(None)

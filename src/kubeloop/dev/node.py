@@ -263,11 +263,28 @@ def containers(paths: NodePaths) -> list[str]:
 
 def containerd_ready(paths: NodePaths) -> bool:
     try:
-        return ctr(paths, "version", timeout=5).returncode == 0
+        return ctr(paths, "version", timeout=5).returncode == 0 and cri_ready(paths)
     except subprocess.TimeoutExpired:  # the socket is there before the server answers
         return False
 
 
+def cri_ready(paths: NodePaths) -> bool:
+    """Whether containerd's CRI plugin answers the kubelet's first call. It
+    starts after containerd answers ctr, once it has recovered the kept
+    root's containers, and until then answers `server is not initialized
+    yet`: a kubelet started then exits (seen on a kept root of 14 GiB)."""
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{paths.socket}") as channel:
+        version = channel.unary_unary(CRI_VERSION, request_serializer=bytes, response_deserializer=bytes)
+        try:
+            version(b"", timeout=5)  # an empty VersionRequest
+        except grpc.RpcError:
+            return False
+    return True
+
+
+CRI_VERSION = "/runtime.v1.RuntimeService/Version"
 IMPORT_MIN_SECONDS = 300
 IMPORT_MIN_BYTES_PER_SECOND = 4 * 2**20
 """The slowest unpacking an import is given time for: the training image

@@ -10,6 +10,9 @@ from mlflow.entities.model_registry import ModelVersion as MlflowModelVersion
 from mlflow.exceptions import MlflowException, RestException
 
 from kubeloop.registry.base import ModelRegistry, ModelVersion, RegistryUnavailable
+from kubeloop.registry.headers import defer_feast_headers
+
+defer_feast_headers()
 
 CONNECTIONS_KEPT = 32
 """Kept-alive connections to MLflow: more than the operator's threads that ask it at once."""

@@ -27,7 +27,10 @@ from kubeloop.api.constants import MAX_REQUEST_ROWS
 from kubeloop.api.signature import ModelSignature
 from kubeloop.files import write_if_changed
 from kubeloop.components.triton import MODEL_PY, BatchingPlan, for_device, write_repository
+from kubeloop.registry.headers import defer_feast_headers
 from kubeloop.serving.base import triton_name
+
+defer_feast_headers()
 
 # Batching for versions nobody profiled: small batches, a short wait.
 DEFAULT_PLAN = BatchingPlan(max_batch_size=64, preferred_batch_sizes=(8, 32), max_queue_delay_us=500, instances=1,
