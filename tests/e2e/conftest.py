@@ -36,8 +36,9 @@ UNMEASURED_SECONDS = 60
 
 def pytest_collection_modifyitems(config, items):
     """Split over workers (make test), each module runs whole on one worker,
-    the longest first (the real node's waits for its image builds, started
-    by make test). The sort is stable: a module's tests keep their order."""
+    the longest first (the real node's images are built by then: make test
+    starts the e2e tests once its prebuild is done). The sort is stable: a
+    module's tests keep their order."""
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, UNMEASURED_SECONDS))
 
