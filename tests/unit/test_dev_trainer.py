@@ -11,6 +11,7 @@ import pytest
 from kubeloop.dev import trainer
 from kubeloop.dev.binaries import GROUPS, versions
 from kubeloop.paths import repo_root
+from tests.support.makefile import prebuild
 
 CA = b"-----BEGIN CERTIFICATE-----\nca\n-----END CERTIFICATE-----\n"
 
@@ -20,17 +21,16 @@ def modules():
     return trainer.trainer_module(), trainer.jobset_module()
 
 
-def test_both_controllers_are_pinned_once_and_built_in_make_tests_background_prebuild():
+def test_both_controllers_are_pinned_once_and_built_in_make_tests_prebuild():
     """tools/versions.env pins them; the tools module requires those versions
-    (Trainer's release requires that JobSet); make test builds the group in
-    the background and the training image after it."""
+    (Trainer's release requires that JobSet); make test builds the group
+    beside the unit tests and the training image after it."""
     group, key = GROUPS["trainer-controller-manager"]
     assert GROUPS["jobset"] == (group, key)
     gomod = (repo_root() / "tools" / group / "go.mod").read_text()
     assert re.search(rf"^\tgithub\.com/kubeflow/trainer/v2 {re.escape(versions()[key])}$", gomod, re.M)
     assert re.search(rf"^\tsigs\.k8s\.io/jobset {re.escape(versions()['JOBSET_VERSION'])}$", gomod, re.M)
-    prebuild = re.search(r"^PREBUILD_IMAGES :=(.*?)\n\S", (repo_root() / "Makefile").read_text(), re.M | re.S)
-    assert prebuild and f" {group}" in prebuild.group(1).split(";")[0] and "training" in prebuild.group(1)
+    assert f" {group}" in prebuild().split(";")[0] and "training" in prebuild()
 
 
 def test_jobsets_pod_webhooks_admit_only_jobset_pods(modules):

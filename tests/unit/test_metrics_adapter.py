@@ -17,6 +17,7 @@ from kubeloop.dev import metricsadapter
 from kubeloop.dev.binaries import GROUPS, binary, versions
 from kubeloop.dev.pki import FRONT_PROXY_CLIENT, NODE_IP, create_pki, front_proxy_flags, webhook_certificates
 from kubeloop.paths import repo_root
+from tests.support.makefile import prebuild, prebuild_is_niced
 
 CHART = repo_root() / "charts" / "kubeloop"
 
@@ -134,14 +135,13 @@ def test_the_platform_serves_the_charts_adapter_rules():
     assert all("[30s]" in r["metricsQuery"] and f"[{default}]" not in r["metricsQuery"] for r in shorter)
 
 
-def test_the_adapter_is_pinned_once_and_built_in_make_tests_background_prebuild():
+def test_the_adapter_is_pinned_once_and_built_in_make_tests_prebuild():
     """tools/versions.env pins it; the tools module requires that version
-    (a bump in one place only would build another); make test builds it in
-    the background beside the first tests, as CoreDNS and KServe's manager."""
+    (a bump in one place only would build another); make test builds it
+    beside the unit tests, niced, as CoreDNS and KServe's manager."""
     group, key = GROUPS["adapter"]
     version = versions()[key]
     gomod = (repo_root() / "tools" / group / "go.mod").read_text()
     assert re.search(rf"^require sigs\.k8s\.io/prometheus-adapter {re.escape(version)}$", gomod, re.M), gomod[:200]
     assert f"\n    {group})" in (repo_root() / "tools" / "build-binaries.sh").read_text()
-    prebuild = re.search(r"^PREBUILD_IMAGES :=(.*?)\n\S", (repo_root() / "Makefile").read_text(), re.M | re.S)
-    assert prebuild and "nice -n 10" in prebuild.group(1) and f" {group}" in prebuild.group(1).split(";")[0]
+    assert prebuild_is_niced() and f" {group}" in prebuild().split(";")[0]
